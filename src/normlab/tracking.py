@@ -1,0 +1,144 @@
+"""Where metrics go (``metrics.jsonl`` always, wandb when chosen) and how step time is measured.
+
+Logging never stops training: if wandb cannot start or write, one warning is logged and the run
+goes on with ``metrics.jsonl`` alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import LoggerKind, TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued device work so a clock read measures it (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepTimer:
+    """Wall time per optimizer step in ms, device synchronized at both ends.
+
+    The first ``warmup_steps`` steps (allocator warm-up, compilation) are measured but left out of
+    :meth:`summary`.
+    """
+
+    def __init__(self, device: torch.device, warmup_steps: int):
+        self.device, self.warmup_steps = device, warmup_steps
+        self.times_ms: list[float] = []
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        synchronize(self.device)
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> float:
+        """End the step; returns its duration in ms."""
+        synchronize(self.device)
+        dt = (time.perf_counter() - self._t0) * 1e3
+        self.times_ms.append(dt)
+        return dt
+
+    @property
+    def measured_ms(self) -> list[float]:
+        """Step times after warm-up, in ms."""
+        return self.times_ms[self.warmup_steps :]
+
+    def summary(self, tokens_per_step: int, flops_per_step: float, peak_tflops: float) -> dict[str, float | None]:
+        """Median and p90 step time (ms), tokens/s and MFU (fraction of ``peak_tflops``) at the median."""
+        t = self.measured_ms
+        if not t:
+            return {"step_time_ms_median": None, "step_time_ms_p90": None, "tokens_per_s": None, "mfu": None}
+        med = float(np.median(t))
+        return {
+            "step_time_ms_median": med,
+            "step_time_ms_p90": float(np.percentile(t, 90)),
+            "tokens_per_s": tokens_per_step / (med / 1e3),
+            "mfu": flops_per_step / (med / 1e3) / (peak_tflops * 1e12),
+        }
+
+
+def run_names(cfg: TrainConfig) -> tuple[str, str]:
+    """``(group, name)`` for wandb: the group says model, norm and precision; the name adds the seed."""
+    n = cfg.norm
+    group = cfg.logger.group or (
+        f"{cfg.model.name}-{n.kind.name}-{n.impl.name}-{n.placement.name}-{cfg.precision.dtype.name}"
+    )
+    name = cfg.logger.name or f"{group}-seed{cfg.seed}"
+    return group, name
+
+
+def _finite_or_none(v: Any) -> Any:
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
+class MetricsLogger:
+    """Writes one JSON object per logged step to ``metrics.jsonl`` and mirrors it to wandb.
+
+    Args:
+        run_dir: the Hydra run dir; the offline wandb run is written under ``run_dir/wandb``.
+        cfg: the run's config (wandb mode, project, names).
+        config_dict: the resolved config as plain data, sent to wandb as the run config.
+    """
+
+    def __init__(self, run_dir: Path, cfg: TrainConfig, config_dict: dict):
+        self.path = run_dir / "metrics.jsonl"
+        self._file = self.path.open("a", buffering=1)
+        self._wandb_run = None
+        if cfg.logger.kind == LoggerKind.wandb:
+            self._wandb_run = self._start_wandb(run_dir, cfg, config_dict)
+
+    @staticmethod
+    def _start_wandb(run_dir: Path, cfg: TrainConfig, config_dict: dict):
+        group, name = run_names(cfg)
+        try:
+            import wandb
+
+            return wandb.init(
+                project=cfg.logger.project,
+                entity=cfg.logger.entity,
+                group=group,
+                name=name,
+                tags=list(cfg.logger.tags),
+                config=config_dict,
+                dir=str(run_dir),
+                mode=cfg.logger.mode.name,
+                reinit="finish_previous",
+            )
+        except Exception as e:  # logging must never stop training
+            log.warning("wandb could not start (%s); metrics go to %s only", str(e).splitlines()[0], run_dir / "metrics.jsonl")
+            return None
+
+    def log(self, row: dict[str, Any]) -> None:
+        """Append ``row`` (must hold ``step``); non-finite floats are written as null in JSON."""
+        self._file.write(json.dumps({k: _finite_or_none(v) for k, v in row.items()}) + "\n")
+        if self._wandb_run is not None:
+            try:
+                self._wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+            except Exception as e:
+                log.warning("wandb stopped accepting metrics (%s); continuing with metrics.jsonl", e)
+                self._wandb_run = None
+
+    def finish(self, summary: dict[str, Any], exit_code: int = 0) -> None:
+        """Write the summary to wandb and close both sinks."""
+        self._file.close()
+        if self._wandb_run is not None:
+            try:
+                for k, v in summary.items():
+                    if isinstance(v, (int, float, str, bool)) or v is None:
+                        self._wandb_run.summary[k] = v
+                self._wandb_run.finish(exit_code=exit_code)
+            except Exception as e:
+                log.warning("wandb could not finish cleanly (%s)", e)
+            self._wandb_run = None

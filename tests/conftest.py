@@ -1,0 +1,67 @@
+"""Shared fixtures: compose the real configs (shrunk to CPU size) and run the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from normlab.cli import find_conf_dir, register_schema
+
+REPO = Path(__file__).resolve().parents[1]
+CONF_DIR = find_conf_dir()
+
+#: Overrides that make any config a seconds-long CPU run.
+TINY = [
+    "model=tiny",
+    "model.n_layer=2",
+    "model.context_length=32",
+    "data.batch_size=4",
+    "max_steps=6",
+    "eval_interval=3",
+    "eval_batches=2",
+    "timing_warmup_steps=1",
+    "progress=false",
+    "device=cpu",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_env(tmp_path_factory):
+    """One token cache for the whole session, wandb offline and quiet, outside the user's home."""
+    cache = tmp_path_factory.mktemp("normlab-cache")
+    old = {k: os.environ.get(k) for k in ("NORMLAB_CACHE", "WANDB_SILENT", "WANDB_MODE")}
+    os.environ.update(NORMLAB_CACHE=str(cache), WANDB_SILENT="true")
+    os.environ.pop("WANDB_MODE", None)
+    yield cache
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture
+def compose_cfg():
+    """``compose_cfg(overrides) -> DictConfig`` of ``conf/train.yaml`` (schema-typed, like ``train``)."""
+    register_schema()
+
+    def _compose(overrides: list[str] | None = None):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose("train", overrides=list(overrides or []))
+
+    yield _compose
+    GlobalHydra.instance().clear()
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run the real ``train`` console script in ``cwd`` (outputs/ lands there)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
+    cmd = [sys.executable, "-c", "from normlab.cli import main; main()", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

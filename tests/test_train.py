@@ -1,0 +1,73 @@
+"""The training loop in-process: schedule, timing, files written, divergence."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from normlab.cli import to_train_config
+from normlab.config import OptimConfig
+from normlab.tracking import StepTimer
+from normlab.train import lr_at, train
+
+from .conftest import TINY
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
+    cfg = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=10)
+    assert lr_at(0, 110, cfg) == pytest.approx(0.1)
+    assert lr_at(9, 110, cfg) == pytest.approx(1.0)
+    assert lr_at(60, 110, cfg) == pytest.approx(0.1 + 0.5 * 0.9)  # half-way: cos(pi/2) = 0
+    assert lr_at(110, 110, cfg) == pytest.approx(0.1)
+    assert lr_at(50, 110, OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=10, decay=False)) == 1.0
+
+
+def test_step_timer_leaves_warmup_steps_out_of_its_summary():
+    timer = StepTimer(torch.device("cpu"), warmup_steps=2)
+    timer.times_ms = [1000.0, 900.0, 10.0, 20.0, 30.0, 40.0]
+    s = timer.summary(tokens_per_step=1000, flops_per_step=1e9, peak_tflops=1.0)
+    assert s["step_time_ms_median"] == pytest.approx(25.0)
+    assert s["step_time_ms_p90"] == pytest.approx(37.0)
+    assert s["tokens_per_s"] == pytest.approx(1000 / 0.025)
+    assert s["mfu"] == pytest.approx(1e9 / 0.025 / 1e12)
+
+
+def test_a_tiny_run_writes_metrics_and_summary(compose_cfg, tmp_path):
+    cfg = to_train_config(compose_cfg([*TINY, "logger=none", "norm=rms", "norm.impl=reference"]))
+    summary = train(cfg, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    for key in ("train/loss", "lr", "grad_norm", "step_time_ms", "tokens_per_s"):
+        assert all(math.isfinite(r[key]) for r in rows), key
+    assert [r["step"] for r in rows if "val/loss" in r] == [3, 6]
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == json.loads(json.dumps(summary))
+    assert summary["status"] == "completed" and summary["steps_completed"] == 6
+    assert summary["final_val_loss"] == rows[-1]["val/loss"]
+    assert summary["norm_impl"] == "reference" and summary["norm"]["eps"] == 1e-5
+    assert summary["params"] > 0 and summary["step_time_ms_p90"] >= summary["step_time_ms_median"] > 0
+    assert len(summary["step_times_ms"]) == 5  # 6 steps minus 1 warm-up step
+    assert summary["config"]["norm"]["kind"] == "rms"
+
+
+def test_gradient_accumulation_consumes_every_micro_batch(compose_cfg, tmp_path):
+    cfg = to_train_config(compose_cfg([*TINY, "logger=none", "optim.grad_accum=3", "max_steps=2"]))
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "completed"
+    assert summary["tokens_per_s"] == pytest.approx(4 * 3 * 32 / (summary["step_time_ms_median"] / 1e3))
+
+
+def test_bf16_autocast_run_trains_on_cpu(compose_cfg, tmp_path):
+    summary = train(to_train_config(compose_cfg([*TINY, "logger=none", "precision=bf16"])), tmp_path)
+    assert summary["status"] == "completed" and math.isfinite(summary["final_val_loss"])
+
+
+def test_a_non_finite_loss_ends_the_run_as_diverged_with_the_last_finite_loss(compose_cfg, tmp_path):
+    cfg = to_train_config(compose_cfg([*TINY, "logger=none", "optim.lr=1e30", "optim.min_lr=0", "optim.warmup_steps=0", "optim.grad_clip=0"]))
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "diverged"
+    assert 1 < summary["diverged_at_step"] <= 6
+    assert math.isfinite(summary["last_finite_loss"]) and summary["final_val_loss"] is None
