@@ -1,0 +1,149 @@
+"""See inside the norms: per-block statistics of the residual stream, the norms and their gains.
+
+Hooks are registered only for the step being diagnosed and removed right after its forward pass,
+so a run without ``diag_interval`` executes no hook at all.
+
+Every value is logged under ``diag/`` (units: activations as they are, gradient norms as L2 norms):
+
+* ``diag/block{i}/resid_rms``, ``diag/block{i}/resid_mean``: the residual stream entering block i,
+  ``rms = sqrt(mean(x^2))`` and ``mean`` over every element of the batch;
+* ``diag/block{i}/norm1_out_rms`` / ``_mean`` and ``norm2_out_*``: each norm's output;
+  ``diag/final/resid_rms`` etc. for the stream entering the final norm and ``norm_f_out_*``;
+* ``diag/block{i}/norm1_gain_mean`` / ``_min`` / ``_max``: the learnable gain (``weight``);
+* ``diag/block{i}/grad_norm``: L2 norm of all gradients of block i's parameters;
+* ``diag/max_logit``: the largest absolute logit.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+def rms_and_mean(x: torch.Tensor) -> tuple[float, float]:
+    """``(sqrt(mean(x^2)), mean(x))`` over every element, computed in fp32."""
+    x = x.detach().float()
+    return math.sqrt(x.pow(2).mean().item()), x.mean().item()
+
+
+@dataclass
+class ActivationRecorder:
+    """Collects the statistics of one forward pass of a :class:`normlab.model.GPT`."""
+
+    stats: dict[str, float] = field(default_factory=dict)
+
+    def _put(self, prefix: str, x: torch.Tensor) -> None:
+        self.stats[f"{prefix}_rms"], self.stats[f"{prefix}_mean"] = rms_and_mean(x)
+
+    @contextmanager
+    def hooks(self, model: nn.Module):
+        """Register the forward hooks for the duration of the ``with`` block, then remove them."""
+        handles = []
+        for i, block in enumerate(model.blocks):
+            handles.append(block.register_forward_pre_hook(lambda m, args, i=i: self._put(f"diag/block{i}/resid", args[0])))
+            for name in ("norm1", "norm2"):
+                norm = getattr(block, name)
+                handles.append(norm.register_forward_hook(lambda m, a, out, i=i, n=name: self._put(f"diag/block{i}/{n}_out", out)))
+        handles.append(model.norm_f.register_forward_pre_hook(lambda m, args: self._put("diag/final/resid", args[0])))
+        handles.append(model.norm_f.register_forward_hook(lambda m, a, out: self._put("diag/final/norm_f_out", out)))
+
+        def max_logit(m, a, out):
+            self.stats["diag/max_logit"] = out.detach().abs().max().float().item()
+
+        handles.append(model.head.register_forward_hook(max_logit))
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def gain_stats(model: nn.Module) -> dict[str, float]:
+    """Mean, min and max of every norm's gain (``weight``), keyed by block and norm name."""
+    out: dict[str, float] = {}
+    named = [(f"block{i}/{n}", getattr(b, n)) for i, b in enumerate(model.blocks) for n in ("norm1", "norm2")]
+    named.append(("final/norm_f", model.norm_f))
+    for key, norm in named:
+        w = getattr(norm, "weight", None)
+        if w is None:
+            continue
+        w = w.detach().float()
+        out[f"diag/{key}_gain_mean"] = w.mean().item()
+        out[f"diag/{key}_gain_min"] = w.min().item()
+        out[f"diag/{key}_gain_max"] = w.max().item()
+    return out
+
+
+def block_grad_norms(model: nn.Module) -> dict[str, float]:
+    """L2 norm of the gradients of each block's parameters (call after backward, after unscaling)."""
+    out = {}
+    for i, block in enumerate(model.blocks):
+        sq = sum(p.grad.detach().float().pow(2).sum().item() for p in block.parameters() if p.grad is not None)
+        out[f"diag/block{i}/grad_norm"] = math.sqrt(sq)
+    return out
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """Where non-finite values first appeared in a forward pass."""
+
+    module: str  # qualified module name, e.g. "blocks.0.norm1"
+    kind: str  # "inf", "nan" or "inf+nan"
+    input_finite: bool  # True when the module's own input was finite (the module made them)
+    where: str = "output"  # "output", or "statistics": a norm's mean square / variance overflowed
+
+    def __str__(self) -> str:
+        origin = "made by this module" if self.input_finite else "already in its input"
+        return f"first non-finite values ({self.kind}) in the {self.where} of {self.module} ({origin})"
+
+
+def _kind(t: torch.Tensor) -> str:
+    has_inf, has_nan = bool(torch.isinf(t).any()), bool(torch.isnan(t).any())
+    return "+".join(k for k, flag in (("inf", has_inf), ("nan", has_nan)) if flag)
+
+
+def norm_statistics_finite(norm: nn.Module, x: torch.Tensor) -> bool:
+    """Whether a normlab norm's statistic ``mean(x^2)`` is finite in the dtype the norm computes it in.
+
+    Without ``upcast`` an fp16 norm squares in fp16, where any |x| > 255.9 overflows to inf; the
+    output then silently collapses to zero (``x * rsqrt(inf) = 0``), so the output alone hides it.
+    """
+    xs = x.detach().float() if getattr(norm, "upcast", True) else x.detach()
+    return bool(torch.isfinite((xs * xs).mean(-1)).all())
+
+
+def first_nonfinite(model: nn.Module, *inputs: torch.Tensor) -> NonFinite | None:
+    """Run ``model(*inputs)`` and name the first module, in execution order, that made non-finite values.
+
+    Leaf modules are watched (a block's output is non-finite because one of its leaves made it), and
+    for every norm (a module with ``eps`` and ``upcast``) also its statistics, computed in the dtype
+    the norm uses. Returns None when everything is finite.
+    """
+    found: list[NonFinite] = []
+    handles = []
+    for name, module in model.named_modules():
+        if any(True for _ in module.children()):
+            continue
+
+        def hook(m, args, out, name=name):
+            if found or not isinstance(out, torch.Tensor) or not out.is_floating_point():
+                return
+            x = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            if x is not None and hasattr(m, "eps") and hasattr(m, "upcast") and not norm_statistics_finite(m, x):
+                found.append(NonFinite(name, "inf", bool(torch.isfinite(x).all()), where="statistics"))
+            elif not torch.isfinite(out).all():
+                ins = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+                found.append(NonFinite(name, _kind(out), all(bool(torch.isfinite(a).all()) for a in ins)))
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in handles:
+            h.remove()
+    return found[0] if found else None

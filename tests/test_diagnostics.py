@@ -1,0 +1,91 @@
+"""Per-block diagnostics against hand computation, and the fp16 overflow detector."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from normlab.config import ModelConfig, NormConfig, NormImpl, NormKind
+from normlab.diagnostics import ActivationRecorder, block_grad_norms, first_nonfinite, gain_stats
+from normlab.model import GPT
+from normlab.norms import resolve_norm
+
+
+def two_layer(kind=NormKind.rms, impl=NormImpl.reference, upcast=True):
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="t", n_layer=2, n_head=2, d_model=16, context_length=8, vocab_size=32)
+    norm = resolve_norm(NormConfig(kind=kind, impl=impl, bias=False, upcast=upcast), "cpu")
+    return GPT(cfg, norm)
+
+
+def hand_rms(x: torch.Tensor) -> float:
+    return math.sqrt(x.double().pow(2).mean().item())
+
+
+def test_residual_rms_per_block_matches_hand_computation_on_a_fixed_input():
+    model = two_layer()
+    idx = torch.arange(16).view(2, 8) % 32
+    rec = ActivationRecorder()
+    with rec.hooks(model):
+        model(idx)
+    x0 = model.tok_emb(idx) + model.pos_emb(torch.arange(8))
+    x1 = model.blocks[0](x0)
+    x2 = model.blocks[1](x1)
+    for i, x in enumerate((x0, x1)):
+        assert math.isclose(rec.stats[f"diag/block{i}/resid_rms"], hand_rms(x), rel_tol=1e-6)
+        assert math.isclose(rec.stats[f"diag/block{i}/resid_mean"], x.double().mean().item(), rel_tol=1e-5, abs_tol=1e-9)
+    assert math.isclose(rec.stats["diag/final/resid_rms"], hand_rms(x2), rel_tol=1e-6)
+    # an RMSNorm with unit gain outputs rows of RMS 1 (up to eps)
+    assert math.isclose(rec.stats["diag/block0/norm1_out_rms"], 1.0, rel_tol=1e-2)
+    logits = model.head(model.norm_f(x2))
+    assert math.isclose(rec.stats["diag/max_logit"], logits.abs().max().item(), rel_tol=1e-6)
+
+
+def test_hooks_are_removed_after_the_diagnosed_pass():
+    model = two_layer()
+    with ActivationRecorder().hooks(model):
+        pass
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+
+
+def test_gain_statistics_and_block_gradient_norms():
+    model = two_layer()
+    with torch.no_grad():
+        model.blocks[1].norm2.weight.copy_(torch.linspace(0.5, 2.0, 16))
+    g = gain_stats(model)
+    assert g["diag/block0/norm1_gain_mean"] == 1.0
+    assert (g["diag/block1/norm2_gain_min"], g["diag/block1/norm2_gain_max"]) == (0.5, 2.0)
+    _, loss = model(torch.zeros(1, 8, dtype=torch.long), torch.ones(1, 8, dtype=torch.long))
+    loss.backward()
+    norms = block_grad_norms(model)
+    expected = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in model.blocks[0].parameters()))
+    assert math.isclose(norms["diag/block0/grad_norm"], expected, rel_tol=1e-6)
+
+
+def test_fp16_detector_names_the_first_norm_whose_squares_overflow_without_fp32_statistics():
+    model = two_layer(upcast=False).half()
+    with torch.no_grad():
+        model.tok_emb.weight.fill_(300.0)  # 300^2 = 90000 > 65504, the largest fp16
+    found = first_nonfinite(model, torch.zeros(1, 8, dtype=torch.long))
+    assert found is not None and found.module == "blocks.0.norm1" and found.where == "statistics"
+    assert "blocks.0.norm1" in str(found)
+
+
+def test_fp16_detector_finds_nothing_when_statistics_are_fp32():
+    model = two_layer(upcast=True).half()
+    with torch.no_grad():
+        model.tok_emb.weight.fill_(300.0)
+    assert first_nonfinite(model, torch.zeros(1, 8, dtype=torch.long)) is None
+
+
+def test_fp16_detector_names_a_layer_that_makes_inf_from_finite_input():
+    model = two_layer().half()
+    with torch.no_grad():
+        model.tok_emb.weight.fill_(1.0)
+        model.pos_emb.weight.zero_()
+        model.blocks[0].attn.proj.weight.zero_()  # the stream entering norm2 stays all ones
+        model.blocks[0].attn.proj.bias.zero_()
+        model.blocks[0].mlp.fc.weight.fill_(5000.0)  # 16 x 5000 = 80000 > 65504: inf from finite input
+    found = first_nonfinite(model, torch.zeros(1, 8, dtype=torch.long))
+    assert found is not None and found.module == "blocks.0.mlp.fc" and found.input_finite
