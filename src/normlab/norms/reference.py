@@ -30,13 +30,13 @@ def layer_norm_ref(
         x: ``(..., d)`` any float dtype, any strides.
         weight, bias: ``(d,)`` or None.
         eps: added to the variance inside the square root, > 0.
-        upcast: compute mean, variance and the normalization in fp32 (True) or in ``x.dtype``.
+        upcast: compute mean, variance and the normalization in at least fp32 (True) or in ``x.dtype``.
 
     Returns:
         ``(..., d)`` in ``x.dtype``.
     """
     dtype = x.dtype
-    xs = x.float() if upcast else x
+    xs = x.to(torch.promote_types(dtype, torch.float32)) if upcast else x  # fp64 stays fp64
     mean = xs.mean(-1, keepdim=True)
     xc = xs - mean
     var = (xc * xc).mean(-1, keepdim=True)
@@ -61,13 +61,13 @@ def rms_norm_ref(
         x: ``(..., d)`` any float dtype, any strides.
         weight: ``(d,)`` or None.
         eps: added to the mean square inside the square root, > 0.
-        upcast: compute the mean square and the normalization in fp32 (True) or in ``x.dtype``.
+        upcast: compute the mean square and the normalization in at least fp32 (True) or in ``x.dtype``.
 
     Returns:
         ``(..., d)`` in ``x.dtype``.
     """
     dtype = x.dtype
-    xs = x.float() if upcast else x
+    xs = x.to(torch.promote_types(dtype, torch.float32)) if upcast else x  # fp64 stays fp64
     rstd = torch.rsqrt((xs * xs).mean(-1, keepdim=True) + eps)
     y = (xs * rstd).to(dtype)
     if weight is not None:

@@ -1,0 +1,466 @@
+"""Every norm implementation against a float64 oracle written here (not reference.py).
+
+The ``check_*`` helpers take the implementation as an argument; ``test_norms_triton.py`` runs
+the same helpers on ``impl=triton`` under ``TRITON_INTERPRET=1``. This file covers the
+implementations that run on a plain CPU: torch, reference and compiled (compiled on fewer shapes,
+since ``torch.compile`` recompiles for every new shape / dtype / eps).
+
+Tolerances:
+
+* fp32: ``assert_close(rtol=1e-5, atol=1e-5 * max(1, max|oracle|))`` elementwise: outputs and
+  gradients here are O(1), so atol is 1e-5, except ``dweight`` / ``dbias`` summed over thousands
+  of rows (O(sqrt(rows)), with fp32 rounding growing with the row count), where it scales.
+* bf16 / fp16: normwise, ``max|got - oracle| <= tol * max|oracle|`` per tensor, with
+  tol = 2e-2 for bf16 and 4e-3 for fp16 (about 10 and 8 units of roundoff u = 2^-9 and 2^-11).
+  The implementations round ``x_hat``, the weight, the product and the bias sum to the input
+  dtype (3-4 roundings on the largest elements), and the reference rounds each ``dy * x_hat``
+  to bf16/fp16 before summing ``dweight`` over rows. Normwise rather than elementwise because
+  ``dweight`` / ``dx`` / ``x_hat * w + b`` have elements that cancel to near zero, whose
+  *relative* error is meaningless. Worst normwise errors measured over this grid (3 seeds,
+  torch / reference / triton): bf16 8.0e-3 (output), fp16 8.7e-4 (output), so the bounds leave
+  a 2.5x / 4.5x margin. Formula slips smaller than that (unbiased variance: 1/(2d) ~ 1e-4
+  relative at d=4097) are caught by the fp32 cases; precision failures (overflowing squares, a
+  stalled low-precision sum) by the exact-value tests below.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import normlab.norms as norms
+from normlab.config import DEFAULT_EPS, ConfigError, NormConfig, NormImpl, NormKind
+from normlab.norms import NORM_VARIANTS, build_norm, resolve_norm
+
+LOW_PRECISION_TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+HIDDEN = [768, 1000, 1536, 4097]
+LEADING = [(3,), (2, 5)]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+#: (kind, bias): every parameter layout (RMSNorm has no bias).
+LAYOUTS = [(NormKind.layer, True), (NormKind.layer, False), (NormKind.rms, False)]
+LAYOUT_IDS = ["layer-bias", "layer-nobias", "rms"]
+CPU_IMPLS = [NormImpl.torch, NormImpl.reference, NormImpl.compiled]
+EAGER_IMPLS = [NormImpl.torch, NormImpl.reference]
+
+
+@pytest.fixture(autouse=True)
+def _no_silent_eager_fallback(monkeypatch):
+    """Dynamo falls back to eager after 8 recompiles of one function; this file compiles more
+    shapes than that, so raise the limit for the compiled cases to really run compiled."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)
+
+
+# ----------------------------------------------------------------------------- the oracle
+
+
+def oracle(kind: NormKind, x, weight, bias, eps: float) -> torch.Tensor:
+    """The paper formulas in float64 over the last dimension (eps inside the square root)."""
+    x = x.double()
+    if kind == NormKind.layer:  # Ba et al. 2016: biased variance
+        xc = x - x.mean(-1, keepdim=True)
+        y = xc / torch.sqrt((xc * xc).mean(-1, keepdim=True) + eps)
+    else:  # Zhang & Sennrich 2019
+        y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.double()
+    if bias is not None:
+        y = y + bias.double()
+    return y
+
+
+def make_norm(kind, impl, d, *, bias=False, affine=True, eps=None, upcast=True, randomize=True, seed=0):
+    """``build_norm`` through ``resolve_norm`` on cpu, with non-trivial weight / bias values."""
+    cfg = resolve_norm(NormConfig(kind=kind, impl=impl, bias=bias, affine=affine, eps=eps, upcast=upcast), "cpu")
+    norm = build_norm(cfg, d)
+    if randomize:
+        g = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            if norm.weight is not None:
+                norm.weight.copy_(1 + 0.5 * torch.randn(d, generator=g))
+            if norm.bias is not None:
+                norm.bias.copy_(0.3 * torch.randn(d, generator=g))
+    return norm
+
+
+def assert_matches(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """fp32: elementwise rtol 1e-5, atol 1e-5 * max(1, max|want|); bf16/fp16: normwise
+    LOW_PRECISION_TOL (module docstring)."""
+    assert got.shape == want.shape, what
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    if dtype in LOW_PRECISION_TOL:
+        err = ((got.double() - want).abs().max() / want.abs().max()).item()
+        assert err <= LOW_PRECISION_TOL[dtype], f"{what}: normwise relative error {err:.3g}"
+    else:  # atol grows with the tensor's scale: dweight over thousands of rows is O(sqrt(rows))
+        atol = 1e-5 * max(1.0, want.abs().max().item())
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def check_matches_oracle(kind, impl, d, lead, dtype, bias, permuted=False, seed=0):
+    """Forward output and the input / weight / bias gradients against the float64 oracle."""
+    norm = make_norm(kind, impl, d, bias=bias, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    if permuted:  # (d, *lead) moved to (*lead, d): the last dimension has a stride != 1
+        leaf = (2 * torch.randn(d, *lead, generator=g) + 0.5).to(dtype).requires_grad_()
+        x = leaf.movedim(0, -1)
+        assert not x.is_contiguous() and x.stride(-1) != 1
+    else:
+        leaf = (2 * torch.randn(*lead, d, generator=g) + 0.5).to(dtype).requires_grad_()
+        x = leaf
+    y = norm(x)
+    assert y.dtype == dtype and y.shape == x.shape
+    dy = torch.randn(y.shape, generator=g).to(dtype)
+    y.backward(dy)
+    dx = leaf.grad.movedim(0, -1) if permuted else leaf.grad
+
+    x64 = x.detach().double().requires_grad_()
+    params = [p.detach().double().requires_grad_() if p is not None else None for p in (norm.weight, norm.bias)]
+    y64 = oracle(kind, x64, params[0], params[1], norm.eps)
+    y64.backward(dy.double())
+
+    assert_matches(y, y64, dtype, "output")
+    assert_matches(dx, x64.grad, dtype, "grad input")
+    for name, p, p64 in (("weight", norm.weight, params[0]), ("bias", norm.bias, params[1])):
+        if p is not None:
+            assert p.grad.dtype == p.dtype
+            assert_matches(p.grad, p64.grad, dtype, f"grad {name}")
+
+
+def check_gradcheck_float64(kind, impl, bias, affine=True, upcast=True):
+    norm = make_norm(kind, impl, 10, bias=bias, affine=affine, upcast=upcast).double()
+    x = (torch.randn(2, 2, 10, dtype=torch.float64) + 0.3).requires_grad_()
+    assert torch.autograd.gradcheck(norm, (x,), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def check_fp16_rows_of_300(kind, impl):
+    """|x| = 300 at d=4096: x^2 = 90000 > fp16 max 65504, so statistics need fp32. RMSNorm gets
+    rows of 300.0; LayerNorm rows of +-300 (a constant row has zero variance and gives 0)."""
+    norm = make_norm(kind, impl, 4096, randomize=False)
+    sign = torch.ones(4096) if kind == NormKind.rms else torch.tensor([1.0, -1.0]).repeat(2048)
+    x = (300.0 * sign).repeat(2, 1).half()
+    y = norm(x)
+    assert y.dtype == torch.float16
+    torch.testing.assert_close(y, sign.repeat(2, 1).half(), rtol=0, atol=0)
+
+
+def check_fp16_row_of_10(kind, impl):
+    """A row of 10.0 (+-10 for LayerNorm) at d=4096: each square fits fp16 but their sum 409600
+    does not, so the reduction needs an fp32 accumulator."""
+    norm = make_norm(kind, impl, 4096, randomize=False)
+    sign = torch.ones(4096) if kind == NormKind.rms else torch.tensor([1.0, -1.0]).repeat(2048)
+    y = norm((10.0 * sign).half()[None])
+    torch.testing.assert_close(y, sign.half()[None], rtol=0, atol=0)
+
+
+def check_zero_row(kind, impl, bias):
+    """An all-zero row: output is the bias (zeros without bias), gradients finite and exact."""
+    norm = make_norm(kind, impl, 1000, bias=bias)
+    x = torch.zeros(2, 1000, requires_grad=True)
+    y = norm(x)
+    want_y = norm.bias.detach().expand(2, -1) if bias else torch.zeros(2, 1000)
+    torch.testing.assert_close(y, want_y, rtol=0, atol=0)
+    dy = torch.randn(2, 1000)
+    y.backward(dy)
+    for t in (x.grad, norm.weight.grad) + ((norm.bias.grad,) if bias else ()):
+        assert torch.isfinite(t).all()
+    x64 = torch.zeros(2, 1000, dtype=torch.float64, requires_grad=True)
+    oracle(kind, x64, norm.weight.detach(), None, norm.eps).backward(dy.double())
+    torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-5, atol=1e-5)
+    assert (norm.weight.grad == 0).all()  # x_hat = 0 / sqrt(eps) = 0
+
+
+def check_eps_inside_sqrt(kind, impl):
+    """A row of constant c (+-c for LayerNorm) with eps=0.5 gives c / sqrt(c^2 + eps): eps is
+    inside the square root (not c / (|c| + eps), nor c / sqrt(c^2) + eps)."""
+    c, eps = 0.5, 0.5
+    norm = make_norm(kind, impl, 1000, eps=eps, randomize=False)
+    sign = torch.ones(1000) if kind == NormKind.rms else torch.tensor([1.0, -1.0]).repeat(500)
+    y = norm((c * sign)[None])
+    want = c / (c * c + eps) ** 0.5  # 0.57735...
+    torch.testing.assert_close(y, (want * sign)[None], rtol=1e-6, atol=0)
+
+
+def check_bf16_dweight_sum(kind, impl, param_dtype):
+    """2048 rows each adding bf16(0.01) = 0.010009765625 to dweight[j] (x_hat = +-1, dy = 0.01):
+    the sum is 20.5; a bf16 running sum stalls at 4.0 (spacing 2^-5 above 4 > 2 * 0.01)."""
+    d = 64
+    has_bias = kind == NormKind.layer
+    norm = make_norm(kind, impl, d, bias=has_bias, randomize=False).to(param_dtype)
+    sign = torch.tensor([1.0, -1.0]).repeat(d // 2)
+    x = sign.repeat(2048, 1).to(torch.bfloat16).requires_grad_()
+    dy = (0.01 * sign).repeat(2048, 1).to(torch.bfloat16)  # dy * x_hat = +0.010009765625
+    norm(x).backward(dy)
+    want = torch.full((d,), 20.5, dtype=param_dtype)
+    assert norm.weight.grad.dtype == param_dtype
+    torch.testing.assert_close(norm.weight.grad, want, rtol=1e-4, atol=0)
+    if has_bias:
+        assert norm.bias.grad.dtype == param_dtype
+        torch.testing.assert_close(norm.bias.grad.abs(), want, rtol=1e-4, atol=0)
+
+
+def check_scale_invariance(impl):
+    """RMSNorm(c x) = RMSNorm(x) for c > 0, with eps (1e-10) negligible against mean(x^2)."""
+    norm = make_norm(NormKind.rms, impl, 1000, eps=1e-10)
+    x = torch.randn(4, 1000)
+    y = norm(x)
+    for c in (1e-2, 7.0, 1e3):
+        torch.testing.assert_close(norm(c * x), y, rtol=1e-5, atol=1e-5)
+
+
+def applied_statistics(kind, impl, x, eps):
+    """The statistics an implementation applied, recovered from its fp32 output (no affine):
+    RMSNorm y = x * rstd; LayerNorm y = (x - mean) * rstd, a line in x per row (least squares
+    in float64). Returns (mean, mean square or variance), each (rows,)."""
+    y = make_norm(kind, impl, x.shape[-1], affine=False, bias=False, eps=eps)(x).double()
+    x = x.double()
+    if kind == NormKind.rms:
+        rstd = (x * y).sum(-1) / (x * x).sum(-1)
+        return None, rstd.pow(-2) - eps
+    xc, yc = x - x.mean(-1, keepdim=True), y - y.mean(-1, keepdim=True)
+    rstd = (xc * yc).sum(-1) / (xc * xc).sum(-1)
+    mean = x.mean(-1) - y.mean(-1) / rstd
+    return mean, rstd.pow(-2) - eps
+
+
+def check_mean_square_is_variance_plus_squared_mean(impl):
+    x = torch.randn(6, 1000) * 0.7 + torch.linspace(-2, 3, 6)[:, None]  # non-zero row means
+    eps = DEFAULT_EPS
+    _, mean_square = applied_statistics(NormKind.rms, impl, x, eps)
+    mean, var = applied_statistics(NormKind.layer, impl, x, eps)
+    torch.testing.assert_close(mean, x.double().mean(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mean_square, var + mean * mean, rtol=1e-5, atol=1e-5)
+
+
+def check_layer_and_rms_agree_on_zero_mean_rows(impl):
+    v = torch.randn(3, 500)
+    x = torch.cat([v, -v], dim=-1)  # every row has mean 0 exactly
+    ln = make_norm(NormKind.layer, impl, 1000, bias=False, seed=3)
+    rms = make_norm(NormKind.rms, impl, 1000, seed=3)  # same weight values
+    torch.testing.assert_close(ln.weight, rms.weight)
+    torch.testing.assert_close(ln(x), rms(x), rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------- oracle comparisons
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead", LEADING, ids=str)
+@pytest.mark.parametrize("d", HIDDEN)
+@pytest.mark.parametrize(("kind", "bias"), LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("impl", EAGER_IMPLS, ids=lambda i: i.name)
+def test_eager_output_and_gradients_match_float64_oracle(impl, kind, bias, d, lead, dtype):
+    check_matches_oracle(kind, impl, d, lead, dtype, bias)
+
+
+@pytest.mark.parametrize(
+    ("impl", "kind", "bias", "dtype"),
+    [
+        pytest.param(impl, kind, bias, dtype, id=f"{impl.name}-{layout}-{dtype}")
+        for impl in CPU_IMPLS
+        for (kind, bias), layout in zip(LAYOUTS, LAYOUT_IDS, strict=True)
+        for dtype in DTYPES
+        if impl != NormImpl.compiled or dtype == torch.bfloat16  # a recompile per case: bf16 only
+    ],
+)
+def test_permuted_noncontiguous_input_matches_float64_oracle(impl, kind, bias, dtype):
+    check_matches_oracle(kind, impl, 1000, (2, 5), dtype, bias, permuted=True)
+
+
+@pytest.mark.parametrize(
+    ("kind", "bias", "d", "lead", "dtype"),
+    [
+        (NormKind.layer, True, 4097, (3,), torch.float32),
+        (NormKind.layer, False, 768, (2, 5), torch.bfloat16),
+        (NormKind.layer, True, 1000, (2, 5), torch.float16),
+        (NormKind.rms, False, 1536, (3,), torch.float16),
+        (NormKind.rms, False, 1000, (2, 5), torch.float32),
+        (NormKind.rms, False, 4097, (3,), torch.bfloat16),
+    ],
+    ids=["layer-bias-4097-fp32", "layer-nobias-768-bf16", "layer-bias-1000-fp16",
+         "rms-1536-fp16", "rms-1000-fp32", "rms-4097-bf16"],
+)
+def test_compiled_output_and_gradients_match_float64_oracle(kind, bias, d, lead, dtype):
+    """Fewer shapes than the eager grid: every new shape / dtype is a ~2 s recompile."""
+    check_matches_oracle(kind, NormImpl.compiled, d, lead, dtype, bias)
+
+
+@pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
+@pytest.mark.parametrize("impl", EAGER_IMPLS, ids=lambda i: i.name)
+def test_affine_false_has_no_parameters_and_matches_oracle(impl, kind):
+    norm = make_norm(kind, impl, 1000, affine=False)
+    assert norm.weight is None and norm.bias is None and not list(norm.parameters())
+    x = torch.randn(2, 5, 1000, requires_grad=True)
+    dy = torch.randn(2, 5, 1000)
+    norm(x).backward(dy)
+    x64 = x.detach().double().requires_grad_()
+    y64 = oracle(kind, x64, None, None, norm.eps)
+    y64.backward(dy.double())
+    assert_matches(norm(x), y64, torch.float32, "output")
+    assert_matches(x.grad, x64.grad, torch.float32, "grad input")
+
+
+# --------------------------------------------------------------------------- gradcheck
+
+
+@pytest.mark.parametrize(("kind", "bias"), LAYOUTS, ids=LAYOUT_IDS)
+def test_reference_without_upcast_passes_float64_gradcheck(kind, bias):
+    check_gradcheck_float64(kind, NormImpl.reference, bias, upcast=False)
+
+
+@pytest.mark.parametrize(("kind", "bias"), LAYOUTS, ids=LAYOUT_IDS)
+def test_torch_passes_float64_gradcheck(kind, bias):
+    check_gradcheck_float64(kind, NormImpl.torch, bias)
+
+
+@pytest.mark.parametrize(("kind", "bias"), LAYOUTS, ids=LAYOUT_IDS)
+def test_reference_with_upcast_keeps_float64_precision(kind, bias):
+    check_gradcheck_float64(kind, NormImpl.reference, bias, upcast=True)
+
+
+# --------------------------------------------------------------- known failure kinds
+
+
+@pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
+@pytest.mark.parametrize("impl", CPU_IMPLS, ids=lambda i: i.name)
+def test_fp16_rows_of_300_normalize_to_one_with_fp32_statistics(impl, kind):
+    check_fp16_rows_of_300(kind, impl)
+
+
+@pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
+@pytest.mark.parametrize("impl", [NormImpl.reference], ids=lambda i: i.name)
+def test_fp16_squares_overflow_to_zero_output_without_upcast(impl, kind):
+    """upcast=False squares in fp16: 90000 -> inf, rsqrt(inf) = 0, so every output is 0
+    (finite, and silently wrong) instead of +-1."""
+    norm = make_norm(kind, impl, 4096, upcast=False, randomize=False)
+    sign = torch.ones(4096) if kind == NormKind.rms else torch.tensor([1.0, -1.0]).repeat(2048)
+    x = (300.0 * sign).half()[None]
+    assert torch.isinf(x * x).all()
+    y = norm(x)
+    assert y.dtype == torch.float16
+    assert (y == 0).all()
+
+
+@pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
+@pytest.mark.parametrize("impl", CPU_IMPLS, ids=lambda i: i.name)
+def test_fp16_row_of_10_normalizes_to_one_with_fp32_accumulator(impl, kind):
+    check_fp16_row_of_10(kind, impl)
+
+
+@pytest.mark.parametrize(
+    ("impl", "kind", "bias"),
+    [
+        pytest.param(impl, kind, bias, id=f"{impl.name}-{layout}")
+        for impl in CPU_IMPLS
+        for (kind, bias), layout in zip(LAYOUTS, LAYOUT_IDS, strict=True)
+        if impl != NormImpl.compiled or layout != "layer-nobias"  # a recompile per case
+    ],
+)
+def test_all_zero_row_gives_bias_or_zeros_with_finite_gradients(impl, kind, bias):
+    check_zero_row(kind, impl, bias)
+
+
+@pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
+@pytest.mark.parametrize("impl", CPU_IMPLS, ids=lambda i: i.name)
+def test_eps_is_added_inside_the_square_root(impl, kind):
+    check_eps_inside_sqrt(kind, impl)
+
+
+_TORCH_CPU_LN_BF16 = pytest.mark.xfail(
+    strict=True,
+    reason="PyTorch's CPU layer_norm backward accumulates dweight/dbias in bf16 per thread: "
+    "the 2048-row sum stalls (8.0 on 2 threads) instead of 20.5",
+)
+
+
+@pytest.mark.parametrize(
+    ("impl", "kind", "param_dtype"),
+    [
+        pytest.param(
+            impl,
+            kind,
+            param_dtype,
+            id=f"{impl.name}-{kind.name}-params-{param_dtype}",
+            marks=_TORCH_CPU_LN_BF16 if (impl, kind) == (NormImpl.torch, NormKind.layer) else (),
+        )
+        for impl in CPU_IMPLS
+        for kind in NormKind
+        for param_dtype in (torch.float32, torch.bfloat16)
+        if impl != NormImpl.compiled or param_dtype == torch.float32  # a recompile per case
+    ],
+)
+def test_bf16_dweight_of_2048_rows_sums_to_20_5_in_fp32(impl, kind, param_dtype):
+    check_bf16_dweight_sum(kind, impl, param_dtype)
+
+
+# ------------------------------------------------------------------------- identities
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLS, ids=lambda i: i.name)
+def test_rmsnorm_is_invariant_to_positive_input_scale(impl):
+    check_scale_invariance(impl)
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLS, ids=lambda i: i.name)
+def test_applied_mean_square_equals_variance_plus_squared_mean(impl):
+    check_mean_square_is_variance_plus_squared_mean(impl)
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLS, ids=lambda i: i.name)
+def test_layernorm_and_rmsnorm_agree_on_zero_mean_rows(impl):
+    check_layer_and_rms_agree_on_zero_mean_rows(impl)
+
+
+def test_oracle_statistics_satisfy_mean_square_identity():
+    x = torch.randn(5, 777, dtype=torch.float64) + 1.5
+    ms, var, mean = (x * x).mean(-1), x.var(-1, unbiased=False), x.mean(-1)
+    torch.testing.assert_close(ms, var + mean * mean, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------- the registry
+
+
+def test_registry_covers_every_kind_and_concrete_impl():
+    concrete = {(k, i) for k in NormKind for i in NormImpl if i != NormImpl.auto}
+    assert set(NORM_VARIANTS) == concrete
+
+
+@pytest.mark.parametrize(("kind", "impl"), [k for k in NORM_VARIANTS if k[1] != NormImpl.triton])
+def test_registered_classes_share_the_parameter_layout(kind, impl):
+    norm = build_norm(resolve_norm(NormConfig(kind=kind, impl=impl, bias=kind == NormKind.layer), "cpu"), 10)
+    params = dict(norm.named_parameters())
+    assert set(params) == ({"weight", "bias"} if kind == NormKind.layer else {"weight"})
+    assert torch.equal(params["weight"], torch.ones(10)) and params["weight"].dtype == torch.float32
+    if "bias" in params:
+        assert torch.equal(params["bias"], torch.zeros(10))
+    if kind == NormKind.rms:
+        with pytest.raises(ValueError):
+            type(norm)(10, 1e-5, affine=True, bias=True)
+
+
+def test_auto_resolves_to_compiled_on_cpu_and_triton_on_cuda(monkeypatch):
+    cfg = NormConfig(kind=NormKind.rms, impl=NormImpl.auto, bias=False)
+    on_cpu = resolve_norm(cfg, "cpu")
+    assert on_cpu.impl == NormImpl.compiled and on_cpu.eps == DEFAULT_EPS
+    monkeypatch.setattr(norms, "triton_usable", lambda device_type: True)
+    assert resolve_norm(cfg, "cuda").impl == NormImpl.triton
+
+
+def test_auto_on_cuda_without_triton_is_an_error_not_a_fallback(monkeypatch):
+    monkeypatch.setattr(norms, "triton_usable", lambda device_type: False)
+    with pytest.raises(ConfigError, match="norm.impl=auto"):
+        resolve_norm(NormConfig(impl=NormImpl.auto), "cuda")
+
+
+def test_triton_on_cpu_without_the_interpreter_is_a_config_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ConfigError, match="norm.impl=triton"):
+        resolve_norm(NormConfig(impl=NormImpl.triton), "cpu")
+
+
+@pytest.mark.parametrize("impl", [NormImpl.torch, NormImpl.compiled, NormImpl.triton], ids=lambda i: i.name)
+def test_upcast_false_is_refused_where_the_kernel_would_accumulate_in_fp32_anyway(impl):
+    # inductor, PyTorch's kernels and ours compute fp16 statistics in fp32: honouring upcast=false
+    # there would silently not reproduce the overflow, so the config refuses it.
+    from normlab.config import ConfigError, NormConfig
+
+    with pytest.raises(ConfigError, match="upcast=false is only available for impl=reference"):
+        NormConfig(kind=NormKind.rms, impl=impl, bias=False, upcast=False)
