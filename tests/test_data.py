@@ -1,4 +1,4 @@
-"""The embedded corpus: whole-work split, cached byte tokens, deterministic batches."""
+"""The embedded corpus: whole-work split, cached byte tokens, deterministic batches over shards."""
 
 from __future__ import annotations
 
@@ -6,8 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from normlab.config import DataConfig
-from normlab.data import BatchSampler, DataError, corpus_files, encode_bytes, prepare, split_by_work
+from normlab.config import ConfigError, DataConfig, Tokenizer
+from normlab.data import (
+    BatchSampler,
+    DataError,
+    TokenData,
+    corpus_files,
+    encode_bytes,
+    prepare,
+    split_by_work,
+)
 
 
 def test_shakespeare_split_holds_out_whole_works_about_five_percent_of_bytes():
@@ -23,12 +31,17 @@ def test_shakespeare_split_holds_out_whole_works_about_five_percent_of_bytes():
 def test_tokens_are_cached_once_and_reused(tmp_path):
     cfg = DataConfig(cache_dir=str(tmp_path))
     first = prepare(cfg)
-    stamp = (first.directory / "train.bin").stat().st_mtime_ns
+    shard = first.directory / first.meta["splits"]["train"]["shards"][0]["file"]
+    stamp = shard.stat().st_mtime_ns
     second = prepare(cfg)
-    assert second.directory == first.directory and (second.directory / "train.bin").stat().st_mtime_ns == stamp
+    assert second.directory == first.directory and shard.stat().st_mtime_ns == stamp
     assert first.vocab_size == 256 and first.train.dtype == np.uint16 and int(first.train.max()) < 256
     assert first.meta["tokens"]["train"] == len(first.train) and len(first.val) > 0
     assert 0.04 <= first.meta["val_fraction_actual"] <= 0.10
+    assert first.meta["complete"] and first.meta["tokenizer"] == "byte" and first.meta["source"]["val_files"]
+    # the works are joined by a blank line, as before shards existed
+    text = bytes(first.val.astype(np.uint8)).decode()
+    assert text.count("\n\n") >= len(first.meta["source"]["val_files"]) - 1
 
 
 def test_a_single_text_file_is_split_at_a_byte_offset(tmp_path):
@@ -69,3 +82,63 @@ def test_batches_are_a_pure_function_of_seed_and_step_and_validation_ignores_the
     assert torch.equal(x, b.train_batch(5, 0)[0])
     assert not torch.equal(x, a.train_batch(6, 0)[0]) and not torch.equal(x, c.train_batch(5, 0)[0])
     assert torch.equal(a.val_batch(0)[0], c.val_batch(0)[0])
+    # one shard: the same windows as the single-file sampler had, rng.integers(0, N - T - 1)
+    starts = np.random.default_rng([1, 5, 0]).integers(0, len(data.train) - 16 - 1, size=4)
+    assert torch.equal(x, torch.from_numpy(np.stack([data.train[s : s + 16] for s in starts]).astype(np.int64)))
+
+
+def _shards(*lengths: int, base: int = 0) -> tuple[np.ndarray, ...]:
+    out, start = [], base
+    for n in lengths:
+        out.append(np.arange(start, start + n, dtype=np.uint16))
+        start += n + 1000  # a jump between shards: a window crossing one would show it
+    return tuple(out)
+
+
+def test_the_sampler_draws_from_every_shard_in_proportion_and_never_crosses_one(tmp_path):
+    train = _shards(40, 400, 5, 4000)  # the 5-token shard is shorter than a window: never drawn
+    data = TokenData(train, _shards(100, base=20000), 256, {"tokens": {}}, tmp_path)
+    s = BatchSampler(data, 64, 8, seed=0, device=torch.device("cpu"))
+    hits = np.zeros(len(train))
+    for step in range(30):
+        x, y = s.train_batch(step)
+        assert torch.equal(x[:, 1:], y[:, :-1])
+        w = torch.cat([x, y[:, -1:]], 1)
+        assert bool((w[:, 1:] - w[:, :-1] == 1).all()), "a window crossed a shard boundary"
+        for first in x[:, 0].tolist():
+            hits[next(i for i, sh in enumerate(train) if int(sh[0]) <= first <= int(sh[-1]))] += 1
+        assert torch.equal(x, BatchSampler(data, 64, 8, seed=0, device=torch.device("cpu")).train_batch(step)[0])
+    starts = np.array([max(0, len(t) - 9) for t in train])
+    assert hits[2] == 0 and np.allclose(hits / hits.sum(), starts / starts.sum(), atol=0.03)
+
+
+def test_a_split_shorter_than_one_sequence_is_reported(tmp_path):
+    data = TokenData(_shards(10, 10), _shards(100), 256, {"tokens": {}}, tmp_path)
+    with pytest.raises(DataError, match="train split .* fewer than one sequence of 17"):
+        BatchSampler(data, 2, 16, seed=0, device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"tokenizer": "sentencepiece"}, "data.tokenizer='sentencepiece'"),
+        ({"format": "hub"}, "data.hf_path=None"),
+        ({"format": "csv"}, "data.format='csv'"),
+        ({"bpe_vocab_size": 100}, "data.bpe_vocab_size=100"),
+        ({"max_tokens": 0}, "data.max_tokens=0"),
+        ({"num_proc": 0}, "data.num_proc=0"),
+        ({"shard_tokens": 0}, "data.shard_tokens=0"),
+    ],
+)
+def test_bad_data_values_raise_one_line_naming_key_and_value(kwargs, key):
+    with pytest.raises(ConfigError) as e:
+        DataConfig(**kwargs)
+    assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tokenizer_names_are_accepted_from_python_and_from_hydra(compose_cfg):
+    from normlab.cli import to_train_config
+
+    assert DataConfig(tokenizer="bpe").tokenizer == Tokenizer.bpe
+    tc = to_train_config(compose_cfg(["data=tinystories", "data.tokenizer=bpe", "data.bpe_vocab_size=8192"]))
+    assert tc.data.tokenizer == Tokenizer.bpe and tc.data.hf_path == "roneneldan/TinyStories"

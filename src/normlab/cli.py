@@ -1,25 +1,51 @@
 """The ``train`` console script: the only module that sees Hydra or a DictConfig.
 
 Composes ``conf/train.yaml`` with the user's overrides, validates it into a typed
-:class:`~normlab.config.TrainConfig`, and calls :func:`normlab.train.train`. A user error (a value
-out of range, a missing data file, a precision the device cannot run) prints one line on stderr
-and exits with status 2 before any training; ``debug=true`` shows the traceback instead.
+:class:`~normlab.config.TrainConfig` plus :class:`~normlab.train.RunOptions`, and calls
+:func:`normlab.train.train`. A user error (a value out of range, a missing data file, a precision
+the device cannot run, an output dir that cannot be written, a checkpoint of another config) prints
+one line on stderr and exits with status 2 before any training; ``debug=true`` shows the traceback.
+
+Exit status of a single run: 0 completed, 1 diverged or failed (one line; the traceback is in
+``summary.json``), 2 bad input, 128 + N when signal N (SIGTERM, SIGINT) stopped it after a checkpoint.
+In a multirun a job that fails does not stop the others: :class:`SweepFailures` lists the failed
+jobs at the end and the sweep exits 1; a signal stops the whole sweep.
+
+``train resume=<run dir>`` continues that run: :func:`prepare_args` re-applies the overrides the run
+was started with (``<run dir>/.hydra/overrides.yaml``; overrides typed now come after and win) and
+sets ``hydra.run.dir`` to it, leaving its ``.hydra/`` record as the run's first invocation wrote it.
+The same command with ``hydra.run.dir=<run dir> resume=auto`` (a requeue script) starts the run or
+continues it, whichever applies; ``-m ... hydra.sweep.dir=<sweep dir> resume=auto`` does so per job.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import math
 import os
+import shutil
+import signal
 import sys
+import tempfile
+from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import hydra
+import yaml
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, TrainConfig
+
+if TYPE_CHECKING:
+    from .train import RunOptions
 
 log = logging.getLogger("normlab")
 
@@ -40,20 +66,42 @@ def find_conf_dir() -> Path:
     raise FileNotFoundError(f"normlab cannot find conf/train.yaml; searched: {', '.join(map(str, candidates))}")
 
 
-def register_schema() -> None:
-    """Register :class:`TrainConfig` as ``train_schema`` so every group is type-checked on merge."""
-    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+@dataclasses.dataclass
+class CliConfig(TrainConfig):
+    """The schema of ``conf/train.yaml``: :class:`TrainConfig` plus the keys of one invocation.
 
-
-def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """Validate a composed config into a :class:`TrainConfig` (runs every ``__post_init__`` check).
-
-    Raises:
-        ConfigError: one line naming the bad key and value.
+    These keys become :class:`normlab.train.RunOptions`; they are not part of the config hash, so
+    they may change when a run is resumed.
     """
+
+    ckpt_interval: int = 200  # checkpoint every N steps (also at the end and on SIGTERM/SIGINT); 0: only those
+    ckpt_keep: int = 2  # keep the newest K checkpoints
+    max_loss: float | None = None  # a training loss above it ends the run as diverged; null: only non-finite
+    resume: str | None = None  # null: new run; auto: continue from the run dir's newest valid checkpoint if any; <run dir>
+    force: bool = False  # resume even if the config differs from the checkpoint's
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.ckpt_interval < 0:
+            raise ConfigError(f"ckpt_interval={self.ckpt_interval} is not allowed: must be >= 0 (0: only at the end)")
+        if self.ckpt_keep < 1:
+            raise ConfigError(f"ckpt_keep={self.ckpt_keep} is not allowed: must be >= 1")
+        if self.max_loss is not None and not (math.isfinite(self.max_loss) and self.max_loss > 0):
+            raise ConfigError(f"max_loss={self.max_loss} is not allowed: must be null or a finite number > 0")
+
+
+def register_schema() -> None:
+    """Register :class:`CliConfig` as ``train_schema`` so every group is type-checked on merge,
+    and the ``name`` resolver: ``${name:${norm.kind}}`` is ``rms``, not ``NormKind.rms``."""
+    ConfigStore.instance().store(name="train_schema", node=CliConfig)
+    if not OmegaConf.has_resolver("name"):
+        OmegaConf.register_new_resolver("name", lambda v: v.name if isinstance(v, Enum) else v)
+
+
+def _validate(cfg: DictConfig) -> CliConfig:
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), plain))
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CliConfig), plain))
     except ConfigError:
         raise
     except Exception as e:  # OmegaConf wraps errors raised inside a dataclass constructor
@@ -63,33 +111,217 @@ def to_train_config(cfg: DictConfig) -> TrainConfig:
         raise ConfigError(str(e).splitlines()[0]) from None
 
 
-def _task(cfg: DictConfig) -> float | None:
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    """Validate a composed config into a :class:`TrainConfig` (runs every ``__post_init__`` check).
+
+    Raises:
+        ConfigError: one line naming the bad key and value.
+    """
+    full = _validate(cfg)
+    return TrainConfig(**{f.name: getattr(full, f.name) for f in dataclasses.fields(TrainConfig)})
+
+
+def to_run_options(cfg: DictConfig, run_dir: Path) -> RunOptions:
+    """The invocation keys of a composed config as :class:`normlab.train.RunOptions`.
+
+    ``resume=<path>`` must name ``run_dir`` (``prepare_args`` makes it so) and becomes ``required``.
+
+    Raises:
+        ConfigError: a value out of range, or a resume path that is not this run's dir.
+    """
+    from .train import RunOptions  # deferred: imports torch
+
+    full = _validate(cfg)
+    resume = full.resume
+    if resume not in (None, "auto"):
+        if Path(resume).expanduser().resolve() != run_dir.resolve():
+            raise ConfigError(f"resume={resume} is not this run's dir {run_dir}: use resume=<run dir> alone, or hydra.run.dir=<run dir> resume=auto")
+        resume = "required"
+    return RunOptions(ckpt_interval=full.ckpt_interval, ckpt_keep=full.ckpt_keep, max_loss=full.max_loss, resume=resume, force=full.force)
+
+
+# --- before Hydra: resume by path, output dir checks ----------------------------------------------
+
+#: Hydra flags that only print something; they need no writable output dir.
+_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve"}
+#: Less free space than this in the output dir is reported as a full disk before anything runs.
+MIN_FREE_BYTES = 64 << 20
+
+
+def _value(args: list[str], key: str) -> str | None:
+    """The value of the last ``key=value`` override in ``args`` (None if absent)."""
+    found = None
+    for a in args:
+        if a.lstrip("+~").split("=", 1)[0] == key and "=" in a:
+            found = a.split("=", 1)[1]
+    return found
+
+
+def check_output_dir(key: str, template: str) -> None:
+    """Refuse an output dir (``hydra.run.dir`` or ``hydra.sweep.dir``) that cannot be created and written.
+
+    The part of ``template`` before its first ``${`` is checked: its nearest existing ancestor must
+    be a folder, writable (a temporary file is created and removed there), with at least
+    :data:`MIN_FREE_BYTES` free.
+
+    Raises:
+        ConfigError: one line naming the key, the folder and the reason.
+    """
+    target = Path(template.split("${", 1)[0] or ".").expanduser()
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ConfigError(f"{key}={template} cannot be created: {probe} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{key}={template} is not writable: {probe}: {e.strerror or e}") from None
+    free = shutil.disk_usage(probe).free
+    if free < MIN_FREE_BYTES:
+        raise ConfigError(f"{key}={template} has no room: {free / 2**20:.0f} MiB free in {probe} (at least {MIN_FREE_BYTES >> 20} MiB needed)")
+
+
+def prepare_args(args: list[str], conf_dir: Path) -> list[str]:
+    """The command line Hydra gets: ``resume=<run dir>`` expanded, output dirs checked.
+
+    ``resume=<run dir>`` (single runs only) puts the run's original overrides first, the typed
+    ones after them (later wins), then ``hydra.run.dir=<run dir>``. When the run dir of a single run
+    already holds a ``.hydra/`` record, ``hydra.output_subdir=null`` keeps Hydra from overwriting it:
+    it stays the record of the run's first invocation (``summary.json`` has the config in effect).
+
+    Raises:
+        ConfigError: a resume path that is not a run dir, resume by path in a multirun, or an
+            output dir that cannot be written.
+    """
+    if any(a.split("=", 1)[0] in _INFO_FLAGS for a in args):
+        return args
+    multirun = "-m" in args or "--multirun" in args
+    resume = _value(args, "resume")
+    if resume not in (None, "null", "auto"):
+        run_dir = Path(resume).expanduser()
+        if multirun:
+            raise ConfigError(f"resume={resume} resumes one run; to continue a sweep use hydra.sweep.dir=<sweep dir> resume=auto")
+        if not (run_dir / "checkpoints").is_dir():
+            raise ConfigError(f"resume={resume} is not a run dir with checkpoints ({run_dir / 'checkpoints'} does not exist)")
+        overrides_file = run_dir / ".hydra" / "overrides.yaml"
+        original = yaml.safe_load(overrides_file.read_text()) or [] if overrides_file.is_file() else []
+        keep = [o for o in original if _value([o], "resume") is None and _value([o], "force") is None]
+        args = [*keep, *args, f"hydra.run.dir={run_dir}"]
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    run_dir_arg = _value(args, "hydra.run.dir")
+    if not multirun and run_dir_arg and (Path(run_dir_arg).expanduser() / ".hydra").is_dir():
+        args = [*args, "hydra.output_subdir=null"]  # keep the record of the run's first invocation
+    template = _value(args, key)
+    if template is None:  # the default in train.yaml, read unresolved (${now:...} needs Hydra)
+        node: Any = yaml.safe_load((conf_dir / "train.yaml").read_text())
+        for part in key.split("."):
+            node = node.get(part, {}) if isinstance(node, dict) else {}
+        template = node if isinstance(node, str) else "."
+    check_output_dir(key, template)
+    return args
+
+
+# --- the task and the sweep's failure report ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFailure:
+    """What a multirun job returns when its run did not complete (a completed run returns its
+    final validation loss). ``message`` is one line."""
+
+    message: str
+
+
+class SweepFailures(Callback):
+    """Hydra callback (``hydra.callbacks`` in ``conf/train.yaml``): remembers the jobs of a
+    multirun that did not complete and, after the last one, lists them and exits with status 1."""
+
+    def __init__(self) -> None:
+        self.jobs = 0
+        self.failures: list[tuple[str, str]] = []
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        self.jobs += 1
+        if job_return.status == JobStatus.FAILED:  # an exception escaped the task (debug=true)
+            value = JobFailure("failed: the exception is shown above")
+        else:
+            value = job_return.return_value
+        if isinstance(value, JobFailure):
+            self.failures.append((str(config.hydra.runtime.output_dir), value.message))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.failures:
+            print(f"normlab: {len(self.failures)} of {self.jobs} runs did not complete:", file=sys.stderr)
+            for run_dir, message in self.failures:
+                print(f"normlab:   {run_dir}: {message}", file=sys.stderr)
+            sys.exit(1)
+
+
+def _fail(message: str, exit_code: int, context: str = "") -> JobFailure:
+    """Print ``normlab: <message><context>``; exit in a single run, return a :class:`JobFailure`
+    (without ``context``: the sweep report names the run dir itself) in a multirun."""
+    print(f"normlab: {message}{context}", file=sys.stderr)
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        sys.exit(exit_code)
+    return JobFailure(message)
+
+
+def _failed_summary(run_dir: Path) -> bool:
+    """Whether ``run_dir/summary.json`` records a failure (an exception before training writes none)."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text()).get("status") == "failed"
+    except (OSError, ValueError):
+        return False
+
+
+def _task(cfg: DictConfig) -> float | JobFailure:
     from .data import DataError  # deferred: keeps `train --help` fast
-    from .train import train
+    from .train import free_memory, train
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     debug = bool(cfg.get("debug", False))
     try:
-        summary = train(to_train_config(cfg), run_dir)
+        summary = train(to_train_config(cfg), run_dir, to_run_options(cfg, run_dir))
     except (ConfigError, DataError) as e:
         if debug:
             raise
-        print(f"normlab: error: {e}", file=sys.stderr)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise  # the basic launcher records the failure, runs the other jobs, then exits 1
-        sys.exit(2)
-    if summary["status"] != "completed":
-        print(f"normlab: run {summary['status']} at step {summary['steps_completed']} ({run_dir})", file=sys.stderr)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            raise RuntimeError(f"run {summary['status']}: {run_dir}")
-        sys.exit(1)
+        return _fail(f"error: {e}", 2)
+    except KeyboardInterrupt:
+        print(f"normlab: interrupted; resume=auto with hydra.run.dir={run_dir} continues from its last checkpoint", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)
+    except Exception as e:
+        if debug:
+            raise
+        line = str(e).splitlines()[0] if str(e) else ""
+        where = f"traceback in {run_dir / 'summary.json'}" if _failed_summary(run_dir) else "debug=true shows the traceback"
+        return _fail(f"run failed: {type(e).__name__}: {line} ({where})", 1)
+    finally:
+        free_memory()
+    if summary["status"] == "interrupted":  # a signal stops a sweep too: the machine is going away
+        hc = HydraConfig.get()
+        again = f"train resume={run_dir}"
+        if hc.mode == RunMode.MULTIRUN:
+            again = f"the same command with hydra.sweep.dir={Path(hc.sweep.dir).resolve()} resume=auto"
+        print(f"normlab: {summary['signal']} after step {summary['steps_completed']}: checkpoint saved; continue with: {again}", file=sys.stderr)
+        sys.exit(128 + signal.Signals[summary["signal"]])
+    if summary["status"] == "diverged":
+        s = summary
+        return _fail(f"diverged at step {s['diverged_at_step']}: {s['diverged_reason']} (last finite loss {s['last_finite_loss']})", 1, f" in {run_dir}")
     return summary["final_val_loss"]
 
 
 def main() -> None:
     """Entry point of the ``train`` console script (Hydra parses ``sys.argv``)."""
     register_schema()
-    hydra.main(version_base="1.3", config_path=str(find_conf_dir()), config_name="train")(_task)()
+    conf_dir = find_conf_dir()
+    try:
+        sys.argv[1:] = prepare_args(sys.argv[1:], conf_dir)
+    except ConfigError as e:
+        print(f"normlab: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    hydra.main(version_base="1.3", config_path=str(conf_dir), config_name="train")(_task)()
 
 
 if __name__ == "__main__":

