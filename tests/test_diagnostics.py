@@ -89,3 +89,34 @@ def test_fp16_detector_names_a_layer_that_makes_inf_from_finite_input():
         model.blocks[0].mlp.fc.weight.fill_(5000.0)  # 16 x 5000 = 80000 > 65504: inf from finite input
     found = first_nonfinite(model, torch.zeros(1, 8, dtype=torch.long))
     assert found is not None and found.module == "blocks.0.mlp.fc" and found.input_finite
+
+
+def _train_tiny(compose_cfg, tmp_path, *overrides):
+    import json
+
+    from normlab.cli import to_train_config
+    from normlab.train import train
+
+    from .conftest import TINY
+
+    train(to_train_config(compose_cfg([*TINY, "logger=none", *overrides])), tmp_path)
+    return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_diag_interval_logs_diag_keys_on_those_steps_only(compose_cfg, tmp_path):
+    rows = _train_tiny(compose_cfg, tmp_path, "diag_interval=2", "norm=rms")
+    assert [r["step"] for r in rows if "diag/block0/resid_rms" in r] == [2, 4, 6]
+    row = rows[1]
+    for key in ("diag/block1/norm2_out_rms", "diag/block0/grad_norm", "diag/max_logit", "diag/block0/norm1_gain_max", "diag/final/resid_rms"):
+        assert math.isfinite(row[key]), key
+
+
+def test_without_diag_interval_no_hook_runs(compose_cfg, tmp_path, monkeypatch):
+    calls = []
+    real = ActivationRecorder.hooks
+    monkeypatch.setattr(ActivationRecorder, "hooks", lambda self, model: calls.append(1) or real(self, model))
+    monkeypatch.setattr(torch.nn.Module, "register_forward_hook", lambda *a, **k: calls.append(2))
+    monkeypatch.setattr(torch.nn.Module, "register_forward_pre_hook", lambda *a, **k: calls.append(3))
+    rows = _train_tiny(compose_cfg, tmp_path)
+    assert calls == []
+    assert not any(k.startswith("diag/") for r in rows for k in r)

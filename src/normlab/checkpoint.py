@@ -55,7 +55,10 @@ RESUME_MAY_DIFFER = (
     "peak_tflops",
     "timing_warmup_steps",
     "log_interval",
+    "diag_interval",
     "data.cache_dir",
+    "data.token_dir",
+    "data.num_proc",
 )
 
 

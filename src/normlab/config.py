@@ -322,6 +322,7 @@ class TrainConfig:
     compile: bool = False
     peak_tflops: float = 312.0
     progress: bool = True
+    diag_interval: int | None = None  # per-block diagnostics every N steps (diag/ keys); null: off, no hooks
     debug: bool = False  # show tracebacks for user errors instead of one line
 
     def __post_init__(self) -> None:
@@ -333,6 +334,12 @@ class TrainConfig:
         _require(self.seed >= 0, "seed", self.seed, "must be >= 0")
         _require(bool(_DEVICE.match(self.device)), "device", self.device, "allowed: auto, cpu, cuda, cuda:N")
         _require(self.peak_tflops > 0, "peak_tflops", self.peak_tflops, "must be > 0")
+        _require(
+            self.diag_interval is None or self.diag_interval >= 1,
+            "diag_interval",
+            self.diag_interval,
+            "must be null (off) or >= 1",
+        )
 
     @property
     def tokens_per_step(self) -> int:

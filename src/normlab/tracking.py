@@ -48,11 +48,12 @@ class StepTimer:
         synchronize(self.device)
         self._t0 = time.perf_counter()
 
-    def stop(self) -> float:
-        """End the step; returns its duration in ms."""
+    def stop(self, record: bool = True) -> float:
+        """End the step; returns its duration in ms, kept for the summary when ``record``."""
         synchronize(self.device)
         dt = (time.perf_counter() - self._t0) * 1e3
-        self.times_ms.append(dt)
+        if record:
+            self.times_ms.append(dt)
         return dt
 
     @property
@@ -75,12 +76,12 @@ class StepTimer:
 
 
 def run_names(cfg: TrainConfig) -> tuple[str, str]:
-    """``(group, name)`` for wandb: the group says model, norm and precision; the name adds the seed."""
+    """``(group, name)`` for wandb: the variant (model, norm kind, impl, placement, precision) is the
+    group unless ``logger.group`` names one (a study); the name is the variant plus the seed."""
     n = cfg.norm
-    group = cfg.logger.group or (
-        f"{cfg.model.name}-{n.kind.name}-{n.impl.name}-{n.placement.name}-{cfg.precision.dtype.name}"
-    )
-    name = cfg.logger.name or f"{group}-seed{cfg.seed}"
+    variant = f"{cfg.model.name}-{n.kind.name}-{n.impl.name}-{n.placement.name}-{cfg.precision.dtype.name}"
+    group = cfg.logger.group or variant
+    name = cfg.logger.name or f"{variant}-seed{cfg.seed}"
     return group, name
 
 

@@ -46,6 +46,7 @@ from .checkpoint import (
 )
 from .config import ConfigError, OptimConfig, TrainConfig, to_plain
 from .data import BatchSampler, prepare
+from .diagnostics import ActivationRecorder, block_grad_norms, gain_stats
 from .model import GPT
 from .norms import resolve_norm
 from .precision import autocast, check_precision, grad_scaler
@@ -155,6 +156,16 @@ def evaluate(model: GPT, sampler: BatchSampler, n_batches: int, ctx_factory) -> 
     return float(np.mean(losses))
 
 
+def build_model(cfg: TrainConfig, device: torch.device) -> GPT:
+    """Seed every generator with ``cfg.seed`` and build the GPT on ``device``.
+
+    ``cfg.norm`` must be resolved and ``cfg.model.vocab_size`` set. For one seed, every norm variant
+    gets the same initial weights for the parameters they share (norms draw no random numbers).
+    """
+    seed_everything(cfg.seed)
+    return GPT(cfg.model, cfg.norm).to(device)
+
+
 def divergence(loss: float, grad_norm: float, scaler_enabled: bool, max_loss: float | None) -> str | None:
     """Why this step counts as divergence, or None. An fp16 scaler skips non-finite gradients itself."""
     if not math.isfinite(loss):
@@ -199,8 +210,7 @@ def _train(cfg: TrainConfig, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
     config_dict = to_plain(cfg)
     resume = find_resume_point(run_dir, opts.resume)
 
-    seed_everything(cfg.seed)
-    model = GPT(cfg.model, cfg.norm).to(device)
+    model = build_model(cfg, device)
     optimizer = make_optimizer(model, cfg.optim, device)
     scaler = grad_scaler(cfg.precision, device)
     forced_diff = check_resumable(resume, config_dict, model, opts.force) if resume else []
@@ -282,25 +292,34 @@ def _train(cfg: TrainConfig, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
                 lr = lr_at(step, cfg.max_steps, cfg.optim)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
+                diag = ActivationRecorder() if cfg.diag_interval and (step + 1) % cfg.diag_interval == 0 else None
                 timer.start()
                 loss_sum = 0.0
                 for micro in range(cfg.optim.grad_accum):
                     x, y = sampler.train_batch(step, micro)
-                    with ctx():
-                        _, loss = fwd(x, y)
+                    if diag is not None and micro == 0:  # hooks on the first micro-batch only, eager
+                        with ctx(), diag.hooks(model):
+                            _, loss = model(x, y)
+                    else:
+                        with ctx():
+                            _, loss = fwd(x, y)
                     scaler.scale(loss / cfg.optim.grad_accum).backward()
                     loss_sum += loss.detach().float()
                 scaler.unscale_(optimizer)
+                if diag is not None:
+                    diag.stats.update(block_grad_norms(model))
                 clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip).item()
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
                 train_loss = (loss_sum / cfg.optim.grad_accum).item()
-                dt_ms = timer.stop()
+                dt_ms = timer.stop(record=diag is None)  # diagnosed steps are slower: not timed
 
                 done = step + 1
                 row: dict[str, Any] = {"step": done, "train/loss": train_loss, "lr": lr, "grad_norm": grad_norm, "step_time_ms": dt_ms, "tokens_per_s": tokens_per_step / (dt_ms / 1e3)}
+                if diag is not None:
+                    row.update(diag.stats, **gain_stats(model))
                 diverged = divergence(train_loss, grad_norm, scaler.is_enabled(), opts.max_loss)
                 if not diverged:
                     last_finite_loss = train_loss
