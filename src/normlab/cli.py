@@ -7,7 +7,7 @@ the device cannot run, an output dir that cannot be written, a checkpoint of ano
 one line on stderr and exits with status 2 before any training; ``debug=true`` shows the traceback.
 
 Exit status of a single run: 0 completed, 1 diverged or failed (one line; the traceback is in
-``summary.json``), 2 bad input, 128 + N when signal N (SIGTERM, SIGINT) stopped it after a checkpoint.
+``summary.json``), 2 bad input, 128 + N when signal N (SIGTERM, SIGINT, SIGUSR2) stopped it after a checkpoint.
 In a multirun a job that fails does not stop the others: :class:`SweepFailures` lists the failed
 jobs at the end and the sweep exits 1; a signal stops the whole sweep.
 
@@ -16,11 +16,20 @@ was started with (``<run dir>/.hydra/overrides.yaml``; overrides typed now come 
 sets ``hydra.run.dir`` to it, leaving its ``.hydra/`` record as the run's first invocation wrote it.
 The same command with ``hydra.run.dir=<run dir> resume=auto`` (a requeue script) starts the run or
 continues it, whichever applies; ``-m ... hydra.sweep.dir=<sweep dir> resume=auto`` does so per job.
+
+Several processes (``torchrun --nproc_per_node=N -m normlab.cli ...``, or a submitit job with several
+tasks): every rank runs the Hydra app on the same command line; rank 0's run dir is the run's. Under
+torchrun, ranks > 0 get a private scratch dir for Hydra's own files (removed at exit) and receive rank
+0's run dir before training, so a run has one run dir, one ``.hydra/``, one ``train.log``; under
+submitit every task's Hydra already has the job's dir (its tasks write the same ``.hydra/`` files)
+and ranks > 0 leave ``train.log`` to rank 0. Messages are printed by rank 0. Under a submitit
+launcher ``resume: null`` means ``auto``: a requeued job continues.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import math
@@ -29,6 +38,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,6 +58,11 @@ if TYPE_CHECKING:
     from .train import RunOptions
 
 log = logging.getLogger("normlab")
+
+# conf/hydra/launcher/submitit_*.yaml are typed by the plugin's configs of the same names (Hydra's
+# automatic schema matching), which warns of its deprecation each time; here, not in main(), so that
+# submitit's job processes (they import this module to run _task) are quiet too.
+warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema")
 
 
 def find_conf_dir() -> Path:
@@ -197,6 +212,9 @@ def prepare_args(args: list[str], conf_dir: Path) -> list[str]:
     """
     if any(a.split("=", 1)[0] in _INFO_FLAGS for a in args):
         return args
+    launcher = _value(args, "hydra/launcher") or ""
+    if launcher.startswith("submitit") and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        raise ConfigError(f"hydra/launcher={launcher} needs the hydra-submitit-launcher plugin: pip install 'normlab[slurm]'")
     multirun = "-m" in args or "--multirun" in args
     resume = _value(args, "resume")
     if resume not in (None, "null", "auto"):
@@ -253,16 +271,31 @@ class SweepFailures(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.failures:
-            print(f"normlab: {len(self.failures)} of {self.jobs} runs did not complete:", file=sys.stderr)
-            for run_dir, message in self.failures:
-                print(f"normlab:   {run_dir}: {message}", file=sys.stderr)
+            if _launch_rank() == 0:  # the other ranks of a torchrun sweep fail the same jobs
+                print(f"normlab: {len(self.failures)} of {self.jobs} runs did not complete:", file=sys.stderr)
+                for run_dir, message in self.failures:
+                    print(f"normlab:   {run_dir}: {message}", file=sys.stderr)
             sys.exit(1)
+
+
+def _launch_rank() -> int:
+    """This process's rank as torchrun set it (``RANK``; 0 without torchrun). Read before the
+    process group exists; :mod:`normlab.distributed` (which imports torch) knows it afterwards."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def _say(message: str) -> None:
+    """``normlab: <message>`` on stderr, from rank 0 only (every rank would say the same)."""
+    from . import distributed
+
+    if distributed.is_main():
+        print(f"normlab: {message}", file=sys.stderr)
 
 
 def _fail(message: str, exit_code: int, context: str = "") -> JobFailure:
     """Print ``normlab: <message><context>``; exit in a single run, return a :class:`JobFailure`
     (without ``context``: the sweep report names the run dir itself) in a multirun."""
-    print(f"normlab: {message}{context}", file=sys.stderr)
+    _say(f"{message}{context}")
     if HydraConfig.get().mode != RunMode.MULTIRUN:
         sys.exit(exit_code)
     return JobFailure(message)
@@ -276,20 +309,47 @@ def _failed_summary(run_dir: Path) -> bool:
         return False
 
 
+def _join_ranks() -> Path:
+    """Join the process group if this is one of several processes; returns the run dir: Hydra's,
+    rank 0's on every rank. Ranks > 0 log errors only (their warnings are rank 0's), to the console only."""
+    from . import distributed
+
+    distributed.setup()
+    run_dir = distributed.broadcast(Path(HydraConfig.get().runtime.output_dir))
+    if not distributed.is_main():
+        root = logging.getLogger()
+        root.setLevel(logging.ERROR)
+        for h in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+            root.removeHandler(h)  # under submitit every task's Hydra opens the run's train.log
+            h.close()
+    return run_dir
+
+
+def _run_options(cfg: DictConfig, run_dir: Path) -> RunOptions:
+    """:func:`to_run_options`; under a submitit launcher ``resume: null`` becomes ``auto`` so that a
+    job requeued after a pre-emption or a time limit continues from its checkpoint."""
+    opts = to_run_options(cfg, run_dir)
+    if opts.resume is None and "submitit" in str(HydraConfig.get().launcher.get("_target_", "")):
+        log.info("resume=auto: a submitit job continues from its run dir's checkpoint when it is requeued")
+        opts = dataclasses.replace(opts, resume="auto")
+    return opts
+
+
 def _task(cfg: DictConfig) -> float | JobFailure:
+    from . import distributed
     from .data import DataError  # deferred: keeps `train --help` fast
     from .train import free_memory, train
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir = _join_ranks()
     debug = bool(cfg.get("debug", False))
     try:
-        summary = train(to_train_config(cfg), run_dir, to_run_options(cfg, run_dir))
+        summary = train(to_train_config(cfg), run_dir, _run_options(cfg, run_dir))
     except (ConfigError, DataError) as e:
         if debug:
             raise
         return _fail(f"error: {e}", 2)
     except KeyboardInterrupt:
-        print(f"normlab: interrupted; resume=auto with hydra.run.dir={run_dir} continues from its last checkpoint", file=sys.stderr)
+        _say(f"interrupted; resume=auto with hydra.run.dir={run_dir} continues from its last checkpoint")
         sys.exit(128 + signal.SIGINT)
     except Exception as e:
         if debug:
@@ -304,8 +364,12 @@ def _task(cfg: DictConfig) -> float | JobFailure:
         again = f"train resume={run_dir}"
         if hc.mode == RunMode.MULTIRUN:
             again = f"the same command with hydra.sweep.dir={Path(hc.sweep.dir).resolve()} resume=auto"
-        print(f"normlab: {summary['signal']} after step {summary['steps_completed']}: checkpoint saved; continue with: {again}", file=sys.stderr)
-        sys.exit(128 + signal.Signals[summary["signal"]])
+        sig = signal.Signals[summary["signal"]]
+        requeue = distributed.preempt_handler(sig.name)  # submitit's, under a submitit launcher
+        _say(f"{sig.name} after step {summary['steps_completed']}: checkpoint saved; " + ("handed to submitit, which requeues the job (unless max_num_timeout is spent); it continues from there" if requeue else f"continue with: {again}"))
+        if requeue:
+            requeue(sig, None)  # on rank 0: requeues and exits
+        sys.exit(128 + sig)
     if summary["status"] == "diverged":
         s = summary
         return _fail(f"diverged at step {s['diverged_at_step']}: {s['diverged_reason']} (last finite loss {s['last_finite_loss']})", 1, f" in {run_dir}")
@@ -313,15 +377,29 @@ def _task(cfg: DictConfig) -> float | JobFailure:
 
 
 def main() -> None:
-    """Entry point of the ``train`` console script (Hydra parses ``sys.argv``)."""
+    """Entry point of the ``train`` console script (Hydra parses ``sys.argv``).
+
+    Under torchrun, ranks > 0 run Hydra in a private scratch dir (``hydra.run.dir`` and
+    ``hydra.sweep.dir``, no ``.hydra/``, no ``[HYDRA]`` log lines), removed at exit; their runs
+    use rank 0's run dir.
+    """
     register_schema()
     conf_dir = find_conf_dir()
     try:
         sys.argv[1:] = prepare_args(sys.argv[1:], conf_dir)
     except ConfigError as e:
-        print(f"normlab: error: {e}", file=sys.stderr)
+        if _launch_rank() == 0:
+            print(f"normlab: error: {e}", file=sys.stderr)
         sys.exit(2)
-    hydra.main(version_base="1.3", config_path=str(conf_dir), config_name="train")(_task)()
+    scratch = None
+    if _launch_rank() > 0:
+        scratch = tempfile.mkdtemp(prefix=f"normlab-rank{_launch_rank()}-")
+        sys.argv += [f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}", "hydra.output_subdir=null", "hydra/hydra_logging=disabled"]
+    try:
+        hydra.main(version_base="1.3", config_path=str(conf_dir), config_name="train")(_task)()
+    finally:  # the process group, if any, is left at exit (distributed.setup registers it)
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import numpy as np
 import yaml
 from scipy import stats
 
+from .report_sections import render_diagnostics, render_outcome, render_swept
+
 NAN = float("nan")
 IGNORED_PREFIXES = ("logger", "hydra")  # config keys never checked for sweep consistency
 RUN_MARKERS = (".hydra", "summary.json", "metrics.jsonl")
@@ -325,6 +327,7 @@ def build_report(sweep_dir: str | Path, margin: float = 0.02, alpha: float = 0.0
 def write_report(rep: Report, out_dir: str | Path) -> Path:
     """Write the figures and ``report.md`` into ``out_dir``; returns the path of ``report.md``."""
     from .report_plots import write_figures
+    from .report_sections import write_study_figures
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -333,6 +336,7 @@ def write_report(rep: Report, out_dir: str | Path) -> Path:
     times = {lab: [t for r in rep.included(lab) for t in (r.summary or {}).get("step_times_ms") or [] if t is not None]
              for lab in labels}
     rep.figures = write_figures(metrics, times, out, EMA_BETA)
+    rep.figures.update(write_study_figures(rep, out))
     path = out / "report.md"
     path.write_text(render_markdown(rep))
     return path
@@ -367,6 +371,7 @@ def render_markdown(rep: Report) -> str:
     L += _table(["variant", "n", "excluded", "mean", "std", "min", "max", "step time (ms)", "tokens/s"],
                 [[f"`{v['label']}`", v["n"], v["excluded"], *(_f(v[k]) for k in ("mean", "std", "min", "max")),
                   _f(v["step_time_ms"], ".1f"), _f(v["tokens_per_s"], ",.0f")] for v in rep.variants])
+    L += render_outcome(rep)
     L += ["", f"## Paired difference vs `{rep.baseline}` (variant − baseline, paired by seed)", ""]
     if not rep.comparisons:
         L.append("Only one variant: nothing to compare.")
@@ -378,6 +383,12 @@ def render_markdown(rep: Report) -> str:
                       _f(c["p_lower"], ".3g"), _f(c["p_upper"], ".3g"), c["verdict"]] for c in rep.comparisons])
     for c in rep.comparisons:
         seeds = ", ".join(map(str, c["seeds"])) or "none"
+        if c["n"] < 2:
+            what = (f"one seed paired with the baseline ({seeds}): difference {_f(c['mean'], '+.4f')} nats/token"
+                    if c["n"] else "no seed where both completed: nothing to pair")
+            L += ["", f"**`{c['label']}` − `{rep.baseline}`**: {what}; an interval and a verdict need at least "
+                  f"2 paired seeds. Verdict: **{c['verdict']}**."]
+            continue
         L += ["", f"**`{c['label']}` − `{rep.baseline}`**: over n = {c['n']} seeds paired with the baseline ({seeds}), "
               f"the final validation loss differs by {_f(c['mean'], '+.4f')} nats/token on average (std {_f(c['std'])}); "
               f"{conf} {_ci(c['ci'])}, {tconf} {_ci(c['ci_tost'])}; TOST at ±{m:g} nats: one-sided "
@@ -400,6 +411,7 @@ def render_markdown(rep: Report) -> str:
     titles = {"val_loss": "Validation loss vs step", "train_loss": "Training loss (EMA) vs step",
               "step_time": "Step-time distribution"}
     L += [f"![{t}]({rep.figures[k].name})\n" if rep.figures.get(k) else f"- {t}: no data\n" for k, t in titles.items()]
+    L += render_swept(rep) + render_diagnostics(rep)
     return "\n".join(L).rstrip("\n") + "\n"
 
 

@@ -1,39 +1,174 @@
-"""``torch.compile`` of the reference norms: inductor fuses them into one kernel on CPU and GPU.
+"""``torch.compile`` of the reference norms, forward and backward each one compiled function.
 
-The compiled function takes eps as a Python float, so dynamo guards on its value: a run (or a
+Differentiating ``torch.compile(reference)`` leaves the backward to AOTAutograd and inductor, which
+(torch 2.13, CPU) reduce ``dweight`` / ``dbias`` column by column over all rows: a strided sweep
+that re-reads x and dy with little prefetching (for bf16, half a cache line per access). Here an
+``autograd.Function`` runs a compiled forward that is the reference formula and also returns the
+row sums behind the statistics (sum of squares; for LayerNorm also the row sum), saved so the
+backward never re-reduces x, and a compiled backward in closed form that reduces the parameter
+gradients in row blocks (``(G, rows / G, d).sum(1).sum(0)``): each block stays in cache and the
+blocks spread over the threads. ``normlab-bench`` measures the effect (torch 2.13, 2-core CPU,
+8192 x 768, fwd+bwd vs compiling the reference: RMSNorm about 20% less time in fp32, LayerNorm
+about 25-40%).
+
+Numerics: the forward is the reference's arithmetic (upcast to at least fp32, statistics and
+normalization there, cast back, then the affine step), except that inductor fuses the cast to
+bf16/fp16 and the multiply by the weight without rounding in between (one rounding fewer than the
+eager reference, as with any torch.compile of it). The backward computes in the statistics dtype
+(fp32, or fp64 for fp64 input): within fp32 rounding of autograd through the reference in fp32, at
+least as accurate in bf16/fp16. ``upcast=False`` (refused by the config for this implementation)
+falls back to compiling the reference as a whole.
+
+eps reaches the compiled forward as a Python float, so dynamo guards on its value: a run (or a
 multirun job in the same process) with another eps recompiles instead of reusing a stale kernel.
+Every new input shape or dtype is a recompile too (``dynamic=False``).
 """
 
 from __future__ import annotations
 
-import functools
+import math
 
 import torch
 
 from .reference import ReferenceLayerNorm, ReferenceRMSNorm, layer_norm_ref, rms_norm_ref
 
+#: Row blocks for the dweight / dbias reductions (fewer when the row count is not a multiple).
+ROW_BLOCKS = 32
 
-@functools.cache
+
+def _col_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of ``(rows, d)`` over rows, block by block."""
+    blocks = math.gcd(t.shape[0], ROW_BLOCKS)
+    return t.view(blocks, -1, t.shape[-1]).sum(1).sum(0)
+
+
+def _rms_forward(x, weight, eps: float):
+    """(rows, d) -> ``rms_norm_ref(x, weight, eps)`` and the row sums of squares ``(rows, 1)``.
+
+    The raw sum, not rstd, is what is saved: a derived ``(rows,)`` output makes inductor split the
+    kernel into a reduction sweep and a second sweep over x; with the raw sum it is one sweep.
+    """
+    dtype = x.dtype
+    xs = x.to(torch.promote_types(dtype, torch.float32))
+    sum_sq = (xs * xs).sum(-1, keepdim=True)
+    y = (xs * torch.rsqrt(sum_sq / x.shape[-1] + eps)).to(dtype)  # rsqrt(mean(x^2) + eps)
+    if weight is not None:
+        y = y * weight.to(dtype)
+    return y, sum_sq
+
+
+def _rms_backward(dy, x, weight, sum_sq, eps: float, need_dw: bool):
+    """dx = rstd (g - x_hat mean(g x_hat)) with g = dy * weight; dweight = sum over rows of dy x_hat."""
+    ct = sum_sq.dtype
+    rstd = torch.rsqrt(sum_sq / x.shape[-1] + eps)
+    x_hat = x.to(ct) * rstd
+    g = dy.to(ct) if weight is None else dy.to(ct) * weight.to(ct)
+    dx = (rstd * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))).to(x.dtype)
+    dw = _col_sum(dy.to(ct) * x_hat).to(weight.dtype) if need_dw else None
+    return dx, dw
+
+
+def _layer_forward(x, weight, bias, eps: float):
+    """(rows, d) -> ``layer_norm_ref(x, weight, bias, eps)``, the row sums of x and of (x - mean)^2."""
+    dtype = x.dtype
+    d = x.shape[-1]
+    xs = x.to(torch.promote_types(dtype, torch.float32))
+    sum_x = xs.sum(-1, keepdim=True)
+    xc = xs - sum_x / d
+    sum_sq = (xc * xc).sum(-1, keepdim=True)
+    y = (xc * torch.rsqrt(sum_sq / d + eps)).to(dtype)  # (x - mean) rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight.to(dtype)
+    if bias is not None:
+        y = y + bias.to(dtype)
+    return y, sum_x, sum_sq
+
+
+def _layer_backward(dy, x, weight, sum_x, sum_sq, eps: float, need_dw: bool, bias_dtype: torch.dtype | None):
+    """dx = rstd (g - mean(g) - x_hat mean(g x_hat)); dweight = sum dy x_hat; dbias = sum dy."""
+    ct = sum_sq.dtype
+    d = x.shape[-1]
+    rstd = torch.rsqrt(sum_sq / d + eps)
+    x_hat = (x.to(ct) - sum_x / d) * rstd
+    g = dy.to(ct) if weight is None else dy.to(ct) * weight.to(ct)
+    dx = (rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))).to(x.dtype)
+    dw = _col_sum(dy.to(ct) * x_hat).to(weight.dtype) if need_dw else None
+    db = _col_sum(dy.to(ct)).to(bias_dtype) if bias_dtype is not None else None
+    return dx, dw, db
+
+
+# Built at import (compilation itself happens on first call); this module is imported only when
+# impl=compiled is chosen. Module-level callables, not a cache, so that dynamo can trace through
+# them when the whole model is compiled too (``compile=true``).
+_rms_forward_c = torch.compile(_rms_forward, dynamic=False)
+_rms_backward_c = torch.compile(_rms_backward, dynamic=False)
+_layer_forward_c = torch.compile(_layer_forward, dynamic=False)
+_layer_backward_c = torch.compile(_layer_backward, dynamic=False)
+_rms_ref_c = torch.compile(rms_norm_ref, dynamic=False)
+_layer_ref_c = torch.compile(layer_norm_ref, dynamic=False)
+
+
 def compiled_layer_norm():
-    """The compiled :func:`layer_norm_ref` (built once per process, on first use)."""
-    return torch.compile(layer_norm_ref, dynamic=False)
+    """The compiled :func:`layer_norm_ref` (autograd through it; used for ``upcast=False``)."""
+    return _layer_ref_c
 
 
-@functools.cache
 def compiled_rms_norm():
-    """The compiled :func:`rms_norm_ref` (built once per process, on first use)."""
-    return torch.compile(rms_norm_ref, dynamic=False)
+    """The compiled :func:`rms_norm_ref` (autograd through it; used for ``upcast=False``)."""
+    return _rms_ref_c
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1])
+
+
+class _RMSNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        y, sum_sq = _rms_forward_c(_rows(x), weight, eps)
+        ctx.save_for_backward(_rows(x), weight, sum_sq)
+        ctx.eps = eps
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, sum_sq = ctx.saved_tensors
+        need_dw = weight is not None and ctx.needs_input_grad[1]
+        dx, dw = _rms_backward_c(_rows(dy), x, weight, sum_sq, ctx.eps, need_dw)
+        return dx.view(dy.shape), dw, None
+
+
+class _LayerNormFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, sum_x, sum_sq = _layer_forward_c(_rows(x), weight, bias, eps)
+        ctx.save_for_backward(_rows(x), weight, sum_x, sum_sq)
+        ctx.eps = eps
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, sum_x, sum_sq = ctx.saved_tensors
+        need_dw = weight is not None and ctx.needs_input_grad[1]
+        bias_dtype = ctx.bias_dtype if ctx.needs_input_grad[2] else None
+        dx, dw, db = _layer_backward_c(_rows(dy), x, weight, sum_x, sum_sq, ctx.eps, need_dw, bias_dtype)
+        return dx.view(dy.shape), dw, db, None
 
 
 class CompiledLayerNorm(ReferenceLayerNorm):
-    """Reference LayerNorm through ``torch.compile``; same parameters, same results."""
+    """Reference LayerNorm, forward and backward compiled; same parameters, same results."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return compiled_layer_norm()(x, self.weight, self.bias, self.eps, self.upcast)
+        if not self.upcast:
+            return compiled_layer_norm()(x, self.weight, self.bias, self.eps, self.upcast)
+        return _LayerNormFn.apply(x, self.weight, self.bias, self.eps)
 
 
 class CompiledRMSNorm(ReferenceRMSNorm):
-    """Reference RMSNorm through ``torch.compile``; same parameters, same results."""
+    """Reference RMSNorm, forward and backward compiled; same parameters, same results."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return compiled_rms_norm()(x, self.weight, self.eps, self.upcast)
+        if not self.upcast:
+            return compiled_rms_norm()(x, self.weight, self.eps, self.upcast)
+        return _RMSNormFn.apply(x, self.weight, self.eps)

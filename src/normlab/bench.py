@@ -1,0 +1,364 @@
+"""``normlab-bench``: is a norm slow, or is its implementation? Two benchmarks in one script.
+
+``normlab-bench [--kinds layer,rms] [--impls torch,reference,compiled] [--dtypes fp32,bf16]
+[--shapes 8192x768] [--model small]`` times every norm kind x implementation x dtype x shape:
+forward (under ``no_grad``) and forward+backward (``autograd.grad`` of x, weight, bias: nothing
+accumulates), after warm-up calls that also absorb ``torch.compile``. Timing runs in interleaved
+rounds (every case once per round, plus a same-size ``dst.copy_(src)``) so a slow moment of a shared
+machine hits every case alike; each sample follows one untimed call of its case (the allocator in
+that case's steady state). Reported: the median over ``--repeats`` rounds; the samples are in the JSON.
+
+Bytes model (each tensor counted in its own dtype; per-row statistics ignored): forward reads x,
+weight (+bias) and writes y; forward+backward adds reading x and dy and writing dx, dweight
+(+dbias). A copy moves 2x the bytes of x. GB/s = bytes / time / 1e9; ``copy_frac`` is that over the
+copy's GB/s on the same device, the practical ceiling of a memory-bound kernel.
+
+``normlab-bench step --a norm=layer --b norm=fused model=small data.batch_size=8`` builds both
+training setups from the real Hydra configs in one process and times whole optimizer steps
+(forward, backward, clip, AdamW; batches drawn before the clock starts) in interleaved pairs (A B,
+then B A, alternating) after warm-up steps: median step time of each, median and spread of B/A.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import platform
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from .cli import find_conf_dir, register_schema, to_train_config
+from .config import ConfigError, NormConfig, NormImpl, NormKind
+from .data import BatchSampler, DataError, prepare
+from .model import GPT
+from .norms import build_norm, resolve_norm
+from .precision import autocast, check_precision, grad_scaler
+from .tracking import synchronize
+from .train import lr_at, make_optimizer, resolve_device, seed_everything
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _csv(text: str) -> list[str]:
+    return [v for v in text.split(",") if v]
+
+
+def _recompile_limit():
+    """Every shape / dtype / grad mode is a graph of its own: never fall back to eager silently."""
+    return torch._dynamo.config.patch(recompile_limit=max(64, torch._dynamo.config.recompile_limit))
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"8192x768"`` -> ``(8192, 768)``: rows x hidden size."""
+    rows, d = (int(v) for v in text.lower().split("x"))
+    return rows, d
+
+
+def model_width(name: str) -> int:
+    """``d_model`` of ``conf/model/<name>.yaml``."""
+    return int(yaml.safe_load((find_conf_dir() / "model" / f"{name}.yaml").read_text())["d_model"])
+
+
+def sample_ms(fn: Callable[[], object], device: torch.device, inner: int = 1, settle: bool = False) -> float:
+    """Wall ms per call of ``fn``: ``inner`` calls between two synchronized clock reads, after one
+    untimed call when ``settle`` (so allocations reuse memory instead of page-faulting fresh pages)."""
+    if settle:
+        fn()
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - t0) * 1e3 / inner
+
+
+def norm_bytes(shape: tuple[int, int], dtype: torch.dtype, param_dtype: torch.dtype, bias: bool) -> tuple[int, int]:
+    """``(forward bytes, forward+backward bytes)`` under the bytes model of the module docstring."""
+    n = shape[0] * shape[1] * dtype.itemsize
+    p = shape[1] * param_dtype.itemsize * (2 if bias else 1)
+    fwd = 2 * n + p  # read x, read weight (+bias), write y
+    return fwd, fwd + 3 * n + p  # + read x, read dy, write dx, write dweight (+dbias)
+
+
+@dataclasses.dataclass
+class _Case:
+    name: dict
+    calls: dict[str, Callable[[], object]]
+    bytes: dict[str, int]
+    inner: dict[str, int] = dataclasses.field(default_factory=dict)
+    ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+
+
+def _norm_case(kind: NormKind, impl: NormImpl, dtype: str, x, dy, device, param_dtype) -> _Case:
+    cfg = resolve_norm(NormConfig(kind=kind, impl=impl, bias=kind == NormKind.layer), device.type)
+    norm = build_norm(cfg, x.shape[1]).to(device=device, dtype=param_dtype or x.dtype)
+    with torch.no_grad():  # non-trivial parameters, the same for every implementation
+        g = torch.Generator().manual_seed(0)
+        for p in norm.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1.0 if p is norm.weight else 0.0))
+    inputs = (x, *norm.parameters())
+
+    def fwd():
+        with torch.no_grad():
+            return norm(x)
+
+    def fwdbwd():
+        return torch.autograd.grad(norm(x), inputs, dy)
+
+    fwd_bytes, fb_bytes = norm_bytes(tuple(x.shape), x.dtype, norm.weight.dtype, norm.bias is not None)
+    name = {"kind": kind.name, "impl": impl.name, "dtype": dtype, "shape": list(x.shape), "param_dtype": str(norm.weight.dtype).removeprefix("torch.")}
+    return _Case(name, {"fwd": fwd, "fwdbwd": fwdbwd}, {"fwd": fwd_bytes, "fwdbwd": fb_bytes})
+
+
+def bench_norms(kinds: list[str], impls: list[str], dtypes: list[str], shapes: list[tuple[int, int]], *, repeats: int = 20, warmup: int = 3, device: str = "auto", param_dtype: str | None = None, min_sample_ms: float = 2.0) -> dict:
+    """Time every norm case and the copy baseline; returns the JSON-ready result.
+
+    ``rows``: per (kind, impl, dtype, shape) ``fwd_ms`` / ``fwdbwd_ms`` (median ms per call),
+    ``*_min_ms``, ``*_samples_ms``, ``*_bytes``, ``*_gbps`` (GB/s) and ``*_copy_frac`` (of the copy's
+    GB/s). ``copy``: per (dtype, shape) ``ms``, ``bytes``, ``gbps``. ``summary``: :func:`summarize`.
+    ``skipped``: cases the device cannot run, with the reason. ``param_dtype`` None: weight and bias
+    in the input dtype. Calls per sample are chosen so that one sample takes >= ``min_sample_ms``.
+    """
+    dev = resolve_device(device)
+    cases, copies, skipped = [], {}, []
+    for dtype in dtypes:
+        for shape in shapes:
+            g = torch.Generator().manual_seed(1)
+            x = torch.randn(shape, generator=g).to(device=dev, dtype=DTYPES[dtype]).requires_grad_()
+            dy = torch.randn(shape, generator=g).to(device=dev, dtype=DTYPES[dtype])
+            src, dst = x.detach().clone(), torch.empty_like(x)
+            copies[(dtype, shape)] = c = _Case({"dtype": dtype, "shape": list(shape)}, {"copy": lambda s=src, d=dst: d.copy_(s)}, {"copy": 2 * x.numel() * x.element_size()})
+            cases.append(c)
+            for kind in kinds:
+                for impl in impls:
+                    try:
+                        cases.append(_norm_case(NormKind[kind], NormImpl[impl], dtype, x, dy, dev, DTYPES.get(param_dtype)))
+                    except (ConfigError, RuntimeError, ImportError) as e:
+                        skipped.append({"kind": kind, "impl": impl, "dtype": dtype, "shape": list(shape), "reason": str(e).splitlines()[0]})
+    with _recompile_limit():
+        for case in list(cases):  # warm-up (compilation), then the calls per sample
+            try:
+                for key, fn in case.calls.items():
+                    est = min(sample_ms(fn, dev) for _ in range(max(1, warmup)))
+                    case.inner[key], case.ms[key] = max(1, math.ceil(min_sample_ms / max(est, 1e-6))), []
+            except Exception as e:  # a kernel that cannot run this dtype / shape: reported, not fatal
+                cases.remove(case)
+                skipped.append({**case.name, "reason": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"})
+        for _ in range(repeats):  # interleaved rounds
+            for case in cases:
+                for key, fn in case.calls.items():
+                    case.ms[key].append(sample_ms(fn, dev, case.inner[key], settle=True))
+    copy_rows, rows = [], []
+    for case in cases:
+        med = {k: float(np.median(v)) for k, v in case.ms.items()}
+        if "copy" in case.calls:
+            copy_rows.append({**case.name, "ms": med["copy"], "bytes": case.bytes["copy"], "gbps": case.bytes["copy"] / med["copy"] / 1e6})
+            continue
+        copy = copies[(case.name["dtype"], tuple(case.name["shape"]))]
+        row = {**case.name, "inner": case.inner, "copy_gbps": copy.bytes["copy"] / float(np.median(copy.ms["copy"])) / 1e6}
+        for key in ("fwd", "fwdbwd"):
+            gbps = case.bytes[key] / med[key] / 1e6  # bytes / ms / 1e6 = GB/s
+            row.update({f"{key}_ms": med[key], f"{key}_min_ms": min(case.ms[key]), f"{key}_bytes": case.bytes[key], f"{key}_gbps": gbps, f"{key}_copy_frac": gbps / row["copy_gbps"], f"{key}_samples_ms": case.ms[key]})
+        rows.append(row)
+    bytes_model = " ".join(__doc__.split("Bytes model ")[1].split("\n\n")[0].split())
+    return {"mode": "norm", "device": str(dev), "host": platform.processor() or platform.machine(), "torch": torch.__version__, "threads": torch.get_num_threads(), "repeats": repeats, "warmup": warmup, "bytes_model": bytes_model, "copy": copy_rows, "rows": rows, "summary": summarize(rows), "skipped": skipped}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per (dtype, shape): the fastest RMSNorm vs the fastest LayerNorm, forward+backward (ms).
+
+    ``rms_faster_pct`` = (layer_ms / rms_ms - 1) * 100 (throughput gain); ``time_saved_pct`` =
+    (1 - rms_ms / layer_ms) * 100.
+    """
+    out = []
+    for dtype, shape in dict.fromkeys((r["dtype"], tuple(r["shape"])) for r in rows):
+        best = {}
+        for kind in ("rms", "layer"):
+            group = [r for r in rows if r["kind"] == kind and r["dtype"] == dtype and tuple(r["shape"]) == shape]
+            if group:
+                best[kind] = min(group, key=lambda r: r["fwdbwd_ms"])
+        if len(best) == 2:
+            rms, layer = best["rms"]["fwdbwd_ms"], best["layer"]["fwdbwd_ms"]
+            out.append({"dtype": dtype, "shape": list(shape), "rms_impl": best["rms"]["impl"], "rms_ms": rms, "layer_impl": best["layer"]["impl"], "layer_ms": layer, "rms_faster_pct": (layer / rms - 1) * 100, "time_saved_pct": (1 - rms / layer) * 100})
+    return out
+
+
+def format_norm_table(result: dict) -> str:
+    """The norm benchmark as plain-text aligned columns, then one summary line per dtype and shape."""
+    head = ["kind", "impl", "dtype", "shape", "fwd ms", "fwd GB/s", "fwd %copy", "f+b ms", "f+b GB/s", "f+b %copy"]
+    body = [[r["kind"], r["impl"], r["dtype"], "x".join(map(str, r["shape"])), f"{r['fwd_ms']:.3f}", f"{r['fwd_gbps']:.1f}", f"{100 * r['fwd_copy_frac']:.0f}%", f"{r['fwdbwd_ms']:.3f}", f"{r['fwdbwd_gbps']:.1f}", f"{100 * r['fwdbwd_copy_frac']:.0f}%"] for r in result["rows"]]
+    body += [["copy", "dst.copy_", c["dtype"], "x".join(map(str, c["shape"])), f"{c['ms']:.3f}", f"{c['gbps']:.1f}", "100%", "", "", ""] for c in result["copy"]]
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    lines = [f"normlab-bench on {result['device']} ({result['host']}, {result['threads']} threads, torch {result['torch']}), median of {result['repeats']} interleaved rounds"]
+    lines += ["  ".join(c.rjust(w) if i > 3 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in [head, *body]]
+    for s in result["summary"]:
+        lines.append(f"{s['dtype']} {'x'.join(map(str, s['shape']))}: RMSNorm fastest ({s['rms_impl']}, {s['rms_ms']:.3f} ms) is {s['rms_faster_pct']:.0f}% faster than LayerNorm fastest ({s['layer_impl']}, {s['layer_ms']:.3f} ms) fwd+bwd ({s['time_saved_pct']:.0f}% less time)")
+    lines += [f"skipped {s.get('kind', 'copy')}/{s.get('impl', '-')} {s['dtype']} {s['shape']}: {s['reason']}" for s in result["skipped"]]
+    return "\n".join(lines)
+
+
+# --- whole training steps -----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class StepSetup:
+    """One training setup built as ``train`` builds it: resolved config, model, AdamW, scaler, batches."""
+
+    overrides: list[str]
+    cfg: object  # TrainConfig with the norm resolved and vocab_size filled in
+    device: torch.device
+    model: torch.nn.Module
+    fwd: Callable  # the model, or torch.compile(model) with compile=true
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    sampler: object  # data.BatchSampler
+    step: int = 0
+
+    def run_step(self) -> float:
+        """One optimizer step (micro-batches fwd+bwd, unscale, clip, AdamW, zero_grad); wall ms."""
+        cfg = self.cfg
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.step, cfg.max_steps, cfg.optim)
+        batches = [self.sampler.train_batch(self.step, m) for m in range(cfg.optim.grad_accum)]
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        for x, y in batches:
+            with autocast(cfg.precision.dtype, self.device):
+                _, loss = self.fwd(x, y)
+            self.scaler.scale(loss / cfg.optim.grad_accum).backward()
+        self.scaler.unscale_(self.optimizer)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf"))
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.device)
+        self.step += 1
+        return (time.perf_counter() - t0) * 1e3
+
+
+def build_setup(overrides: list[str]) -> StepSetup:
+    """Compose ``conf/train.yaml`` with ``overrides``; build its model, optimizer and batches.
+
+    Raises:
+        ConfigError, DataError: as ``train`` would, before anything is timed.
+    """
+    register_schema()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(find_conf_dir()), version_base="1.3"):
+        cfg = to_train_config(compose("train", overrides=list(overrides)))
+    GlobalHydra.instance().clear()
+    device = resolve_device(cfg.device)
+    data = prepare(cfg.data)
+    model_cfg = dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or data.vocab_size)
+    cfg = dataclasses.replace(cfg, norm=resolve_norm(cfg.norm, device.type), model=model_cfg)
+    check_precision(cfg.precision.dtype, device)
+    seed_everything(cfg.seed)
+    model = GPT(cfg.model, cfg.norm).to(device)
+    fwd = torch.compile(model) if cfg.compile else model
+    sampler = BatchSampler(data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, device)
+    return StepSetup(list(overrides), cfg, device, model, fwd, make_optimizer(model, cfg.optim, device), grad_scaler(cfg.precision, device), sampler)
+
+
+def bench_step(a: list[str], b: list[str], common: list[str] = (), *, pairs: int = 10, warmup: int = 3) -> dict:
+    """Interleaved optimizer-step timing of the setups ``common + a`` and ``common + b``.
+
+    Returns JSON-ready data: per setup ``median_ms`` and ``times_ms`` (ms per optimizer step), its
+    resolved norm and tokens per step; ``ratio``: B/A step time per pair (``per_pair``) with its
+    ``median``, ``p25`` / ``p75`` (IQR) and ``p10`` / ``p90``.
+    """
+    setups = [build_setup([*common, *a]), build_setup([*common, *b])]
+    times: list[list[float]] = [[], []]
+    with _recompile_limit():
+        for _ in range(warmup):
+            for s in setups:
+                s.run_step()
+        for i in range(pairs):
+            for j in (0, 1) if i % 2 == 0 else (1, 0):
+                times[j].append(setups[j].run_step())
+    ratios = np.array(times[1]) / np.array(times[0])
+    p10, p25, med, p75, p90 = (float(v) for v in np.percentile(ratios, [10, 25, 50, 75, 90]))
+
+    def info(s: StepSetup, own: list[str], t: list[float]) -> dict:
+        return {"overrides": list(own), "composed_with": s.overrides, "norm": f"{s.cfg.norm.kind.name}/{s.cfg.norm.impl.name}", "precision": s.cfg.precision.dtype.name, "model": s.cfg.model.name, "tokens_per_step": s.cfg.tokens_per_step, "median_ms": float(np.median(t)), "times_ms": t}
+
+    return {"mode": "step", "device": str(setups[0].device), "torch": torch.__version__, "threads": torch.get_num_threads(), "pairs": pairs, "warmup": warmup, "common": list(common), "a": info(setups[0], a, times[0]), "b": info(setups[1], b, times[1]), "ratio": {"median": med, "p10": p10, "p25": p25, "p75": p75, "p90": p90, "per_pair": ratios.tolist()}}
+
+
+def format_step(result: dict) -> str:
+    """The step benchmark in four lines."""
+    r = result["ratio"]
+    lines = [f"step benchmark on {result['device']} ({result['threads']} threads): {result['pairs']} interleaved pairs after {result['warmup']} warm-up steps each; both: {' '.join(result['common']) or '-'}"]
+    for key in ("a", "b"):
+        s = result[key]
+        lines.append(f"{key.upper()} {' '.join(s['overrides']) or '(defaults)'} [{s['model']}, {s['norm']}, {s['precision']}, {s['tokens_per_step']} tokens/step]: median {s['median_ms']:.1f} ms/step")
+    lines.append(f"B/A step time: median {r['median']:.3f} (IQR {r['p25']:.3f}-{r['p75']:.3f}, 10-90% {r['p10']:.3f}-{r['p90']:.3f})")
+    return "\n".join(lines)
+
+
+def _parser(step: bool) -> argparse.ArgumentParser:
+    if step:
+        p = argparse.ArgumentParser(prog="normlab-bench step", description="Interleaved optimizer-step timing of two training setups.")
+        p.add_argument("overrides", nargs="*", help="Hydra overrides of both setups (model=small data.batch_size=8)")
+        p.add_argument("--a", action="append", default=[], help="overrides of setup A, space separated (--a norm=layer)")
+        p.add_argument("--b", action="append", default=[], help="overrides of setup B (--b norm=fused)")
+        p.add_argument("--pairs", type=int, default=10)
+        p.add_argument("--warmup", type=int, default=3, help="untimed steps per setup (compilation)")
+    else:
+        p = argparse.ArgumentParser(prog="normlab-bench", description=__doc__.split("\n\n")[0], epilog="normlab-bench step --help: the training-step benchmark")
+        p.add_argument("--kinds", type=_csv, default=["layer", "rms"])
+        p.add_argument("--impls", type=_csv, default=None, help="default: torch,reference,compiled (+triton with CUDA)")
+        p.add_argument("--dtypes", type=_csv, default=["fp32", "bf16"])
+        p.add_argument("--shapes", type=_csv, default=["8192x768"], help="rows x hidden, comma separated")
+        p.add_argument("--model", help="also time (rows of the first shape) x d_model of conf/model/<name>.yaml")
+        p.add_argument("--param-dtype", choices=sorted(DTYPES), help="weight/bias dtype (default: the input dtype)")
+        p.add_argument("--repeats", type=int, default=20)
+        p.add_argument("--warmup", type=int, default=3, help="untimed calls per case (compilation)")
+        p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (CPU; default: torch's)")
+    p.add_argument("--json", default="bench.json", help="where to write all results (default: ./bench.json)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``normlab-bench [norm options]`` or ``normlab-bench step ...``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    step = argv[:1] == ["step"]
+    p = _parser(step)
+    args = p.parse_intermixed_args(argv[1:]) if step else p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not step:
+        impls = args.impls or ["torch", "reference", "compiled"] + (["triton"] if torch.cuda.is_available() else [])
+        for name, given, allowed in (("kind", args.kinds, NormKind.__members__), ("impl", impls, NormImpl.__members__), ("dtype", args.dtypes, DTYPES)):
+            if bad := [v for v in given if v not in allowed or v == "auto"]:
+                p.error(f"unknown {name} {', '.join(bad)}; allowed: {', '.join(a for a in allowed if a != 'auto')}")
+        try:
+            shapes = [parse_shape(s) for s in args.shapes]
+        except ValueError:
+            p.error(f"--shapes {','.join(args.shapes)}: expected ROWSxHIDDEN, e.g. 8192x768")
+    try:
+        if step:
+            a, b = ([t for s in given for t in shlex.split(s)] for given in (args.a, args.b))
+            result, text = bench_step(a, b, args.overrides, pairs=args.pairs, warmup=args.warmup), format_step
+        else:
+            shapes += [(shapes[0][0], model_width(args.model))] if args.model else []
+            result = bench_norms(args.kinds, impls, args.dtypes, list(dict.fromkeys(shapes)), repeats=args.repeats, warmup=args.warmup, device=args.device, param_dtype=args.param_dtype)
+            text = format_norm_table
+    except (ConfigError, DataError, FileNotFoundError) as e:  # user errors: one line
+        print(f"normlab-bench: {e}", file=sys.stderr)
+        return 2
+    print(text(result))
+    Path(args.json).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.json}")
+    return 0

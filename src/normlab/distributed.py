@@ -1,0 +1,260 @@
+"""Several processes, one model: the process group, rank helpers, collectives, pre-emption signals.
+
+One process per device. ``torchrun --nproc_per_node=N`` sets ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; under submitit (a SLURM job with
+``tasks_per_node > 1``, or its local executor) :func:`setup` derives them from the job
+environment. Without them the run is a single process: no process group is created and every helper
+below is a no-op that returns its input, so ``train.py`` calls the same code either way.
+
+Backend: gloo on a machine without CUDA; with CUDA, ``cpu:gloo,cuda:nccl`` (NCCL for the gradients
+and CUDA tensors, gloo for the small CPU-side exchanges: run dir, step flags, validation losses).
+
+Also here: :class:`StopSignals`, the checkpoint-on-signal switch of ``checkpoint.py`` extended to
+SIGUSR2, which submitit (``signal_delay_s``) and SLURM's ``--signal`` send before a time limit or a
+pre-emption; :func:`preempt_handler` finds submitit's handler, which the signal is handed on to once
+the checkpoint is saved, so that submitit requeues the job.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import random
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import checkpoint
+from .config import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+# --- the process group ----------------------------------------------------------------------------
+
+
+def _submitit_env():
+    """submitit's job environment when this process is one of several tasks of a submitit job
+    (and torchrun did not already set the variables); else None."""
+    if "RANK" in os.environ or "SUBMITIT_EXECUTOR" not in os.environ:
+        return None
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        return env if env.num_tasks > 1 else None
+    except Exception as e:  # a submitit variable without a usable job environment
+        log.warning("submitit job environment unreadable (%s); running as a single process", e)
+        return None
+
+
+def setup() -> None:
+    """Join the process group when launched as one of several processes; nothing for a single one.
+
+    Idempotent (the jobs of a multirun share one group). Under submitit the torchrun-style variables
+    are exported first from the job environment (master: the first node; port: from the job id).
+    The group is destroyed at exit (:func:`teardown`).
+    """
+    if dist.is_initialized():
+        return
+    sub = _submitit_env()
+    if sub is not None:
+        from submitit.helpers import TorchDistributedEnvironment
+
+        TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    cuda = torch.cuda.is_available() and dist.is_nccl_available()
+    if cuda and local_rank() < torch.cuda.device_count():
+        torch.cuda.set_device(local_rank())
+    dist.init_process_group(backend="cpu:gloo,cuda:nccl" if cuda else "gloo")
+    atexit.register(teardown)
+    log.debug("process group: rank %d of %d", rank(), world_size())
+
+
+def teardown() -> None:
+    """Leave the process group (a no-op when there is none)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def local_rank() -> int:
+    """Index of this process on its node: the CUDA device it trains on."""
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def is_main() -> bool:
+    """Rank 0: the only process that writes logs, metrics, the summary, checkpoints and wandb."""
+    return rank() == 0
+
+
+# --- collectives (no-ops in a single process) -----------------------------------------------------
+
+
+def broadcast(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` (picklable) on every rank."""
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    if world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def gather_rows(values: torch.Tensor) -> torch.Tensor:
+    """``(world_size, n)``: every rank's 1-D ``values`` (moved to CPU), in rank order, on every rank.
+
+    Sums over ranks taken from this are computed in the same order everywhere, so every rank gets
+    the same bits.
+    """
+    values = values.detach().reshape(-1).cpu()
+    if world_size() == 1:
+        return values[None]
+    rows = [torch.empty_like(values) for _ in range(world_size())]
+    dist.all_gather(rows, values)
+    return torch.stack(rows)
+
+
+def all_reduce_max(value: int) -> int:
+    """The largest of every rank's ``value``, on every rank."""
+    if world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+# --- the model and its gradients ------------------------------------------------------------------
+
+
+def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """``model`` in DistributedDataParallel when there are several processes, else ``model`` itself.
+
+    DDP broadcasts rank 0's weights at construction and averages gradients over ranks in backward
+    (the GPT has no buffers to keep in sync). Validation calls the unwrapped model: each rank
+    evaluates its own share of the batches.
+    """
+    if world_size() == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def sync_gradients(module: torch.nn.Module, sync: bool):
+    """Context for one micro-batch's backward: ``no_sync`` (gradients stay local) unless ``sync``.
+
+    Gradient accumulation all-reduces once per optimizer step, on the last micro-batch.
+    """
+    if sync or not hasattr(module, "no_sync"):
+        return contextlib.nullcontext()
+    return module.no_sync()
+
+
+def shard(n: int) -> range:
+    """This rank's share of ``0..n-1``: rank, rank + N, rank + 2N, ..."""
+    return range(rank(), n, world_size())
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu; with several processes ``cuda`` is ``cuda:<LOCAL_RANK>``.
+
+    Raises ConfigError for an absent CUDA device, or one ``cuda:N`` named for several processes.
+    """
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} is not available on this machine (no CUDA); allowed here: auto, cpu")
+    if device.type == "cuda" and world_size() > 1:
+        if device.index is not None:
+            raise ConfigError(f"device={name} cannot be shared by {world_size()} processes: use device=cuda or auto (each process takes cuda:<LOCAL_RANK>)")
+        if local_rank() >= torch.cuda.device_count():
+            raise ConfigError(f"device={name}: process {local_rank()} of this node has no GPU of its own ({torch.cuda.device_count()} here): start at most one process per GPU")
+        device = torch.device("cuda", local_rank())
+    return device
+
+
+# --- random number generators ---------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's (CPU and every CUDA device) generators."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def seed_rank(seed: int, step: int) -> None:
+    """Give ranks > 0 their own RNG streams (dropout masks), derived from ``(seed, step, rank)``;
+    rank 0 keeps its stream, the one a single process has."""
+    if rank() > 0:
+        seed_everything(int(np.random.SeedSequence([seed, step, rank()]).generate_state(1)[0]))
+
+
+def restore_rank_rng(states: list[dict[str, Any]], seed: int, step: int) -> None:
+    """Restore this rank's RNG states from a checkpoint's (one per rank that saved it). Resumed with
+    another number of processes, every rank takes rank 0's and ranks > 0 then :func:`seed_rank`."""
+    if len(states) == world_size():
+        checkpoint.restore_rng(states[rank()])
+    else:
+        checkpoint.restore_rng(states[0])
+        seed_rank(seed, step)
+
+
+# --- signals ----------------------------------------------------------------------------------------
+
+def preempt_signal() -> signal.Signals:
+    """The signal that warns of a time limit or pre-emption: submitit's (``$SUBMITIT_PREEMPT_SIGNAL``,
+    default USR2; hydra-submitit-launcher asks SLURM for it ``signal_delay_s`` before the end)."""
+    return signal.Signals["SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").upper().removeprefix("SIG")]
+
+
+class StopSignals(checkpoint.StopSignals):
+    """:class:`normlab.checkpoint.StopSignals` for SIGTERM (SLURM's kill, ``scancel``), SIGINT
+    (Ctrl-C) and the pre-emption warning (:func:`preempt_signal`): while active, each sets
+    :attr:`signal` (its name) so the loop finishes its step, saves a checkpoint and stops.
+
+    :attr:`code` is the signal's number (0: none), the value the ranks agree on at the end of every
+    step (the largest wins), so a signal that reaches one rank stops all of them after the same step.
+    """
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for s in dict.fromkeys((signal.SIGTERM, signal.SIGINT, preempt_signal())):
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    @property
+    def code(self) -> int:
+        return int(signal.Signals[self.signal]) if self.signal else 0
+
+
+def preempt_handler(name: str) -> Callable[[int, Any], Any] | None:
+    """The Python handler installed for the pre-emption signal before training (submitit's: it
+    requeues the job and exits, on rank 0), when ``name`` is that signal; else None (a plain run,
+    or another signal). Called after the checkpoint that the signal caused."""
+    sig = preempt_signal()
+    handler = signal.getsignal(sig)
+    return handler if name == sig.name and callable(handler) else None

@@ -1,0 +1,274 @@
+"""Where the step time goes: norms vs attention vs MLP vs the rest, per norm implementation.
+
+``python -m normlab.norm_cost [overrides]`` (``scripts/norm_cost.sh``; the setup comes from
+``conf/experiment/norm_cost.yaml`` plus the overrides) builds one training setup per norm kind x
+implementation (torch, reference, compiled; triton on CUDA) exactly as ``normlab-bench step`` does,
+and in interleaved rounds times, for each setup, one plain optimizer step (``StepSetup.run_step``:
+the step benchmark) and one step with module hooks that split it:
+
+* ``norm``, ``attention``, ``mlp``: forward and backward of every norm module (per block and the
+  final one), of every ``CausalSelfAttention`` and every ``MLP``. Forward: a forward pre-hook and a
+  forward hook; backward: a full backward pre-hook (gradient of the output ready) and a full
+  backward hook (gradient of the input computed). The device is synchronized at every clock read.
+* ``other``: the rest of forward and backward (embeddings, residual additions, head, loss),
+  i.e. the measured forward + backward time minus the three above.
+* ``optimizer``: unscale, gradient clipping, AdamW, zero_grad: the step time minus forward + backward.
+
+So the five categories add up to the hooked step time by construction (the check that nothing is
+counted twice is that ``other`` stays >= 0). Hooks and synchronization slow a step down (on a GPU
+they also stop the CPU from running ahead); the table gives the plain step time beside it, and
+the shares are of the hooked step. Reported: the mean over the measured steps (means add up).
+Writes ``norm_cost.md`` (table), ``norm_cost.png`` (stacked bars) and ``norm_cost.json`` into
+``--out`` (default ``outputs/studies/norm_cost/<time>/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .config import ConfigError
+from .data import DataError
+from .studies import md_table, output_dir
+from .tracking import synchronize
+
+CATEGORIES = ("norm", "attention", "mlp", "other", "optimizer")
+HOOKED = ("norm", "attention", "mlp")
+
+
+def category(module: nn.Module) -> str | None:
+    """``norm`` (a normlab norm: has ``eps`` and ``upcast``), ``attention``, ``mlp``, or None."""
+    from .model import MLP, CausalSelfAttention
+
+    if hasattr(module, "eps") and hasattr(module, "upcast"):
+        return "norm"
+    if isinstance(module, CausalSelfAttention):
+        return "attention"
+    if isinstance(module, MLP):
+        return "mlp"
+    return None
+
+
+class ModuleTimer:
+    """Accumulates wall time (ms) per ``(category, "fwd" | "bwd")`` of the modules :func:`category`
+    names, while :meth:`attached`; ``calls`` counts the intervals measured."""
+
+    def __init__(self, model: nn.Module, device: torch.device):
+        self.model, self.device = model, device
+        self.ms: dict[tuple[str, str], float] = defaultdict(float)
+        self.calls: dict[tuple[str, str], int] = defaultdict(int)
+        self._t0: dict[tuple[int, str], float] = {}
+
+    def reset(self) -> None:
+        self.ms.clear()
+        self.calls.clear()
+        self._t0.clear()
+
+    def _start(self, module: nn.Module, phase: str) -> None:
+        synchronize(self.device)
+        self._t0[(id(module), phase)] = time.perf_counter()
+
+    def _stop(self, module: nn.Module, cat: str, phase: str) -> None:
+        synchronize(self.device)
+        t0 = self._t0.pop((id(module), phase), None)
+        if t0 is not None:
+            self.ms[(cat, phase)] += (time.perf_counter() - t0) * 1e3
+            self.calls[(cat, phase)] += 1
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[ModuleTimer]:
+        """Register the hooks for the ``with`` block, then remove them."""
+        handles = []
+        for m in self.model.modules():
+            cat = category(m)
+            if cat is None:
+                continue
+            handles += [
+                m.register_forward_pre_hook(lambda m, a: self._start(m, "fwd")),
+                m.register_forward_hook(lambda m, a, o, c=cat: self._stop(m, c, "fwd")),
+                m.register_full_backward_pre_hook(lambda m, go: self._start(m, "bwd")),
+                m.register_full_backward_hook(lambda m, gi, go, c=cat: self._stop(m, c, "bwd")),
+            ]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def breakdown(module_ms: dict[tuple[str, str], float], fwd_ms: float, bwd_ms: float, total_ms: float) -> dict[str, float]:
+    """Split one step into :data:`CATEGORIES` (ms): the hooked categories forward + backward,
+    ``other`` = forward + backward not in them, ``optimizer`` = the rest of the step. The values sum
+    to ``total_ms``; also returns ``<cat>_fwd`` / ``<cat>_bwd`` and ``total``."""
+    out: dict[str, float] = {}
+    for cat in HOOKED:
+        out[f"{cat}_fwd"], out[f"{cat}_bwd"] = module_ms.get((cat, "fwd"), 0.0), module_ms.get((cat, "bwd"), 0.0)
+        out[cat] = out[f"{cat}_fwd"] + out[f"{cat}_bwd"]
+    out["other_fwd"] = fwd_ms - sum(out[f"{c}_fwd"] for c in HOOKED)
+    out["other_bwd"] = bwd_ms - sum(out[f"{c}_bwd"] for c in HOOKED)
+    out["other"] = out["other_fwd"] + out["other_bwd"]
+    out["optimizer"] = total_ms - fwd_ms - bwd_ms
+    out["total"] = total_ms
+    return out
+
+
+def hooked_step(setup, timer: ModuleTimer) -> dict[str, float]:
+    """One optimizer step of a ``bench.StepSetup`` (as its ``run_step``), split by :func:`breakdown`."""
+    from .precision import autocast
+    from .train import lr_at
+
+    cfg, dev = setup.cfg, setup.device
+    for group in setup.optimizer.param_groups:
+        group["lr"] = lr_at(setup.step, cfg.max_steps, cfg.optim)
+    batches = [setup.sampler.train_batch(setup.step, m) for m in range(cfg.optim.grad_accum)]
+    timer.reset()
+    fwd = bwd = 0.0
+    with timer.attached():
+        synchronize(dev)
+        t0 = time.perf_counter()
+        for x, y in batches:
+            ta = time.perf_counter()
+            with autocast(cfg.precision.dtype, dev):
+                _, loss = setup.fwd(x, y)
+            synchronize(dev)
+            tb = time.perf_counter()
+            setup.scaler.scale(loss / cfg.optim.grad_accum).backward()
+            synchronize(dev)
+            tc = time.perf_counter()
+            fwd, bwd = fwd + (tb - ta) * 1e3, bwd + (tc - tb) * 1e3
+    setup.scaler.unscale_(setup.optimizer)
+    torch.nn.utils.clip_grad_norm_(setup.model.parameters(), cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf"))
+    setup.scaler.step(setup.optimizer)
+    setup.scaler.update()
+    setup.optimizer.zero_grad(set_to_none=True)
+    synchronize(dev)
+    total = (time.perf_counter() - t0) * 1e3
+    setup.step += 1
+    return breakdown(dict(timer.ms), fwd, bwd, total)
+
+
+def variants(device_type: str, kinds: list[str], impls: list[str] | None) -> list[list[str]]:
+    """Overrides per variant: ``norm=<kind> norm.impl=<impl>`` for every kind x implementation
+    (default: torch, reference, compiled, and triton when the device runs it)."""
+    from .norms import triton_usable
+
+    impls = impls or ["torch", "reference", "compiled"] + (["triton"] if triton_usable(device_type) else [])
+    return [[f"norm={k}", f"norm.impl={i}"] for k in kinds for i in impls]
+
+
+def measure(common: list[str], variant_overrides: list[list[str]], steps: int = 10, warmup: int = 3) -> list[dict[str, Any]]:
+    """Build every setup, warm each up (compilation), then ``steps`` interleaved rounds of one plain
+    and one hooked step per setup. Per variant: ``plain_ms`` (median of plain steps), the mean
+    (ms) of every :func:`breakdown` key over the hooked steps, and ``calls`` per hooked step."""
+    from .bench import build_setup
+
+    setups = [build_setup([*common, *v]) for v in variant_overrides]
+    timers = [ModuleTimer(s.model, s.device) for s in setups]
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(limit, 64)
+    plain: list[list[float]] = [[] for _ in setups]
+    hooked: list[list[dict[str, float]]] = [[] for _ in setups]
+    try:
+        for s, t in zip(setups, timers, strict=True):
+            for _ in range(warmup):
+                s.run_step()
+                hooked_step(s, t)
+        for _ in range(steps):
+            for i, (s, t) in enumerate(zip(setups, timers, strict=True)):
+                plain[i].append(s.run_step())
+                hooked[i].append(hooked_step(s, t))
+    finally:
+        torch._dynamo.config.recompile_limit = limit
+    out = []
+    for s, t, p, h in zip(setups, timers, plain, hooked, strict=True):
+        mean = {k: float(np.mean([b[k] for b in h])) for k in h[0]}
+        out.append({"variant": f"{s.cfg.norm.kind.name}/{s.cfg.norm.impl.name}", "overrides": s.overrides,
+                    "device": str(s.device), "model": s.cfg.model.name, "precision": s.cfg.precision.dtype.name,
+                    "tokens_per_step": s.cfg.tokens_per_step, "plain_ms": float(np.median(p)), "plain_times_ms": p,
+                    **mean, "calls": {f"{c}/{ph}": n for (c, ph), n in t.calls.items()}, "steps": steps})
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Markdown: per variant the plain and hooked step time and each category in ms and % of the hooked step."""
+    body = [[f"`{r['variant']}`", f"{r['plain_ms']:.1f}", f"{r['total']:.1f}",
+             *(f"{r[c]:.1f} ({100 * r[c] / r['total']:.0f}%)" for c in CATEGORIES),
+             f"{r['norm_fwd']:.1f} / {r['norm_bwd']:.1f}"] for r in rows]
+    return md_table(["variant", "step ms (no hooks, median)", "step ms (hooked, mean)", *CATEGORIES,
+                     "norm fwd / bwd ms"], body)
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """Stacked bars of :data:`CATEGORIES` (ms, hooked step) per variant, the plain step time marked."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(max(6, 1.3 * len(rows) + 2), 5), layout="constrained")
+    ax = fig.add_subplot()
+    x = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    for i, cat in enumerate(CATEGORIES):
+        vals = np.array([max(r[cat], 0.0) for r in rows])
+        bars = ax.bar(x, vals, 0.6, bottom=bottom, label=cat, color=f"C{i}")
+        if cat == "norm":
+            ax.bar_label(bars, [f"{100 * r['norm'] / r['total']:.0f}%" for r in rows], label_type="center", fontsize="x-small")
+        bottom += vals
+    ax.scatter(x, [r["plain_ms"] for r in rows], marker="_", s=900, color="black", zorder=3, label="step without hooks (median)")
+    ax.set_xticks(x, [r["variant"] for r in rows], fontsize="small")
+    ax.set(ylabel="ms per optimizer step", title=title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0), markerscale=0.4)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI; 0 on success, 2 on a bad config (one line on stderr)."""
+    p = argparse.ArgumentParser(prog="python -m normlab.norm_cost", description=__doc__.split("\n\n")[0])
+    p.add_argument("overrides", nargs="*", help="Hydra overrides for every setup (default experiment=norm_cost)")
+    p.add_argument("--kinds", default="layer,rms")
+    p.add_argument("--impls", default=None, help="default: torch,reference,compiled (+triton where it runs)")
+    p.add_argument("--steps", type=int, default=20, help="measured rounds (one plain + one hooked step per setup)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed plain + hooked steps per setup first")
+    p.add_argument("--out", default=None, help="output dir (default outputs/studies/norm_cost/<time>)")
+    args = p.parse_args(argv)
+    common = args.overrides if any(o.startswith("experiment=") for o in args.overrides) else \
+        ["experiment=norm_cost", *args.overrides]
+    try:
+        from .studies import compose_config
+        from .train import resolve_device, versions
+
+        device = resolve_device(compose_config(common).device)
+        rows = measure(common, variants(device.type, args.kinds.split(","), args.impls and args.impls.split(",")),
+                       args.steps, args.warmup)
+    except (ConfigError, DataError) as e:
+        print(f"norm_cost: {e}", file=sys.stderr)
+        return 2
+    out = output_dir("norm_cost", args.out)
+    r0 = rows[0]
+    title = f"Step time by module type: {r0['model']}, {r0['precision']}, {r0['tokens_per_step']} tokens/step, {r0['device']}"
+    fig = plot(rows, out / "norm_cost.png", title)
+    text = "\n".join([f"# Where the step time goes ({' '.join(common)})", "", title + f"; mean of {args.steps} hooked "
+                      "steps per variant, interleaved with plain steps. Categories sum to the hooked step; `other` = "
+                      "embeddings, residual additions, head and loss; `optimizer` = unscale, clip, AdamW, zero_grad.", "",
+                      table(rows), "", f"![step time by module type]({fig.name})", "",
+                      f"versions: `{json.dumps(versions(device, False))}`"])
+    (out / "norm_cost.md").write_text(text + "\n")
+    (out / "norm_cost.json").write_text(json.dumps(rows, indent=1))
+    print(table(rows))
+    print(f"wrote {out / 'norm_cost.md'} and {fig}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""What the study scripts share: compose a config as ``train`` does, set up its model inputs, name
+the output dir, write Markdown tables.
+
+The studies themselves live in modules named after their job (``fp16_study``, ``norm_cost``); the
+sweeps are ``conf/experiment/*.yaml`` files run by ``train`` and read by ``normlab-report``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import TrainConfig
+
+
+def compose_config(overrides: list[str]) -> TrainConfig:
+    """``conf/train.yaml`` composed with ``overrides`` and validated, exactly as ``train`` would.
+
+    Raises:
+        ConfigError: a bad value, one line naming it.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from .cli import find_conf_dir, register_schema, to_train_config
+
+    register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(find_conf_dir()), version_base="1.3"):
+            return to_train_config(compose("train", overrides=list(overrides)))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+@dataclass
+class StudyInputs:
+    """A config resolved for its device (concrete norm impl, vocabulary from the tokenizer) and one
+    training batch ``x``, ``y`` of shape ``(batch_size, context_length)``."""
+
+    cfg: TrainConfig
+    device: torch.device
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+def study_inputs(overrides: list[str]) -> StudyInputs:
+    """Compose, resolve device / norm / vocabulary as ``train`` does, and take training batch 0."""
+    from .data import BatchSampler, prepare
+    from .norms import resolve_norm
+    from .train import resolve_device
+
+    cfg = compose_config(overrides)
+    device = resolve_device(cfg.device)
+    data = prepare(cfg.data)
+    cfg = dataclasses.replace(cfg, norm=resolve_norm(cfg.norm, device.type),
+                              model=dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or data.vocab_size))
+    x, y = BatchSampler(data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, device).train_batch(0, 0)
+    return StudyInputs(cfg, device, x, y)
+
+
+def output_dir(name: str, out: str | Path | None = None) -> Path:
+    """``out``, or ``outputs/studies/<name>/<time>``; created."""
+    path = Path(out) if out else Path("outputs/studies") / name / time.strftime("%Y-%m-%d_%H-%M-%S")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def md_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table (cells as given, converted with ``str``)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])

@@ -1,0 +1,132 @@
+"""``norms.preflight``: every CPU implementation agrees with the reference; a broken one is refused
+with one line naming the implementation, the tensor, the error and the tolerance."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
+from normlab.norms import NORM_VARIANTS, resolve_norm
+from normlab.norms.preflight import TOLERANCES, preflight
+from normlab.norms.torch_impl import TorchLayerNorm, TorchRMSNorm
+
+CPU = torch.device("cpu")
+D = 96
+
+
+def cfg(kind: NormKind, impl: NormImpl, **kw) -> NormConfig:
+    kw.setdefault("bias", kind == NormKind.layer)
+    return resolve_norm(NormConfig(kind=kind, impl=impl, **kw), "cpu")
+
+
+class OffByOnePercentRMSNorm(TorchRMSNorm):
+    """Forward 1% too large."""
+
+    def forward(self, x):
+        return super().forward(x) * 1.01
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w):
+        return w.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 1.03
+
+
+class WrongDweightLayerNorm(TorchLayerNorm):
+    """Right output, dweight 3% too large."""
+
+    def forward(self, x):
+        return torch.nn.functional.layer_norm(x, (self.d,), _ScaleGrad.apply(self.weight), self.bias, self.eps)
+
+
+@pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
+@pytest.mark.parametrize("impl", [NormImpl.reference, NormImpl.torch, NormImpl.compiled], ids=lambda i: i.name)
+def test_cpu_implementations_pass_in_fp32(impl, kind):
+    result = preflight(cfg(kind, impl), D, CPU, torch.float32)
+    want = {"output", "dx", "dweight"} | ({"dbias"} if kind == NormKind.layer else set())
+    assert set(result["errors"]) == want
+    assert result["impl"] == impl.name and result["kind"] == kind.name and result["dtype"] == "fp32"
+    assert result["shape"] == [64, D] and result["tolerance"] == TOLERANCES[torch.float32] == 1e-5
+    assert 0 <= result["max_error"] == max(result["errors"].values()) <= 1e-5
+    if impl == NormImpl.reference:
+        assert result["max_error"] == 0.0  # the reference against itself
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
+def test_torch_passes_in_low_precision(kind, dtype):
+    with warnings.catch_warnings():  # F.rms_norm: "Mismatch dtype between input and weight" (fp32 params)
+        warnings.simplefilter("ignore", UserWarning)
+        result = preflight(cfg(kind, NormImpl.torch), D, CPU, dtype)
+    assert result["max_error"] <= TOLERANCES[dtype]
+    assert result["max_error"] > 0  # really compared: rounding differs from the reference's
+
+
+def test_without_affine_only_output_and_dx_are_compared():
+    result = preflight(cfg(NormKind.layer, NormImpl.torch, affine=False, bias=False), D, CPU, torch.float32)
+    assert set(result["errors"]) == {"output", "dx"}
+
+
+def test_a_forward_off_by_one_percent_is_refused_with_one_line(monkeypatch):
+    monkeypatch.setitem(NORM_VARIANTS, (NormKind.rms, NormImpl.torch), f"{__name__}:OffByOnePercentRMSNorm")
+    with pytest.raises(ConfigError) as err:
+        preflight(cfg(NormKind.rms, NormImpl.torch), D, CPU, torch.float32)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("norm.impl=torch disagrees with the reference: max rel error 1.0e-02 in ")
+    assert "> tolerance 1e-05 for fp32" in msg
+
+
+def test_a_wrong_weight_gradient_is_named(monkeypatch):
+    monkeypatch.setitem(NORM_VARIANTS, (NormKind.layer, NormImpl.torch), f"{__name__}:WrongDweightLayerNorm")
+    with pytest.raises(ConfigError, match=r"^norm\.impl=torch disagrees with the reference: max rel error 3\.0e-02 in dweight > tolerance 1e-05 for fp32"):
+        preflight(cfg(NormKind.layer, NormImpl.torch), D, CPU, torch.float32)
+
+
+def test_a_one_percent_error_is_caught_in_fp16_too(monkeypatch):
+    monkeypatch.setitem(NORM_VARIANTS, (NormKind.rms, NormImpl.torch), f"{__name__}:OffByOnePercentRMSNorm")
+    with pytest.raises(ConfigError, match="for fp16"):
+        preflight(cfg(NormKind.rms, NormImpl.torch), D, CPU, torch.float16)
+
+
+def test_the_global_rng_is_left_alone():
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    preflight(cfg(NormKind.rms, NormImpl.reference), D, CPU, torch.float32)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_an_unresolved_auto_impl_is_refused():
+    with pytest.raises(ConfigError, match="norm.impl=auto"):
+        preflight(NormConfig(kind=NormKind.rms, impl=NormImpl.auto, bias=False), D, CPU, torch.float32)
+
+
+def test_training_refuses_to_start_when_the_implementation_disagrees_with_the_reference(compose_cfg, tmp_path, monkeypatch):
+    from normlab.cli import to_train_config
+    from normlab.train import train
+
+    from .conftest import TINY
+
+    real_forward = TorchRMSNorm.forward
+    monkeypatch.setattr(TorchRMSNorm, "forward", lambda self, x: real_forward(self, x) * 1.01)
+    with pytest.raises(ConfigError, match="disagrees with the reference"):
+        train(to_train_config(compose_cfg([*TINY, "logger=none", "norm=rms"])), tmp_path)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_run_records_its_preflight_errors(compose_cfg, tmp_path):
+    from normlab.cli import to_train_config
+    from normlab.train import train
+
+    from .conftest import TINY
+
+    summary = train(to_train_config(compose_cfg([*TINY, "logger=none", "norm=rms", "max_steps=1"])), tmp_path)
+    assert summary["preflight"]["impl"] == "torch"
+    assert summary["preflight"]["max_error"] < 1e-5
