@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -65,3 +66,12 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.Comp
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
     cmd = [sys.executable, "-c", "from normlab.cli import main; main()", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on 2 shared cores, oversubscribed threads make tiny steps 100x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -40,12 +40,8 @@ main()
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on 2 shared cores, oversubscribed threads make tiny steps 100x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_thread):
+    """One intra-op thread for every test here (see conftest.one_thread)."""
 
 
 def cli(args: list[str], cwd: Path, signal_at: tuple[str, int] | None = None) -> subprocess.CompletedProcess:
