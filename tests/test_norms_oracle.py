@@ -44,10 +44,12 @@ EAGER_IMPLS = [NormImpl.torch, NormImpl.reference]
 
 
 @pytest.fixture(autouse=True)
-def _no_silent_eager_fallback(monkeypatch):
+def _no_silent_eager_fallback():
     """Dynamo falls back to eager after 8 recompiles of one function; this file compiles more
-    shapes than that, so raise the limit for the compiled cases to really run compiled."""
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64)
+    shapes than that, so raise the limit for the compiled cases to really run compiled.
+    (torch's own ``config.patch``: pytest >= 9.2's monkeypatch deletes torch config keys on undo.)"""
+    with torch._dynamo.config.patch(recompile_limit=64):
+        yield
 
 
 # ----------------------------------------------------------------------------- the oracle
