@@ -343,6 +343,10 @@ class StopSignals:
         self.signal: str | None = None
         self._previous: dict[int, Any] = {}
 
+    def watched(self) -> tuple[int, ...]:
+        """The signals handled while active (a subclass may add its own)."""
+        return (signal.SIGTERM, signal.SIGINT)
+
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signal is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
@@ -350,7 +354,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGTERM, signal.SIGINT):
+            for s in dict.fromkeys(self.watched()):
                 self._previous[s] = signal.signal(s, self._handle)
         return self
 

@@ -23,7 +23,6 @@ import logging
 import os
 import random
 import signal
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -240,11 +239,8 @@ class StopSignals(checkpoint.StopSignals):
     step (the largest wins), so a signal that reaches one rank stops all of them after the same step.
     """
 
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            for s in dict.fromkeys((signal.SIGTERM, signal.SIGINT, preempt_signal())):
-                self._previous[s] = signal.signal(s, self._handle)
-        return self
+    def watched(self) -> tuple[int, ...]:
+        return (signal.SIGTERM, signal.SIGINT, preempt_signal())
 
     @property
     def code(self) -> int:

@@ -44,7 +44,7 @@ from .config import ConfigError, NormConfig, NormImpl, NormKind
 from .diagnostics import first_nonfinite, norm_statistics_finite
 from .norms import build_norm, resolve_norm, triton_usable
 from .norms.reference import layer_norm_ref, rms_norm_ref
-from .studies import md_table, output_dir, study_inputs
+from .studies import md_table, output_dir, study_inputs, with_default_experiment
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 OVERFLOW_ABS = math.sqrt(FP16_MAX)  # 255.9: |x| above this squares to inf in fp16
@@ -342,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, default=256, help="rows per input of the norm sweep")
     p.add_argument("--impls", default=None, help="implementations (default: all the device runs)")
     args = p.parse_args(argv)
-    overrides = args.overrides if any(o.startswith("experiment=") for o in args.overrides) else \
-        ["experiment=fp16_statistics", *args.overrides]
+    overrides = with_default_experiment(args.overrides, "fp16_statistics")
     try:
         inputs = study_inputs(overrides)
         cases = norm_cases(inputs.device.type, args.impls.split(",") if args.impls else None)

@@ -40,7 +40,7 @@ from torch import nn
 
 from .config import ConfigError
 from .data import DataError
-from .studies import md_table, output_dir
+from .studies import md_table, output_dir, with_default_experiment
 from .tracking import synchronize
 
 CATEGORIES = ("norm", "attention", "mlp", "other", "optimizer")
@@ -242,8 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed plain + hooked steps per setup first")
     p.add_argument("--out", default=None, help="output dir (default outputs/studies/norm_cost/<time>)")
     args = p.parse_args(argv)
-    common = args.overrides if any(o.startswith("experiment=") for o in args.overrides) else \
-        ["experiment=norm_cost", *args.overrides]
+    common = with_default_experiment(args.overrides, "norm_cost")
     try:
         from .studies import compose_config
         from .train import resolve_device, versions

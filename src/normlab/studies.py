@@ -18,6 +18,11 @@ import torch
 from .config import TrainConfig
 
 
+def with_default_experiment(overrides: list[str], name: str) -> list[str]:
+    """``overrides`` with ``experiment=<name>`` in front unless they already choose an experiment."""
+    return list(overrides) if any(o.startswith("experiment=") for o in overrides) else [f"experiment={name}", *overrides]
+
+
 def compose_config(overrides: list[str]) -> TrainConfig:
     """``conf/train.yaml`` composed with ``overrides`` and validated, exactly as ``train`` would.
 
