@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from normlab.bench import bench_norms, format_norm_table, main, norm_bytes, summarize
+import normlab.bench as bench
+from normlab.bench import bench_norms, format_norm_table, main, norm_bytes, settle, summarize
 
 SHAPE = (64, 128)
 
@@ -31,6 +32,7 @@ def test_bytes_model_by_hand():
 def test_every_row_is_complete_positive_and_consistent(result):
     assert {(r["kind"], r["impl"]) for r in result["rows"]} == {(k, i) for k in ("layer", "rms") for i in ("torch", "reference")}
     assert result["mode"] == "norm" and result["device"] == "cpu" and result["repeats"] == 2 and not result["skipped"]
+    assert (result["cache"], result["settle_calls"], result["flush_mb"]) == ("warm", 4, None)  # the default regime
     (copy,) = result["copy"]
     assert copy["bytes"] == 2 * 64 * 128 * 4 and copy["ms"] > 0
     assert copy["gbps"] == pytest.approx(copy["bytes"] / copy["ms"] / 1e6)
@@ -44,7 +46,8 @@ def test_every_row_is_complete_positive_and_consistent(result):
             assert 0 < r[f"{key}_min_ms"] <= ms
             assert r[f"{key}_gbps"] == pytest.approx(r[f"{key}_bytes"] / (ms / 1e3) / 1e9)
             assert r[f"{key}_copy_frac"] == pytest.approx(r[f"{key}_gbps"] / copy["gbps"])
-            assert r["inner"][key] >= 1
+            assert r["inner"][key] >= 1 and len(r[f"{key}_untimed_calls"]) == 2
+            assert all(4 <= n <= 8 for n in r[f"{key}_untimed_calls"])  # >= settle_calls, <= twice that
     json.dumps(result)  # JSON-ready as is
 
 
@@ -61,8 +64,108 @@ def test_table_lists_every_row_and_the_summary_line(result):
     text = format_norm_table(result)
     lines = text.splitlines()
     assert "fwd GB/s" in lines[1] and "f+b %copy" in lines[1]
+    assert lines[0].endswith("interleaved rounds, cache warm (>= 4 untimed calls of the case before each sample)")
     assert sum(line.startswith(("layer", "rms", "copy")) for line in lines) == 5
     assert "fp32 64x128: RMSNorm fastest (" in text and "than LayerNorm fastest (" in text
+
+
+class _Counted:
+    """A case function that counts its calls; ``log`` interleaves them with the flushes."""
+
+    def __init__(self, log=None):
+        self.calls, self.log = 0, log
+
+    def __call__(self):
+        self.calls += 1
+        if self.log is not None:
+            self.log.append("call")
+
+
+def test_settle_makes_at_least_the_asked_calls_and_at_most_twice_that():
+    fn = _Counted()
+    assert settle(fn, torch.device("cpu"), 4)[0] >= 4 and 4 <= fn.calls <= 8
+    fn = _Counted()
+    n, best = settle(fn, torch.device("cpu"), 3, ref_ms=0.0)  # never within 1.1x of 0 ms: up to the cap
+    assert n == fn.calls == 6 and best >= 0
+
+
+def _count_norm_calls(monkeypatch):
+    """Every norm module built by the benchmark counts its forward calls in the returned list."""
+    counts = []
+    real = bench.build_norm
+
+    def build(*args, **kwargs):
+        norm = real(*args, **kwargs)
+        counts.append(0)
+        i = len(counts) - 1
+
+        def hook(module, inputs):
+            counts[i] += 1
+
+        norm.register_forward_pre_hook(hook)
+        return norm
+
+    monkeypatch.setattr(bench, "build_norm", build)
+    return counts
+
+
+def test_warm_settles_each_case_before_every_sample(monkeypatch):
+    counts = _count_norm_calls(monkeypatch)
+    settled = []
+    real_settle = bench.settle
+
+    def spy(fn, device, calls, ref_ms=float("inf")):
+        before = counts[0]
+        n, best = real_settle(fn, device, calls, ref_ms)
+        settled.append((calls, n, counts[0] - before))
+        return n, best
+
+    monkeypatch.setattr(bench, "settle", spy)
+    res = bench_norms(["rms"], ["torch"], ["fp32"], [(64, 32)], repeats=2, warmup=1, settle_calls=3)
+    assert (res["cache"], res["settle_calls"], res["flush_mb"]) == ("warm", 3, None)
+    # one settle per (case, key) per round: copy, fwd, fwdbwd x 2 rounds; the norm is called only in fwd, fwdbwd
+    assert len(settled) == 3 * 2 and all(c == 3 and 3 <= n <= 6 for c, n, _ in settled)
+    # each settle call is a call of the case's own function: the norm for fwd / fwdbwd, never for the copy
+    assert [calls for _, _, calls in settled] == [0 if i % 3 == 0 else n for i, (_, n, _) in enumerate(settled)]
+    (row,) = res["rows"]
+    assert [n for _, n, _ in settled[1::3] + settled[2::3]] == row["fwd_untimed_calls"] + row["fwdbwd_untimed_calls"]
+    # forward calls in all: warm-up (1 + settle_calls) and, per sample, the settle calls then inner timed calls
+    total = sum(1 + 3 + sum(row[f"{k}_untimed_calls"]) + 2 * row["inner"][k] for k in ("fwd", "fwdbwd"))
+    assert counts == [total]
+
+
+def test_cold_flushes_before_every_one_call_sample(monkeypatch):
+    log = []
+    counts = _count_norm_calls(monkeypatch)
+    monkeypatch.setattr(bench, "make_flush", lambda *a: pytest.fail("a flush was given: none is made"))
+    res = bench_norms(["layer", "rms"], ["torch"], ["fp32"], [(64, 32)], repeats=2, warmup=1, cache="cold", flush=lambda: log.append("flush"))
+    assert (res["cache"], res["settle_calls"], res["flush_mb"]) == ("cold", None, 512)
+    samples = 2 * (1 + 2 * 2)  # rounds x (copy + 2 norms x fwd, fwdbwd)
+    assert log.count("flush") == samples
+    for r in res["rows"]:
+        assert r["inner"] == {"fwd": 1, "fwdbwd": 1}
+        assert r["fwd_untimed_calls"] == r["fwdbwd_untimed_calls"] == [1, 1]
+    (copy,) = res["copy"]
+    assert copy["inner"] == 1 and copy["untimed_calls"] == [1, 1] and len(copy["samples_ms"]) == 2
+    # per norm: warm-up 1 call per key, then per sample one untimed call (allocator) and the timed one
+    assert counts == [2 * (1 + 2 * 2)] * 2
+    assert format_norm_table(res).splitlines()[0].endswith("cache cold (512 MiB flush before each one-call sample)")
+
+
+def test_cold_calls_the_case_then_flushes_then_times_one_call(monkeypatch):
+    log = []
+    fn = _Counted(log)
+    clock = iter(range(100))
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: log.append("clock") or next(clock))
+    assert bench.cold_sample_ms(fn, torch.device("cpu"), lambda: log.append("flush")) == 1e3
+    assert log == ["call", "flush", "clock", "call", "clock"]  # the flush is outside the clock
+
+
+def test_make_flush_writes_its_whole_buffer():
+    flush = bench.make_flush(torch.device("cpu"), 1)
+    buf = flush()
+    assert buf.numel() == 2**20 and buf.dtype == torch.uint8 and int(buf.min()) == int(buf.max()) == 1
+    assert int(flush().max()) == 2
 
 
 def test_an_implementation_the_device_cannot_run_is_skipped_with_its_reason(monkeypatch):
@@ -80,6 +183,38 @@ def test_cli_writes_the_json_to_bench_json_by_default(tmp_path, monkeypatch, cap
     assert {tuple(r["shape"]) for r in data["rows"]} == {(16, 32), (16, 128)}  # + d_model of model=tiny
     out = capsys.readouterr().out
     assert "RMSNorm fastest" in out and "wrote bench.json" in out
+
+
+def test_cli_cold_regime_lands_in_the_json(tmp_path, capsys):
+    path = tmp_path / "cold.json"
+    assert main(["--shapes", "64x32", "--impls", "torch", "--kinds", "rms", "--dtypes", "fp32", "--repeats", "2", "--warmup", "1", "--cache", "cold", "--flush-mb", "1", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert (data["cache"], data["flush_mb"], data["settle_calls"]) == ("cold", 1, None)
+    assert data["rows"][0]["inner"] == {"fwd": 1, "fwdbwd": 1}
+    assert "cache cold (1 MiB flush" in capsys.readouterr().out
+
+
+def test_cli_settle_lands_in_the_json(tmp_path):
+    path = tmp_path / "warm.json"
+    assert main(["--shapes", "64x32", "--impls", "torch", "--kinds", "rms", "--dtypes", "fp32", "--repeats", "2", "--warmup", "1", "--settle", "2", "--json", str(path)]) == 0
+    data = json.loads(path.read_text())
+    assert (data["cache"], data["settle_calls"], data["flush_mb"]) == ("warm", 2, None)
+    assert all(2 <= n <= 4 for n in data["rows"][0]["fwd_untimed_calls"])
+
+
+@pytest.mark.parametrize("argv", [["--cache", "lukewarm"], ["--settle", "-1"], ["--flush-mb", "0"]])
+def test_cli_refuses_a_bad_cache_option(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and argv[0] in err
+    if argv[0] == "--cache":
+        assert "invalid choice: 'lukewarm'" in err
+
+
+def test_bench_norms_refuses_an_unknown_regime():
+    with pytest.raises(ValueError, match="cache='hot'"):
+        bench_norms(["rms"], ["torch"], ["fp32"], [(8, 32)], repeats=1, cache="hot")
 
 
 def test_cli_refuses_an_unknown_impl(capsys):

@@ -2,8 +2,9 @@
 
 The ``check_*`` helpers take the implementation as an argument; ``test_norms_triton.py`` runs
 the same helpers on ``impl=triton`` under ``TRITON_INTERPRET=1``. This file covers the
-implementations that run on a plain CPU: torch, reference and compiled (compiled on fewer shapes,
-since ``torch.compile`` recompiles for every new shape / dtype / eps).
+implementations that run on a plain CPU: torch, reference, cpp (normlab's C++ kernels, built once
+per machine) and compiled (on fewer shapes, since ``torch.compile`` recompiles for every new
+shape / dtype / eps).
 
 Tolerances:
 
@@ -39,8 +40,9 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 #: (kind, bias): every parameter layout (RMSNorm has no bias).
 LAYOUTS = [(NormKind.layer, True), (NormKind.layer, False), (NormKind.rms, False)]
 LAYOUT_IDS = ["layer-bias", "layer-nobias", "rms"]
-CPU_IMPLS = [NormImpl.torch, NormImpl.reference, NormImpl.compiled]
-EAGER_IMPLS = [NormImpl.torch, NormImpl.reference]
+CPU_IMPLS = [NormImpl.torch, NormImpl.reference, NormImpl.compiled, NormImpl.cpp]
+#: The implementations that run without recompiling per shape: the whole grid.
+EAGER_IMPLS = [NormImpl.torch, NormImpl.reference, NormImpl.cpp]
 
 
 @pytest.fixture(autouse=True)
@@ -314,6 +316,11 @@ def test_torch_passes_float64_gradcheck(kind, bias):
 
 
 @pytest.mark.parametrize(("kind", "bias"), LAYOUTS, ids=LAYOUT_IDS)
+def test_cpp_passes_float64_gradcheck(kind, bias):
+    check_gradcheck_float64(kind, NormImpl.cpp, bias)
+
+
+@pytest.mark.parametrize(("kind", "bias"), LAYOUTS, ids=LAYOUT_IDS)
 def test_reference_with_upcast_keeps_float64_precision(kind, bias):
     check_gradcheck_float64(kind, NormImpl.reference, bias, upcast=True)
 
@@ -438,10 +445,10 @@ def test_registered_classes_share_the_parameter_layout(kind, impl):
             type(norm)(10, 1e-5, affine=True, bias=True)
 
 
-def test_auto_resolves_to_compiled_on_cpu_and_triton_on_cuda(monkeypatch):
+def test_auto_resolves_to_cpp_on_cpu_and_triton_on_cuda(monkeypatch):
     cfg = NormConfig(kind=NormKind.rms, impl=NormImpl.auto, bias=False)
     on_cpu = resolve_norm(cfg, "cpu")
-    assert on_cpu.impl == NormImpl.compiled and on_cpu.eps == DEFAULT_EPS
+    assert on_cpu.impl == NormImpl.cpp and on_cpu.eps == DEFAULT_EPS
     monkeypatch.setattr(norms, "triton_usable", lambda device_type: True)
     assert resolve_norm(cfg, "cuda").impl == NormImpl.triton
 
@@ -458,7 +465,7 @@ def test_triton_on_cpu_without_the_interpreter_is_a_config_error(monkeypatch):
         resolve_norm(NormConfig(impl=NormImpl.triton), "cpu")
 
 
-@pytest.mark.parametrize("impl", [NormImpl.torch, NormImpl.compiled, NormImpl.triton], ids=lambda i: i.name)
+@pytest.mark.parametrize("impl", [NormImpl.torch, NormImpl.compiled, NormImpl.triton, NormImpl.cpp], ids=lambda i: i.name)
 def test_upcast_false_is_refused_where_the_kernel_would_accumulate_in_fp32_anyway(impl):
     # inductor, PyTorch's kernels and ours compute fp16 statistics in fp32: honouring upcast=false
     # there would silently not reproduce the overflow, so the config refuses it.
@@ -466,3 +473,8 @@ def test_upcast_false_is_refused_where_the_kernel_would_accumulate_in_fp32_anywa
 
     with pytest.raises(ConfigError, match="upcast=false is only available for impl=reference"):
         NormConfig(kind=NormKind.rms, impl=impl, bias=False, upcast=False)
+
+
+def test_cpp_on_a_cuda_device_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"norm.impl=cpp runs on CPU only, not on device 'cuda'"):
+        resolve_norm(NormConfig(impl=NormImpl.cpp), "cuda")

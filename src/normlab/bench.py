@@ -1,12 +1,27 @@
 """``normlab-bench``: is a norm slow, or is its implementation? Two benchmarks in one script.
 
-``normlab-bench [--kinds layer,rms] [--impls torch,reference,compiled] [--dtypes fp32,bf16]
-[--shapes 8192x768] [--model small]`` times every norm kind x implementation x dtype x shape:
-forward (under ``no_grad``) and forward+backward (``autograd.grad`` of x, weight, bias: nothing
-accumulates), after warm-up calls that also absorb ``torch.compile``. Timing runs in interleaved
-rounds (every case once per round, plus a same-size ``dst.copy_(src)``) so a slow moment of a shared
-machine hits every case alike; each sample follows one untimed call of its case (the allocator in
-that case's steady state). Reported: the median over ``--repeats`` rounds; the samples are in the JSON.
+``normlab-bench [--kinds layer,rms] [--impls torch,reference,compiled,cpp] [--dtypes fp32,bf16]
+[--shapes 8192x768] [--model small] [--cache warm|cold]`` times every norm kind x implementation x
+dtype x shape: forward (under ``no_grad``) and forward+backward (``autograd.grad`` of x, weight,
+bias: nothing accumulates), after warm-up calls that also absorb ``torch.compile``. Timing runs in
+interleaved rounds (every case once per round, plus a same-size ``dst.copy_(src)`` timed the same
+way) so a slow moment of a shared machine hits every case alike. Reported: the median over
+``--repeats`` rounds; the samples are in the JSON. Each sample is taken in one of two cache
+regimes (``--cache``):
+
+- ``warm`` (default): before each sample, untimed calls of the same case until it is back in its
+  steady state after the other cases' memory traffic: at least ``--settle`` calls (default 4; a
+  working set several times the L2 needs 3-4 passes to be L3/L2-hot again), and more, up to twice
+  that, while the last one is still over 1.1x the case's fastest single call so far. Then ``inner``
+  calls are timed together, ``inner`` chosen so that a sample lasts >= 2 ms. The regime of a
+  training step, where the norm's input was just written by the previous op.
+- ``cold``: before each sample, one untimed call of the case (the allocator in its steady state),
+  then a read and write of a ``--flush-mb`` MiB buffer on the bench device (default 512: several
+  times a typical CPU L3 or GPU L2; raise it for a larger cache) that evicts the caches, a
+  synchronize, and exactly one timed call (``inner`` = 1): every call starts from DRAM / HBM.
+
+On CPU the bench first asks glibc to keep freed memory in the process (:func:`keep_freed_memory`),
+so that no sample pays for page faults that glibc's trimming heuristics cause (JSON ``malloc``).
 
 Bytes model (each tensor counted in its own dtype; per-row statistics ignored): forward reads x,
 weight (+bias) and writes y; forward+backward adds reading x and dy and writing dx, dweight
@@ -42,7 +57,7 @@ from .cli import find_conf_dir, register_schema, to_train_config
 from .config import ConfigError, NormConfig, NormImpl, NormKind
 from .data import BatchSampler, DataError, prepare
 from .model import GPT
-from .norms import build_norm, resolve_norm
+from .norms import available_impls, build_norm, resolve_norm
 from .precision import autocast, check_precision, grad_scaler
 from .tracking import synchronize
 from .train import lr_at, make_optimizer, resolve_device, seed_everything
@@ -59,6 +74,25 @@ def _recompile_limit():
     return torch._dynamo.config.patch(recompile_limit=max(64, torch._dynamo.config.recompile_limit))
 
 
+def keep_freed_memory() -> str:
+    """Ask glibc to keep freed memory in the process (``mallopt``: no ``mmap`` for large blocks, no
+    trimming of the heap top). PyTorch's CPU allocator is plain ``malloc``; with glibc's defaults a
+    freed 25 MB tensor can go back to the kernel and the next call page-faults it in again, which
+    made samples bimodal (about 10 vs 20 ms for the same norm case) depending on glibc's heuristics,
+    not on the kernel timed. Returns what was done, recorded in the JSON (``malloc``)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_trim_threshold, m_mmap_max = -1, -4
+        if libc.mallopt(m_mmap_max, 0) == 1 and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1:
+            return "glibc mallopt: freed memory kept in the process (no mmap, no trim)"
+    except (OSError, AttributeError):
+        pass
+    return "allocator defaults (not glibc)"
+
+
 def parse_shape(text: str) -> tuple[int, int]:
     """``"8192x768"`` -> ``(8192, 768)``: rows x hidden size."""
     rows, d = (int(v) for v in text.lower().split("x"))
@@ -70,17 +104,43 @@ def model_width(name: str) -> int:
     return int(yaml.safe_load((find_conf_dir() / "model" / f"{name}.yaml").read_text())["d_model"])
 
 
-def sample_ms(fn: Callable[[], object], device: torch.device, inner: int = 1, settle: bool = False) -> float:
-    """Wall ms per call of ``fn``: ``inner`` calls between two synchronized clock reads, after one
-    untimed call when ``settle`` (so allocations reuse memory instead of page-faulting fresh pages)."""
-    if settle:
-        fn()
+SETTLE_TOL = 1.1  # an untimed call within 10% of the case's fastest single call: steady state
+
+
+def sample_ms(fn: Callable[[], object], device: torch.device, inner: int = 1) -> float:
+    """Wall ms per call of ``fn``: ``inner`` calls between two synchronized clock reads."""
     synchronize(device)
     t0 = time.perf_counter()
     for _ in range(inner):
         fn()
     synchronize(device)
     return (time.perf_counter() - t0) * 1e3 / inner
+
+
+def settle(fn: Callable[[], object], device: torch.device, calls: int, ref_ms: float = math.inf) -> tuple[int, float]:
+    """Untimed calls of ``fn`` before a warm sample: at least ``calls``, then more, up to
+    ``2 * calls``, while the last one took over ``SETTLE_TOL`` x the fastest single call seen
+    (``ref_ms`` or these). Returns ``(calls made, fastest of them in ms)``."""
+    n, best, last = 0, math.inf, math.inf
+    while n < calls or (n < 2 * calls and last > SETTLE_TOL * min(ref_ms, best)):
+        last = sample_ms(fn, device)
+        best, n = min(best, last), n + 1
+    return n, best
+
+
+def make_flush(device: torch.device, mb: int) -> Callable[[], object]:
+    """A cache flush: each call reads and writes every byte of one ``mb`` MiB buffer on ``device``."""
+    buf = torch.zeros(mb * 2**20, dtype=torch.uint8, device=device)
+    return lambda: buf.add_(1)
+
+
+def cold_sample_ms(fn: Callable[[], object], device: torch.device, flush: Callable[[], object]) -> float:
+    """Wall ms of one call of ``fn`` with cold caches: one untimed call (so its allocations reuse
+    memory instead of page-faulting fresh pages), ``flush()``, then the timed call; ``sample_ms``
+    synchronizes before reading the clock, so the flush is not timed."""
+    fn()
+    flush()
+    return sample_ms(fn, device, 1)
 
 
 def norm_bytes(shape: tuple[int, int], dtype: torch.dtype, param_dtype: torch.dtype, bias: bool) -> tuple[int, int]:
@@ -98,6 +158,8 @@ class _Case:
     bytes: dict[str, int]
     inner: dict[str, int] = dataclasses.field(default_factory=dict)
     ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    untimed: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # untimed calls before each sample
+    fastest: dict[str, float] = dataclasses.field(default_factory=dict)  # fastest single call seen (ms)
 
 
 def _norm_case(kind: NormKind, impl: NormImpl, dtype: str, x, dy, device, param_dtype) -> _Case:
@@ -121,15 +183,28 @@ def _norm_case(kind: NormKind, impl: NormImpl, dtype: str, x, dy, device, param_
     return _Case(name, {"fwd": fwd, "fwdbwd": fwdbwd}, {"fwd": fwd_bytes, "fwdbwd": fb_bytes})
 
 
-def bench_norms(kinds: list[str], impls: list[str], dtypes: list[str], shapes: list[tuple[int, int]], *, repeats: int = 20, warmup: int = 3, device: str = "auto", param_dtype: str | None = None, min_sample_ms: float = 2.0) -> dict:
+CACHE_REGIMES = ("warm", "cold")
+
+
+def bench_norms(kinds: list[str], impls: list[str], dtypes: list[str], shapes: list[tuple[int, int]], *, repeats: int = 20, warmup: int = 3, device: str = "auto", param_dtype: str | None = None, min_sample_ms: float = 2.0, cache: str = "warm", settle_calls: int = 4, flush_mb: int = 512, flush: Callable[[], object] | None = None) -> dict:
     """Time every norm case and the copy baseline; returns the JSON-ready result.
 
     ``rows``: per (kind, impl, dtype, shape) ``fwd_ms`` / ``fwdbwd_ms`` (median ms per call),
-    ``*_min_ms``, ``*_samples_ms``, ``*_bytes``, ``*_gbps`` (GB/s) and ``*_copy_frac`` (of the copy's
-    GB/s). ``copy``: per (dtype, shape) ``ms``, ``bytes``, ``gbps``. ``summary``: :func:`summarize`.
-    ``skipped``: cases the device cannot run, with the reason. ``param_dtype`` None: weight and bias
-    in the input dtype. Calls per sample are chosen so that one sample takes >= ``min_sample_ms``.
+    ``*_min_ms``, ``*_samples_ms``, ``*_untimed_calls`` (per sample), ``*_bytes``, ``*_gbps`` (GB/s)
+    and ``*_copy_frac`` (of the copy's GB/s). ``copy``: per (dtype, shape) ``ms``, ``bytes``,
+    ``gbps``. ``summary``: :func:`summarize`. ``skipped``: cases the device cannot run, with the
+    reason. ``param_dtype`` None: weight and bias in the input dtype.
+
+    ``cache`` (module docstring): ``"warm"``: >= ``settle_calls`` untimed calls of the case before
+    each sample of ``inner`` calls, ``inner`` chosen so that one sample takes >= ``min_sample_ms``;
+    ``"cold"``: ``flush()`` before each sample of one call; ``flush`` None: :func:`make_flush` of
+    ``flush_mb`` MiB on the bench device.
     """
+    if cache not in CACHE_REGIMES:
+        raise ValueError(f"cache={cache!r}: expected one of {', '.join(CACHE_REGIMES)}")
+    if settle_calls < 0 or flush_mb <= 0:
+        raise ValueError(f"settle_calls={settle_calls}, flush_mb={flush_mb}: expected settle_calls >= 0 and flush_mb > 0")
+    warm = cache == "warm"
     dev = resolve_device(device)
     cases, copies, skipped = [], {}, []
     for dtype in dtypes:
@@ -146,33 +221,43 @@ def bench_norms(kinds: list[str], impls: list[str], dtypes: list[str], shapes: l
                         cases.append(_norm_case(NormKind[kind], NormImpl[impl], dtype, x, dy, dev, DTYPES.get(param_dtype)))
                     except (ConfigError, RuntimeError, ImportError) as e:
                         skipped.append({"kind": kind, "impl": impl, "dtype": dtype, "shape": list(shape), "reason": str(e).splitlines()[0]})
+    if not warm and flush is None:
+        flush = make_flush(dev, flush_mb)
     with _recompile_limit():
         for case in list(cases):  # warm-up (compilation), then the calls per sample
             try:
-                for key, fn in case.calls.items():
-                    est = min(sample_ms(fn, dev) for _ in range(max(1, warmup)))
-                    case.inner[key], case.ms[key] = max(1, math.ceil(min_sample_ms / max(est, 1e-6))), []
+                for key, fn in case.calls.items():  # warm: + settle_calls, so the fastest is a steady-state call
+                    case.fastest[key] = est = min(sample_ms(fn, dev) for _ in range(max(1, warmup) + (settle_calls if warm else 0)))
+                    case.inner[key] = max(1, math.ceil(min_sample_ms / max(est, 1e-6))) if warm else 1
+                    case.ms[key], case.untimed[key] = [], []
             except Exception as e:  # a kernel that cannot run this dtype / shape: reported, not fatal
                 cases.remove(case)
                 skipped.append({**case.name, "reason": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"})
         for _ in range(repeats):  # interleaved rounds
             for case in cases:
                 for key, fn in case.calls.items():
-                    case.ms[key].append(sample_ms(fn, dev, case.inner[key], settle=True))
+                    if warm:
+                        n, best = settle(fn, dev, settle_calls, case.fastest[key])
+                        case.fastest[key] = min(case.fastest[key], best)
+                        case.ms[key].append(sample_ms(fn, dev, case.inner[key]))
+                    else:
+                        n = 1
+                        case.ms[key].append(cold_sample_ms(fn, dev, flush))
+                    case.untimed[key].append(n)
     copy_rows, rows = [], []
     for case in cases:
         med = {k: float(np.median(v)) for k, v in case.ms.items()}
         if "copy" in case.calls:
-            copy_rows.append({**case.name, "ms": med["copy"], "bytes": case.bytes["copy"], "gbps": case.bytes["copy"] / med["copy"] / 1e6})
+            copy_rows.append({**case.name, "ms": med["copy"], "bytes": case.bytes["copy"], "gbps": case.bytes["copy"] / med["copy"] / 1e6, "inner": case.inner["copy"], "samples_ms": case.ms["copy"], "untimed_calls": case.untimed["copy"]})
             continue
         copy = copies[(case.name["dtype"], tuple(case.name["shape"]))]
         row = {**case.name, "inner": case.inner, "copy_gbps": copy.bytes["copy"] / float(np.median(copy.ms["copy"])) / 1e6}
         for key in ("fwd", "fwdbwd"):
             gbps = case.bytes[key] / med[key] / 1e6  # bytes / ms / 1e6 = GB/s
-            row.update({f"{key}_ms": med[key], f"{key}_min_ms": min(case.ms[key]), f"{key}_bytes": case.bytes[key], f"{key}_gbps": gbps, f"{key}_copy_frac": gbps / row["copy_gbps"], f"{key}_samples_ms": case.ms[key]})
+            row.update({f"{key}_ms": med[key], f"{key}_min_ms": min(case.ms[key]), f"{key}_bytes": case.bytes[key], f"{key}_gbps": gbps, f"{key}_copy_frac": gbps / row["copy_gbps"], f"{key}_samples_ms": case.ms[key], f"{key}_untimed_calls": case.untimed[key]})
         rows.append(row)
     bytes_model = " ".join(__doc__.split("Bytes model ")[1].split("\n\n")[0].split())
-    return {"mode": "norm", "device": str(dev), "host": platform.processor() or platform.machine(), "torch": torch.__version__, "threads": torch.get_num_threads(), "repeats": repeats, "warmup": warmup, "bytes_model": bytes_model, "copy": copy_rows, "rows": rows, "summary": summarize(rows), "skipped": skipped}
+    return {"mode": "norm", "device": str(dev), "host": platform.processor() or platform.machine(), "torch": torch.__version__, "threads": torch.get_num_threads(), "repeats": repeats, "warmup": warmup, "cache": cache, "settle_calls": settle_calls if warm else None, "flush_mb": None if warm else flush_mb, "min_sample_ms": min_sample_ms if warm else None, "bytes_model": bytes_model, "copy": copy_rows, "rows": rows, "summary": summarize(rows), "skipped": skipped}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -200,7 +285,11 @@ def format_norm_table(result: dict) -> str:
     body = [[r["kind"], r["impl"], r["dtype"], "x".join(map(str, r["shape"])), f"{r['fwd_ms']:.3f}", f"{r['fwd_gbps']:.1f}", f"{100 * r['fwd_copy_frac']:.0f}%", f"{r['fwdbwd_ms']:.3f}", f"{r['fwdbwd_gbps']:.1f}", f"{100 * r['fwdbwd_copy_frac']:.0f}%"] for r in result["rows"]]
     body += [["copy", "dst.copy_", c["dtype"], "x".join(map(str, c["shape"])), f"{c['ms']:.3f}", f"{c['gbps']:.1f}", "100%", "", "", ""] for c in result["copy"]]
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
-    lines = [f"normlab-bench on {result['device']} ({result['host']}, {result['threads']} threads, torch {result['torch']}), median of {result['repeats']} interleaved rounds"]
+    if result["cache"] == "warm":
+        regime = f"cache warm (>= {result['settle_calls']} untimed calls of the case before each sample)"
+    else:
+        regime = f"cache cold ({result['flush_mb']} MiB flush before each one-call sample)"
+    lines = [f"normlab-bench on {result['device']} ({result['host']}, {result['threads']} threads, torch {result['torch']}), median of {result['repeats']} interleaved rounds, {regime}"]
     lines += ["  ".join(c.rjust(w) if i > 3 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in [head, *body]]
     for s in result["summary"]:
         lines.append(f"{s['dtype']} {'x'.join(map(str, s['shape']))}: RMSNorm fastest ({s['rms_impl']}, {s['rms_ms']:.3f} ms) is {s['rms_faster_pct']:.0f}% faster than LayerNorm fastest ({s['layer_impl']}, {s['layer_ms']:.3f} ms) fwd+bwd ({s['time_saved_pct']:.0f}% less time)")
@@ -312,20 +401,23 @@ def _parser(step: bool) -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", help="Hydra overrides of both setups (model=small data.batch_size=8)")
         p.add_argument("--a", action="append", default=[], help="overrides of setup A, space separated (--a norm=layer)")
         p.add_argument("--b", action="append", default=[], help="overrides of setup B (--b norm=fused)")
-        p.add_argument("--pairs", type=int, default=10)
-        p.add_argument("--warmup", type=int, default=3, help="untimed steps per setup (compilation)")
+        p.add_argument("--pairs", type=int, default=10, help="timed step pairs, A B then B A alternating (default: 10)")
+        p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps per setup before timing: compilation, allocator (default: 3)")
     else:
         p = argparse.ArgumentParser(prog="normlab-bench", description=__doc__.split("\n\n")[0], epilog="normlab-bench step --help: the training-step benchmark")
-        p.add_argument("--kinds", type=_csv, default=["layer", "rms"])
-        p.add_argument("--impls", type=_csv, default=None, help="default: torch,reference,compiled (+triton with CUDA)")
-        p.add_argument("--dtypes", type=_csv, default=["fp32", "bf16"])
-        p.add_argument("--shapes", type=_csv, default=["8192x768"], help="rows x hidden, comma separated")
+        p.add_argument("--kinds", type=_csv, default=["layer", "rms"], help="norm kinds, comma separated (default: layer,rms)")
+        p.add_argument("--impls", type=_csv, default=None, help="implementations, comma separated (default: every one the device runs: torch,reference,compiled, +triton on CUDA, +cpp on CPU)")
+        p.add_argument("--dtypes", type=_csv, default=["fp32", "bf16"], help=f"input dtypes, comma separated, of {','.join(DTYPES)} (default: fp32,bf16)")
+        p.add_argument("--shapes", type=_csv, default=["8192x768"], help="input shapes ROWSxHIDDEN in elements, comma separated (default: 8192x768)")
         p.add_argument("--model", help="also time (rows of the first shape) x d_model of conf/model/<name>.yaml")
         p.add_argument("--param-dtype", choices=sorted(DTYPES), help="weight/bias dtype (default: the input dtype)")
-        p.add_argument("--repeats", type=int, default=20)
-        p.add_argument("--warmup", type=int, default=3, help="untimed calls per case (compilation)")
-        p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, help="torch.set_num_threads (CPU; default: torch's)")
+        p.add_argument("--repeats", type=int, default=20, help="interleaved timing rounds, one sample of every case each; the median is reported (default: 20)")
+        p.add_argument("--warmup", type=int, default=3, help="untimed calls per case before the rounds (compilation), + --settle more with --cache warm; the fastest sets the calls per sample (default: 3)")
+        p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto, CUDA when available)")
+        p.add_argument("--cache", choices=CACHE_REGIMES, default="warm", help="cache state of each sample: warm = after >= --settle untimed calls of the same case, several calls timed together; cold = after a --flush-mb write that evicts the caches, one call timed (default: warm)")
+        p.add_argument("--settle", type=int, default=4, metavar="CALLS", help="--cache warm: minimum number of untimed calls of a case before each of its samples (default: 4)")
+        p.add_argument("--flush-mb", type=int, default=512, metavar="MIB", help="--cache cold: size in MiB of the buffer written before each sample (default: 512)")
+    p.add_argument("--threads", type=int, help="CPU threads, torch.set_num_threads (default: torch's)")
     p.add_argument("--json", default="bench.json", help="where to write all results (default: ./bench.json)")
     return p
 
@@ -338,8 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_intermixed_args(argv[1:]) if step else p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    malloc = keep_freed_memory()
     if not step:
-        impls = args.impls or ["torch", "reference", "compiled"] + (["triton"] if torch.cuda.is_available() else [])
+        impls = args.impls or available_impls(resolve_device(args.device).type)
         for name, given, allowed in (("kind", args.kinds, NormKind.__members__), ("impl", impls, NormImpl.__members__), ("dtype", args.dtypes, DTYPES)):
             if bad := [v for v in given if v not in allowed or v == "auto"]:
                 p.error(f"unknown {name} {', '.join(bad)}; allowed: {', '.join(a for a in allowed if a != 'auto')}")
@@ -347,17 +440,20 @@ def main(argv: list[str] | None = None) -> int:
             shapes = [parse_shape(s) for s in args.shapes]
         except ValueError:
             p.error(f"--shapes {','.join(args.shapes)}: expected ROWSxHIDDEN, e.g. 8192x768")
+        if args.settle < 0 or args.flush_mb <= 0:
+            p.error(f"--settle {args.settle} --flush-mb {args.flush_mb}: expected --settle >= 0 and --flush-mb > 0")
     try:
         if step:
             a, b = ([t for s in given for t in shlex.split(s)] for given in (args.a, args.b))
             result, text = bench_step(a, b, args.overrides, pairs=args.pairs, warmup=args.warmup), format_step
         else:
             shapes += [(shapes[0][0], model_width(args.model))] if args.model else []
-            result = bench_norms(args.kinds, impls, args.dtypes, list(dict.fromkeys(shapes)), repeats=args.repeats, warmup=args.warmup, device=args.device, param_dtype=args.param_dtype)
+            result = bench_norms(args.kinds, impls, args.dtypes, list(dict.fromkeys(shapes)), repeats=args.repeats, warmup=args.warmup, device=args.device, param_dtype=args.param_dtype, cache=args.cache, settle_calls=args.settle, flush_mb=args.flush_mb)
             text = format_norm_table
     except (ConfigError, DataError, FileNotFoundError) as e:  # user errors: one line
         print(f"normlab-bench: {e}", file=sys.stderr)
         return 2
+    result["malloc"] = malloc
     print(text(result))
     Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.json}")

@@ -38,6 +38,7 @@ class NormImpl(Enum):
     reference = "reference"  # explicit eager math, statistics in fp32: the oracle
     compiled = "compiled"  # torch.compile of the reference
     triton = "triton"  # our fused Triton kernels (CUDA; CPU only under TRITON_INTERPRET=1)
+    cpp = "cpp"  # our fused C++ kernels (CPU), built on first use
     auto = "auto"  # the fastest fused implementation for the device
 
 

@@ -160,10 +160,10 @@ def hooked_step(setup, timer: ModuleTimer) -> dict[str, float]:
 
 def variants(device_type: str, kinds: list[str], impls: list[str] | None) -> list[list[str]]:
     """Overrides per variant: ``norm=<kind> norm.impl=<impl>`` for every kind x implementation
-    (default: torch, reference, compiled, and triton when the device runs it)."""
-    from .norms import triton_usable
+    (default: :func:`normlab.norms.available_impls` of the device)."""
+    from .norms import available_impls
 
-    impls = impls or ["torch", "reference", "compiled"] + (["triton"] if triton_usable(device_type) else [])
+    impls = impls or available_impls(device_type)
     return [[f"norm={k}", f"norm.impl={i}"] for k in kinds for i in impls]
 
 
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m normlab.norm_cost", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="Hydra overrides for every setup (default experiment=norm_cost)")
     p.add_argument("--kinds", default="layer,rms")
-    p.add_argument("--impls", default=None, help="default: torch,reference,compiled (+triton where it runs)")
+    p.add_argument("--impls", default=None, help="default: every implementation the device runs (torch,reference,compiled, +triton on CUDA, +cpp on CPU)")
     p.add_argument("--steps", type=int, default=20, help="measured rounds (one plain + one hooked step per setup)")
     p.add_argument("--warmup", type=int, default=3, help="untimed plain + hooked steps per setup first")
     p.add_argument("--out", default=None, help="output dir (default outputs/studies/norm_cost/<time>)")

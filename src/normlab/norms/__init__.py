@@ -26,10 +26,12 @@ NORM_VARIANTS: dict[tuple[NormKind, NormImpl], str] = {
     (NormKind.rms, NormImpl.compiled): "normlab.norms.compiled:CompiledRMSNorm",
     (NormKind.layer, NormImpl.triton): "normlab.norms.triton_kernels:TritonLayerNorm",
     (NormKind.rms, NormImpl.triton): "normlab.norms.triton_kernels:TritonRMSNorm",
+    (NormKind.layer, NormImpl.cpp): "normlab.norms.cpp_impl:CppLayerNorm",
+    (NormKind.rms, NormImpl.cpp): "normlab.norms.cpp_impl:CppRMSNorm",
 }
 
 #: Implementations that ``auto`` may pick, by device type, best first.
-AUTO_IMPL: dict[str, NormImpl] = {"cuda": NormImpl.triton, "cpu": NormImpl.compiled}
+AUTO_IMPL: dict[str, NormImpl] = {"cuda": NormImpl.triton, "cpu": NormImpl.cpp}
 
 
 def triton_usable(device_type: str) -> bool:
@@ -37,6 +39,17 @@ def triton_usable(device_type: str) -> bool:
     if importlib.util.find_spec("triton") is None:
         return False
     return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def available_impls(device_type: str) -> list[str]:
+    """Names of the concrete implementations that run on ``device_type``, in registry order:
+    torch, reference, compiled, then triton (CUDA, or CPU under TRITON_INTERPRET=1) and cpp (CPU)."""
+    out = ["torch", "reference", "compiled"]
+    if triton_usable(device_type):
+        out.append("triton")
+    if device_type == "cpu":
+        out.append("cpp")
+    return out
 
 
 def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
@@ -57,7 +70,12 @@ def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
         raise ConfigError(
             f"norm.impl=triton cannot run on device {device_type!r}: it needs CUDA and the triton "
             "package (on CPU only under TRITON_INTERPRET=1, for tests); allowed here: "
-            "torch, reference, compiled"
+            "torch, reference, compiled, cpp"
+        )
+    if impl == NormImpl.cpp and device_type != "cpu":
+        raise ConfigError(
+            f"norm.impl=cpp runs on CPU only, not on device {device_type!r}; allowed here: "
+            "torch, reference, compiled, triton"
         )
     return dataclasses.replace(cfg, impl=impl, eps=cfg.resolved_eps)
 

@@ -6,8 +6,8 @@ that re-reads x and dy with little prefetching (for bf16, half a cache line per 
 ``autograd.Function`` runs a compiled forward that is the reference formula and also returns the
 row sums behind the statistics (sum of squares; for LayerNorm also the row sum), saved so the
 backward never re-reduces x, and a compiled backward in closed form that reduces the parameter
-gradients in row blocks (``(G, rows / G, d).sum(1).sum(0)``): each block stays in cache and the
-blocks spread over the threads. ``normlab-bench`` measures the effect (torch 2.13, 2-core CPU,
+gradients in blocks of 16 rows (``(rows / 16, 16, d).sum(1).sum(0)``): the partial sums of a block
+stay in vector registers while its rows stream through, and the blocks spread over the threads. ``normlab-bench`` measures the effect (torch 2.13, 2-core CPU,
 8192 x 768, fwd+bwd vs compiling the reference: RMSNorm about 20% less time in fp32, LayerNorm
 about 25-40%).
 
@@ -32,14 +32,20 @@ import torch
 
 from .reference import ReferenceLayerNorm, ReferenceRMSNorm, layer_norm_ref, rms_norm_ref
 
-#: Row blocks for the dweight / dbias reductions (fewer when the row count is not a multiple).
-ROW_BLOCKS = 32
+#: Rows per block in the dweight / dbias reductions: each block's partial column sums stay in
+#: vector registers while its rows stream through (measured best of 4, 8, 16, 32 on this CPU).
+ROW_BLOCK = 16
 
 
 def _col_sum(t: torch.Tensor) -> torch.Tensor:
-    """Sum of ``(rows, d)`` over rows, block by block."""
-    blocks = math.gcd(t.shape[0], ROW_BLOCKS)
-    return t.view(blocks, -1, t.shape[-1]).sum(1).sum(0)
+    """Sum of ``(rows, d)`` over rows: partial sums of ``ROW_BLOCK`` rows, then over the partials
+    (plus the rows left over when ``rows`` is not a multiple of ``ROW_BLOCK``)."""
+    rows, d = t.shape
+    main = rows - rows % ROW_BLOCK
+    if main == 0:
+        return t.sum(0)
+    total = t[:main].view(-1, ROW_BLOCK, d).sum(1).sum(0)
+    return total if main == rows else total + t[main:].sum(0)
 
 
 def _rms_forward(x, weight, eps: float):

@@ -1,0 +1,188 @@
+"""normlab's fused C++ LayerNorm and RMSNorm for CPU (``norm.impl=cpp``), forward and backward.
+
+The kernels (``cpu_kernels.cpp``) are compiled on first use with ``torch.utils.cpp_extension``
+(g++ and ninja; about 20-40 s once per machine, then loaded from ``TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``), with the vector ISA that inductor picks for this CPU (AVX-512 with
+its bf16 conversions here, AVX2 elsewhere), and registered as ``torch.ops.normlab_cpu``.
+
+Why they exist: on CPU, PyTorch's RMSNorm is not fused and inductor's code for the backward makes
+a second pass over x and dy for the weight gradient (a column reduction), so neither measures what
+RMSNorm itself costs. These kernels give both kinds the same treatment: the forward keeps a row in
+L1 between the statistics and the output; the backward takes blocks of 8 rows and, in one sweep
+over their columns, accumulates in registers both the per-row sums and the block's column sums for
+``dweight`` / ``dbias``, so every tensor is read from memory once (the same design as PyTorch's
+CPU LayerNorm backward and as ``triton_kernels.py``). ``normlab-bench`` shows the effect.
+
+Semantics (last dimension of size d normalised; as ``reference.py`` and ``triton_kernels.py``):
+
+* LayerNorm (Ba et al. 2016, arXiv:1607.06450): ``y = (x - mean) * rsqrt(var + eps) * w + b``,
+  biased variance (two passes over the row: no cancellation), eps inside the square root.
+* RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467): ``y = x * rsqrt(mean(x^2) + eps) * w``.
+* dtypes: fp32, fp64, bf16, fp16 input. Statistics and every sum in fp32 (fp64 for fp64 input);
+  ``x_hat`` rounded to the input dtype, times ``w`` rounded to the input dtype, rounded, plus ``b``,
+  rounded, as eager PyTorch does. ``mean`` / ``rstd`` ``(rows,)`` saved for the backward.
+* Backward with ``g = dy * w``: ``dx = rstd * (g - mean_d(g) - x_hat * mean_d(g * x_hat))``
+  (RMSNorm without ``mean_d(g)``), ``dw = sum_rows(dy * x_hat)``, ``db = sum_rows(dy)``: column sums
+  kept in fp32 per thread, summed in fp32, cast to the parameter dtype at the end.
+
+Any leading shape; non-contiguous input is copied to contiguous rows first. CPU tensors only: the
+config refuses ``impl=cpp`` on other devices (:func:`normlab.norms.resolve_norm`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..config import ConfigError
+from .reference import NormBase
+
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+
+
+def _isa_flags() -> tuple[str, list[str]]:
+    """``(isa name, compiler flags)``: inductor's choice of vector ISA for this CPU, so the kernels
+    use the same ``at::vec`` code path (and bf16 instructions) as ``torch.compile`` would."""
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        isa = pick_vec_isa()
+        if isa:
+            flags = isa.build_arch_flags().split() + [f"-D{m}" for m in isa.build_macro() if m]
+            if "-mavx512f" in flags and "-mavx512bf16" not in flags and torch.cpu._is_avx512_bf16_supported():
+                flags.append("-mavx512bf16")  # vdpbf16ps for bf16 row sums (cpu_kernels.cpp)
+            return re.sub(r"\W+", "_", str(isa)), flags
+    except Exception:  # noqa: BLE001  (an older torch without this module: portable scalar code)
+        pass
+    return "generic", []
+
+
+@functools.cache
+def load_kernels() -> object:
+    """Compile (once per machine, source and ISA) and load the kernels; returns ``torch.ops.normlab_cpu``.
+
+    Raises:
+        ConfigError: no ninja, or the build failed (one line; the compiler's output is in the cause).
+    """
+    isa, flags = _isa_flags()
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
+    build(f"normlab_cpu_norms_{isa}_{digest}", SOURCE, flags)
+    return torch.ops.normlab_cpu
+
+
+def build(name: str, source: Path, flags: list[str]) -> None:
+    """``torch.utils.cpp_extension.load`` of one C++ file registering torch ops (no Python module).
+
+    Raises:
+        ConfigError: ninja missing, or the compiler failed (first line of its error).
+    """
+    from torch.utils import cpp_extension
+
+    if shutil.which("ninja") is None and not _ninja_module():
+        raise ConfigError("norm.impl=cpp needs ninja to build its kernels: pip install ninja (or choose norm.impl=compiled)")
+    try:
+        cpp_extension.load(name=name, sources=[str(source)], extra_cflags=["-O3", *flags], is_python_module=False, verbose=False)
+    except Exception as e:  # noqa: BLE001
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(": [")[0][:200]
+        raise ConfigError(f"norm.impl=cpp could not build its C++ kernels ({first}); choose norm.impl=compiled") from e
+
+
+def _ninja_module() -> bool:
+    try:
+        import ninja  # noqa: F401  (the PyPI wheel puts the binary on PATH of its environment)
+
+        return True
+    except ImportError:
+        return False
+
+
+def _register_fakes() -> None:
+    """Shapes and dtypes of the ops for ``torch.compile`` of a model that uses them (``compile=true``)."""
+
+    @torch.library.register_fake("normlab_cpu::norm_fwd")
+    def _fwd(x, weight, bias, eps, rms):
+        acc = torch.promote_types(x.dtype, torch.float32)
+        return torch.empty_like(x), x.new_empty(x.shape[0], dtype=acc), x.new_empty(x.shape[0], dtype=acc)
+
+    @torch.library.register_fake("normlab_cpu::norm_bwd")
+    def _bwd(dy, x, weight, mean, rstd, rms):
+        part = x.new_empty((torch.get_num_threads(), x.shape[1]), dtype=mean.dtype)
+        return torch.empty_like(x), part, torch.empty_like(part)
+
+
+@functools.cache
+def ops() -> object:
+    """``torch.ops.normlab_cpu`` with its fake (meta) implementations registered; builds on first call."""
+    lib = load_kernels()
+    _register_fakes()
+    return lib
+
+
+class _CppNormFn(torch.autograd.Function):
+    """``(x (..., d), weight (d,)|None, bias (d,)|None, eps, is_rms) -> y (..., d)`` in x.dtype.
+
+    Saved for backward: the ``(rows, d)`` contiguous input, the weight (x's dtype, held in fp32), ``mean`` and
+    ``rstd`` ``(rows,)`` in fp32 (fp64 for fp64 input).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, is_rms):
+        d = x.shape[-1]
+        x2d = x.reshape(-1, d).contiguous()
+        acc = torch.promote_types(x.dtype, torch.float32)  # weight and bias: rounded to x's dtype, held in fp32
+        w = (torch.ones(d, dtype=acc) if weight is None else weight.to(x.dtype).to(acc)).contiguous()
+        b = None if bias is None else bias.to(x.dtype).to(acc).contiguous()
+        y, mean, rstd = torch.ops.normlab_cpu.norm_fwd(x2d, w, b, eps, is_rms)  # loaded by ops() in __init__
+        ctx.save_for_backward(x2d, w, mean, rstd)
+        ctx.is_rms = is_rms
+        ctx.w_dtype = None if weight is None else weight.dtype
+        ctx.b_dtype = None if bias is None else bias.dtype
+        return y.view(x.shape)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        x2d, w, mean, rstd = ctx.saved_tensors
+        dx, dw_part, db_part = torch.ops.normlab_cpu.norm_bwd(dy.reshape(x2d.shape).contiguous(), x2d, w, mean, rstd, ctx.is_rms)
+        dw = dw_part.sum(0).to(ctx.w_dtype) if ctx.w_dtype is not None and ctx.needs_input_grad[1] else None
+        db = db_part.sum(0).to(ctx.b_dtype) if ctx.b_dtype is not None and ctx.needs_input_grad[2] else None
+        return dx.view(dy.shape) if ctx.needs_input_grad[0] else None, dw, db, None, None
+
+
+def _check(x: torch.Tensor, d: int) -> None:
+    if x.shape[-1] != d:
+        raise ValueError(f"expected input (..., {d}), got {tuple(x.shape)}")
+    if x.device.type != "cpu":
+        raise ValueError(f"norm.impl=cpp runs on CPU tensors only, got {x.device}")
+
+
+class CppLayerNorm(NormBase):
+    """Fused C++ LayerNorm for CPU; ``(..., d)`` in, same shape and dtype out. Statistics always in
+    fp32 (``config.NormConfig`` forbids ``upcast=false`` for this implementation)."""
+
+    def __init__(self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True):
+        super().__init__(d, eps, affine, bias, upcast)
+        ops()  # build (or load) now: a missing compiler is a config error before training starts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check(x, self.d)
+        return _CppNormFn.apply(x, self.weight, self.bias, self.eps, False)
+
+
+class CppRMSNorm(NormBase):
+    """Fused C++ RMSNorm for CPU; ``(..., d)`` in, same shape and dtype out; no bias."""
+
+    def __init__(self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True):
+        if bias:
+            raise ValueError("RMSNorm has no bias")
+        super().__init__(d, eps, affine, False, upcast)
+        ops()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check(x, self.d)
+        return _CppNormFn.apply(x, self.weight, None, self.eps, True)

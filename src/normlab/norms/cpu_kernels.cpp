@@ -1,0 +1,408 @@
+// Fused CPU LayerNorm and RMSNorm, forward and backward: normlab's own kernels for impl=cpp.
+//
+// Built on first use by normlab/norms/cpp_impl.py (torch.utils.cpp_extension.load) with the vector
+// ISA inductor picks for this CPU; registered as torch.ops.normlab_cpu.{norm_fwd,norm_bwd}.
+// Semantics are those of reference.py and triton_kernels.py (see cpp_impl.py's docstring):
+//   LayerNorm (Ba et al. 2016):   y = (x - mean) * rsqrt(var + eps) * w + b, biased variance
+//   RMSNorm (Zhang & Sennrich 2019): y = x * rsqrt(mean(x^2) + eps) * w
+// x_hat rounded to the input dtype, then times w (given in the input dtype), rounded, plus b,
+// rounded, as eager PyTorch does. Statistics and all sums in at::opmath_type (fp32; fp64 for fp64).
+//
+// Forward: one row at a time (a row stays in L1): LayerNorm sums x, then (x - mean)^2 (two passes
+// over the row, no cancellation), RMSNorm sums x^2; then one pass writes y.
+// Backward: blocks of ROWS rows. One sweep over the block's columns, a vector of columns at a time,
+// loads dy and x once and accumulates, in registers, the per-row sums (g . x_hat, and g for
+// LayerNorm) and the block's column sums for dweight (and dbias): dweight costs no extra pass over
+// memory. A second sweep over the same rows (now in L1/L2) writes
+//   dx = rstd * (g - mean_d(g) - x_hat * mean_d(g * x_hat))   (RMSNorm: without mean_d(g))
+// with g = dy * w. Column sums go to one partial row per thread; the caller sums them in the
+// accumulation dtype.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/OpMathType.h>
+#include <c10/util/irange.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <tuple>
+#include <type_traits>
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
+#define NORMLAB_BF16_DOT 1  // AVX512-BF16: vdpbf16ps row sums, vcvtneps2bf16 rounding
+#endif
+
+namespace {
+
+template <typename T>
+using acc_t = at::opmath_type<T>;
+template <typename T>
+using AVec = at::vec::Vectorized<acc_t<T>>;
+
+constexpr int64_t ROWS = 8;  // rows per backward block: 2 x 8 row accumulators + temporaries fit 32 zmm
+
+template <typename T>
+constexpr bool is_reduced = at::is_reduced_floating_point_v<T>;
+
+template <typename T>
+inline AVec<T> vload(const T* p) {
+  if constexpr (is_reduced<T>) {
+    AVec<T> v;
+    at::vec::load_to_float<T>(p, v);
+    return v;
+  } else {
+    return AVec<T>::loadu(p);
+  }
+}
+
+// v rounded to the nearest T (ties to even), kept in the accumulation type. With AVX-512: bf16 by
+// integer arithmetic on the fp32 bits, fp16 by the F16C round trip; no packing.
+template <typename T>
+inline AVec<T> vround(const AVec<T>& v) {
+  if constexpr (!is_reduced<T>) {
+    return v;
+  } else {
+#if defined(CPU_CAPABILITY_AVX512)
+    const __m512 f = v;
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+#ifdef NORMLAB_BF16_DOT  // one instruction to bf16 (inputs below 1.2e-38 read as 0), two back
+      const __m256i h = (__m256i)_mm512_cvtneps_pbh(f);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#endif
+      const __m512i bits = _mm512_castps_si512(f);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+      const __m512i r = _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))),
+                                         _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+      // No NaN fix-up: every NaN here comes from bf16 data or fp32 arithmetic (quiet), so its
+      // payload has a bit in the top 7 mantissa bits and stays a NaN after the rounding.
+      return _mm512_castsi512_ps(r);
+    } else {
+      return _mm512_cvtph_ps(_mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#else
+    auto r = at::vec::convert_from_float<T>(v, v);
+    return std::get<0>(at::vec::convert_to_float<T>(r));
+#endif
+  }
+}
+
+// Store v rounded to T (ties to even).
+template <typename T>
+inline void vstore(T* p, const AVec<T>& v) {
+  if constexpr (!is_reduced<T>) {
+    v.store(p);
+  } else {
+#if defined(CPU_CAPABILITY_AVX512)
+    if constexpr (std::is_same_v<T, at::BFloat16>) {  // exact after vround: keep the top 16 bits
+#ifdef NORMLAB_BF16_DOT
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(static_cast<__m512>(v)));
+      return;
+#endif
+      const __m512i bits = _mm512_castps_si512(static_cast<__m512>(vround<T>(v)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                          _mm512_cvtps_ph(static_cast<__m512>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#else
+    at::vec::convert_from_float<T>(v, v).store(p, AVec<T>::size());
+#endif
+  }
+}
+
+template <typename T>
+inline acc_t<T> sround(acc_t<T> v) {
+  return static_cast<acc_t<T>>(static_cast<T>(v));
+}
+
+template <typename T>
+inline acc_t<T> vsum(const AVec<T>& v) {
+  return at::vec::vec_reduce_all<acc_t<T>>([](AVec<T>& a, AVec<T>& b) { return a + b; }, v);
+}
+
+// Sum over a row of (x_j - mu) (SQUARE false) or (x_j - mu)^2 (SQUARE true), four vector accumulators.
+template <typename T, bool SQUARE>
+inline acc_t<T> row_sum(const T* x, int64_t d, acc_t<T> mu) {
+  using A = acc_t<T>;
+  constexpr int64_t K = AVec<T>::size();
+  const AVec<T> vmu(mu);
+  auto f = [&](const AVec<T>& v) {
+    const AVec<T> c = v - vmu;
+    if constexpr (SQUARE) {
+      return c * c;
+    } else {
+      return c;
+    }
+  };
+  AVec<T> s0(0), s1(0), s2(0), s3(0);
+  int64_t j = 0;
+  for (; j + 4 * K <= d; j += 4 * K) {
+    s0 = s0 + f(vload(x + j));
+    s1 = s1 + f(vload(x + j + K));
+    s2 = s2 + f(vload(x + j + 2 * K));
+    s3 = s3 + f(vload(x + j + 3 * K));
+  }
+  for (; j + K <= d; j += K) s0 = s0 + f(vload(x + j));
+  A s = vsum<T>((s0 + s1) + (s2 + s3));
+  for (; j < d; ++j) {
+    const A c = static_cast<A>(x[j]) - mu;
+    s += SQUARE ? c * c : c;
+  }
+  return s;
+}
+
+#ifdef NORMLAB_BF16_DOT
+// Sum over a bf16 row of x^2 (SQUARE) or of x with vdpbf16ps: 32 bf16 products per instruction,
+// each exact in fp32, summed in fp32. The instruction flushes denormals (|x| < 1.2e-38 read as 0,
+// squares below 1.2e-38 dropped): immaterial next to any eps that is not itself below 1e-30.
+template <bool SQUARE>
+inline float row_sum_bf16_dot(const at::BFloat16* x, int64_t d) {
+  const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3f80);  // bf16 1.0
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t j = 0;
+  for (; j + 128 <= d; j += 128) {  // four independent chains hide the instruction's latency
+    for (int k = 0; k < 4; ++k) {
+      const __m512bh a = (__m512bh)_mm512_loadu_si512(x + j + 32 * k);
+      acc[k] = _mm512_dpbf16_ps(acc[k], a, SQUARE ? a : ones);
+    }
+  }
+  for (; j + 32 <= d; j += 32) {
+    const __m512bh a = (__m512bh)_mm512_loadu_si512(x + j);
+    acc[0] = _mm512_dpbf16_ps(acc[0], a, SQUARE ? a : ones);
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  for (; j < d; ++j) {
+    const float v = static_cast<float>(x[j]);
+    s += SQUARE ? v * v : v;
+  }
+  return s;
+}
+#endif
+
+template <typename T, bool RMS>
+void fwd_impl(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& b, double eps,
+              at::Tensor& y, at::Tensor& mean, at::Tensor& rstd) {
+  using A = acc_t<T>;
+  constexpr int64_t K = AVec<T>::size();
+  const int64_t n = x.size(0), d = x.size(1);
+  const T* xp = x.const_data_ptr<T>();
+  const A* wp = w.const_data_ptr<A>();
+  const A* bp = b.has_value() ? b->const_data_ptr<A>() : nullptr;
+  T* yp = y.data_ptr<T>();
+  A* mp = mean.data_ptr<A>();
+  A* rp = rstd.data_ptr<A>();
+  at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = xp + r * d;
+      T* yr = yp + r * d;
+      A mu = 0;
+      A sq;
+#ifdef NORMLAB_BF16_DOT
+      if constexpr (std::is_same_v<T, at::BFloat16>) {  // RMS: x^2 straight from bf16; LN: the row sum
+        if constexpr (!RMS) mu = row_sum_bf16_dot<false>(xr, d) / d;
+        sq = RMS ? row_sum_bf16_dot<true>(xr, d) : row_sum<T, true>(xr, d, mu);
+      } else
+#endif
+      {
+        if constexpr (!RMS) mu = row_sum<T, false>(xr, d, A(0)) / d;
+        sq = row_sum<T, true>(xr, d, mu);
+      }
+      const AVec<T> vmu(mu);
+      const A rs = A(1) / std::sqrt(sq / d + static_cast<A>(eps));
+      mp[r] = mu;
+      rp[r] = rs;
+      const AVec<T> vrs(rs);
+      int64_t j = 0;
+#pragma GCC unroll 4
+      for (; j + K <= d; j += K) {
+        const AVec<T> xv = vload(xr + j);
+        AVec<T> v = vround<T>((RMS ? xv : xv - vmu) * vrs) * AVec<T>::loadu(wp + j);
+        if (bp) v = vround<T>(v) + AVec<T>::loadu(bp + j);  // vstore rounds the last result
+        vstore(yr + j, v);
+      }
+      for (; j < d; ++j) {
+        A v = sround<T>((static_cast<A>(xr[j]) - mu) * rs) * wp[j];
+        if (bp) v = sround<T>(v) + bp[j];
+        yr[j] = static_cast<T>(v);
+      }
+    }
+  });
+}
+
+// Backward of NB consecutive rows starting at row r; dwp / dbp: this thread's partial column sums.
+template <typename T, bool RMS, int64_t NB>
+inline void bwd_block(const T* xp, const T* dyp, const acc_t<T>* wp, const acc_t<T>* mp, const acc_t<T>* rp,
+                      T* dxp, acc_t<T>* dwp, acc_t<T>* dbp, int64_t r, int64_t d) {
+  using A = acc_t<T>;
+  using V = AVec<T>;
+  constexpr int64_t K = V::size();
+  V sgx[NB], sg[NB], vmu[NB], vrs[NB];
+  for (int64_t i = 0; i < NB; ++i) {
+    sgx[i] = V(0);
+    sg[i] = V(0);
+    vmu[i] = V(mp[r + i]);
+    vrs[i] = V(rp[r + i]);
+  }
+  int64_t j = 0;
+  for (; j + K <= d; j += K) {  // sweep 1: row sums and the block's column sums, one load each
+    const V wv = V::loadu(wp + j);
+    V dw(0), db(0);
+    for (int64_t i = 0; i < NB; ++i) {
+      const int64_t o = (r + i) * d + j;
+      const V dyv = vload(dyp + o);
+      const V xh = (vload(xp + o) - vmu[i]) * vrs[i];
+      const V g = dyv * wv;
+      sgx[i] = at::vec::fmadd(g, xh, sgx[i]);
+      dw = at::vec::fmadd(dyv, vround<T>(xh), dw);
+      if constexpr (!RMS) {
+        sg[i] = sg[i] + g;
+        db = db + dyv;
+      }
+    }
+    (V::loadu(dwp + j) + dw).store(dwp + j);
+    if constexpr (!RMS) (V::loadu(dbp + j) + db).store(dbp + j);
+  }
+  A c[NB], a[NB];
+  for (int64_t i = 0; i < NB; ++i) {
+    c[i] = vsum<T>(sgx[i]);
+    a[i] = RMS ? A(0) : vsum<T>(sg[i]);
+  }
+  for (int64_t jt = j; jt < d; ++jt) {  // the columns past the last full vector
+    const A wv = wp[jt];
+    for (int64_t i = 0; i < NB; ++i) {
+      const int64_t o = (r + i) * d + jt;
+      const A dyv = static_cast<A>(dyp[o]);
+      const A xh = (static_cast<A>(xp[o]) - mp[r + i]) * rp[r + i];
+      c[i] += dyv * wv * xh;
+      dwp[jt] += dyv * sround<T>(xh);
+      if constexpr (!RMS) {
+        a[i] += dyv * wv;
+        dbp[jt] += dyv;
+      }
+    }
+  }
+  for (int64_t i = 0; i < NB; ++i) {  // sweep 2: dx, rows now in cache
+    const A cm = c[i] / d, am = a[i] / d, mu = mp[r + i], rs = rp[r + i];
+    const V vc(cm), va(am);
+    const T* xr = xp + (r + i) * d;
+    const T* dyr = dyp + (r + i) * d;
+    T* dxr = dxp + (r + i) * d;
+    int64_t k = 0;
+    for (; k + K <= d; k += K) {
+      const V xh = (vload(xr + k) - vmu[i]) * vrs[i];
+      V g = vload(dyr + k) * V::loadu(wp + k);
+      if constexpr (!RMS) g = g - va;
+      vstore(dxr + k, vrs[i] * (g - xh * vc));
+    }
+    for (; k < d; ++k) {
+      const A xh = (static_cast<A>(xr[k]) - mu) * rs;
+      const A g = static_cast<A>(dyr[k]) * wp[k] - am;
+      dxr[k] = static_cast<T>(rs * (g - xh * cm));
+    }
+  }
+}
+
+template <typename T, bool RMS>
+void bwd_impl(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w, const at::Tensor& mean,
+              const at::Tensor& rstd, at::Tensor& dx, at::Tensor& dw_part, at::Tensor& db_part) {
+  using A = acc_t<T>;
+  const int64_t n = x.size(0), d = x.size(1);
+  const T* xp = x.const_data_ptr<T>();
+  const T* dyp = dy.const_data_ptr<T>();
+  const A* wp = w.const_data_ptr<A>();
+  const A* mp = mean.const_data_ptr<A>();
+  const A* rp = rstd.const_data_ptr<A>();
+  T* dxp = dx.data_ptr<T>();
+  A* dwb = dw_part.data_ptr<A>();
+  A* dbb = db_part.data_ptr<A>();
+  const int64_t blocks = (n + ROWS - 1) / ROWS;
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    const int64_t t = at::get_thread_num();
+    A* dwp = dwb + t * d;
+    A* dbp = dbb + t * d;
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t r = blk * ROWS;
+      if (r + ROWS <= n) {
+        bwd_block<T, RMS, ROWS>(xp, dyp, wp, mp, rp, dxp, dwp, dbp, r, d);
+      } else {
+        for (int64_t rr = r; rr < n; ++rr) bwd_block<T, RMS, 1>(xp, dyp, wp, mp, rp, dxp, dwp, dbp, rr, d);
+      }
+    }
+  });
+}
+
+void check_rows(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 2 && t.is_contiguous() && t.device().is_cpu(),
+              "normlab_cpu: ", name, " must be a contiguous CPU (rows, d) tensor, got sizes ", t.sizes());
+}
+
+void check_vec(const at::Tensor& t, const at::Tensor& x, const char* name) {
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == x.size(1) && t.is_contiguous() && t.scalar_type() == at::toOpMathType(x.scalar_type()),
+              "normlab_cpu: ", name, " must be a contiguous (d,) tensor in x's accumulation dtype");
+}
+
+#define NORMLAB_DISPATCH(dtype, RMS, FN, ...)                                                    \
+  switch (dtype) {                                                                             \
+    case at::kFloat: FN<float, RMS>(__VA_ARGS__); break;                                       \
+    case at::kDouble: FN<double, RMS>(__VA_ARGS__); break;                                     \
+    case at::kBFloat16: FN<at::BFloat16, RMS>(__VA_ARGS__); break;                             \
+    case at::kHalf: FN<at::Half, RMS>(__VA_ARGS__); break;                                     \
+    default: TORCH_CHECK(false, "normlab_cpu: dtype ", dtype, " not supported (fp32, fp64, bf16, fp16)"); \
+  }
+
+// x (rows, d); weight (d,) (ones when the norm has no weight) and bias (d,) or None: values of x's
+// dtype held in the accumulation dtype (converted once per call, not once per row).
+// Returns y (rows, d) in x's dtype, mean and rstd (rows,) in the accumulation dtype (mean 0 for RMS).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& x, const at::Tensor& weight,
+                                                        const c10::optional<at::Tensor>& bias, double eps, bool rms) {
+  check_rows(x, "x");
+  check_vec(weight, x, "weight");
+  if (bias.has_value()) check_vec(*bias, x, "bias");
+  TORCH_CHECK(eps > 0, "normlab_cpu: eps must be > 0, got ", eps);
+  auto acc = at::toOpMathType(x.scalar_type());
+  auto y = at::empty_like(x);
+  auto mean = at::empty({x.size(0)}, x.options().dtype(acc));
+  auto rstd = at::empty({x.size(0)}, x.options().dtype(acc));
+  if (rms) {
+    NORMLAB_DISPATCH(x.scalar_type(), true, fwd_impl, x, weight, bias, eps, y, mean, rstd)
+  } else {
+    NORMLAB_DISPATCH(x.scalar_type(), false, fwd_impl, x, weight, bias, eps, y, mean, rstd)
+  }
+  return {y, mean, rstd};
+}
+
+// Returns dx (rows, d) in x's dtype and the per-thread partial column sums for dweight and dbias,
+// (threads, d) each in the accumulation dtype (dbias zeros for RMS).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
+                                                        const at::Tensor& mean, const at::Tensor& rstd, bool rms) {
+  check_rows(x, "x");
+  check_rows(dy, "dy");
+  TORCH_CHECK(dy.sizes() == x.sizes() && dy.scalar_type() == x.scalar_type(), "normlab_cpu: dy must match x");
+  check_vec(weight, x, "weight");
+  auto acc = at::toOpMathType(x.scalar_type());
+  auto dx = at::empty_like(x);
+  auto dw = at::zeros({at::get_num_threads(), x.size(1)}, x.options().dtype(acc));
+  auto db = at::zeros({at::get_num_threads(), x.size(1)}, x.options().dtype(acc));
+  if (rms) {
+    NORMLAB_DISPATCH(x.scalar_type(), true, bwd_impl, dy, x, weight, mean, rstd, dx, dw, db)
+  } else {
+    NORMLAB_DISPATCH(x.scalar_type(), false, bwd_impl, dy, x, weight, mean, rstd, dx, dw, db)
+  }
+  return {dx, dw, db};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(normlab_cpu, m) {
+  m.def("norm_fwd(Tensor x, Tensor weight, Tensor? bias, float eps, bool rms) -> (Tensor, Tensor, Tensor)");
+  m.def("norm_bwd(Tensor dy, Tensor x, Tensor weight, Tensor mean, Tensor rstd, bool rms) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(normlab_cpu, CPU, m) {
+  m.impl("norm_fwd", norm_fwd);
+  m.impl("norm_bwd", norm_bwd);
+}

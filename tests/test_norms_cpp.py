@@ -1,0 +1,120 @@
+"""normlab's C++ CPU kernels (``norm.impl=cpp``): what the oracle grid in test_norms_oracle.py
+does not pin down: eager-exact rounding in bf16/fp16, per-thread weight-gradient partials, row
+counts that are not a multiple of the backward's 8-row blocks, ``torch.compile`` of a model that
+uses them, and one-line errors when the kernels cannot be built."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
+from normlab.norms import build_norm, cpp_impl, resolve_norm
+from normlab.norms.reference import layer_norm_ref, rms_norm_ref
+
+
+def make(kind: NormKind, d: int, seed: int = 0) -> torch.nn.Module:
+    norm = build_norm(resolve_norm(NormConfig(kind=kind, impl=NormImpl.cpp, bias=kind == NormKind.layer), "cpu"), d)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(d, generator=g))
+        if norm.bias is not None:
+            norm.bias.copy_(torch.randn(d, generator=g))
+    return norm
+
+
+def reference(norm, x):
+    if norm.bias is not None or isinstance(norm, cpp_impl.CppLayerNorm):
+        return layer_norm_ref(x, norm.weight, norm.bias, norm.eps)
+    return rms_norm_ref(x, norm.weight, norm.eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("d", [768, 1000])
+@pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
+def test_low_precision_output_rounds_like_the_eager_reference(kind, d, dtype):
+    """Same roundings as eager PyTorch: x_hat to the input dtype, times the weight rounded to the
+    input dtype, rounded, plus the bias, rounded (d=1000 also runs the scalar tail columns). The
+    fp32 statistics are summed in another order, so an x_hat at a rounding tie may land one unit of
+    the dtype away (measured: at most 4 elements in 49152); a skipped or extra rounding step changes
+    thousands."""
+    norm = make(kind, d)
+    x = (3 * torch.randn(64, d, generator=torch.Generator().manual_seed(1)) + 0.5).to(dtype)
+    with torch.no_grad():
+        got, want = norm(x), reference(norm, x)
+    assert got.dtype == dtype
+    differ = got != want
+    assert differ.float().mean().item() <= 1e-3, f"{differ.sum().item()} of {got.numel()} elements differ"
+    # an x_hat one unit off, times a weight up to 2: two units of the largest value in play
+    scale = want.float().abs() + (0 if norm.bias is None else norm.bias.detach().abs())
+    ulp = torch.finfo(dtype).eps * scale.clamp_min(torch.finfo(dtype).tiny)
+    assert ((got.float() - want.float()).abs() <= 2 * ulp).all()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 9, 1003])
+@pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
+def test_gradients_with_two_threads_match_float64_for_any_row_count(kind, rows):
+    """Row blocks of 8 plus leftover rows, weight / bias gradients summed over per-thread partials."""
+    norm = make(kind, 40)
+    x = torch.randn(rows, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    dy = torch.randn(rows, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        xf = x.float().requires_grad_()
+        got = torch.autograd.grad(norm(xf), (xf, *norm.parameters()), dy.float())
+    finally:
+        torch.set_num_threads(threads)
+    x64 = x.clone().requires_grad_()
+    params64 = [p.detach().double().requires_grad_() for p in norm.parameters()]
+    if kind == NormKind.layer:
+        y64 = layer_norm_ref(x64, params64[0], params64[1], norm.eps)
+    else:
+        y64 = rms_norm_ref(x64, params64[0], norm.eps)
+    want = torch.autograd.grad(y64, (x64, *params64), dy)
+    for name, g, w in zip(["dx", "dweight", "dbias"], got, want, strict=False):
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5 * max(1.0, w.abs().max().item()), msg=name)
+
+
+@pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
+def test_compiled_model_with_cpp_norms_matches_eager(kind):
+    """The ops have fake implementations, so ``torch.compile(fullgraph=True)`` traces through them."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), make(kind, 32), torch.nn.Linear(32, 4))
+    x = torch.randn(3, 5, 32)
+    y_eager = model(x)
+    g_eager = torch.autograd.grad(y_eager.square().sum(), list(model.parameters()))
+    y_comp = torch.compile(model, fullgraph=True)(x)
+    g_comp = torch.autograd.grad(y_comp.square().sum(), list(model.parameters()))
+    torch.testing.assert_close(y_comp, y_eager)
+    for a, b in zip(g_comp, g_eager, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_a_kernel_that_does_not_compile_is_a_one_line_config_error(tmp_path):
+    src = tmp_path / "broken.cpp"
+    src.write_text("#include <torch/library.h>\nthis is not C++;\n")
+    with pytest.raises(ConfigError) as e:
+        cpp_impl.build("normlab_test_broken", src, [])
+    assert "norm.impl=cpp could not build its C++ kernels" in str(e.value)
+    assert "choose norm.impl=compiled" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_missing_ninja_is_a_config_error_naming_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpp_impl.shutil, "which", lambda name: None)
+    monkeypatch.setattr(cpp_impl, "_ninja_module", lambda: False)
+    with pytest.raises(ConfigError, match="needs ninja.*pip install ninja"):
+        cpp_impl.build("normlab_test_no_ninja", tmp_path / "x.cpp", [])
+
+
+def test_ops_refuse_a_weight_in_the_wrong_dtype():
+    ops = cpp_impl.ops()
+    x = torch.randn(4, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="weight must be a contiguous"):
+        ops.norm_fwd(x, torch.ones(16, dtype=torch.bfloat16), None, 1e-5, True)  # must be fp32
+
+
+def test_non_cpu_input_is_refused_with_the_device_named():
+    norm = make(NormKind.rms, 8)
+    with pytest.raises(ValueError, match="CPU tensors only, got meta"):
+        norm(torch.empty(2, 8, device="meta"))
