@@ -86,7 +86,9 @@ def build(name: str, source: Path, flags: list[str]) -> None:
     if shutil.which("ninja") is None and not _ninja_module():
         raise ConfigError("norm.impl=cpp needs ninja to build its kernels: pip install ninja (or choose norm.impl=compiled)")
     try:
-        cpp_extension.load(name=name, sources=[str(source)], extra_cflags=["-O3", *flags], is_python_module=False, verbose=False)
+        # -fopenmp: at::parallel_for is OpenMP compiled into this library (serial without it); the
+        # process already holds torch's libgomp.so.1, so the kernels share torch's thread pool.
+        cpp_extension.load(name=name, sources=[str(source)], extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     except Exception as e:  # noqa: BLE001
         first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(": [")[0][:200]
         raise ConfigError(f"norm.impl=cpp could not build its C++ kernels ({first}); choose norm.impl=compiled") from e
@@ -123,6 +125,24 @@ def ops() -> object:
     return lib
 
 
+def _forward(x, weight, bias, eps: float, is_rms: bool):
+    """``(x (rows, d) contiguous, weight as the kernel takes it, y (..., d), mean, rstd)``."""
+    d = x.shape[-1]
+    x2d = x.reshape(-1, d).contiguous()
+    acc = torch.promote_types(x.dtype, torch.float32)  # weight and bias: rounded to x's dtype, held in fp32
+    w = (torch.ones(d, dtype=acc) if weight is None else weight.to(x.dtype).to(acc)).contiguous()
+    b = None if bias is None else bias.to(x.dtype).to(acc).contiguous()
+    y, mean, rstd = torch.ops.normlab_cpu.norm_fwd(x2d, w, b, eps, is_rms)  # loaded by ops() in __init__
+    return x2d, w, y.view(x.shape), mean, rstd
+
+
+def _apply(x, weight, bias, eps: float, is_rms: bool) -> torch.Tensor:
+    """The norm; without autograd (no_grad, or nothing requires grad) the kernel is called directly."""
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        return _CppNormFn.apply(x, weight, bias, eps, is_rms)
+    return _forward(x, weight, bias, eps, is_rms)[2]
+
+
 class _CppNormFn(torch.autograd.Function):
     """``(x (..., d), weight (d,)|None, bias (d,)|None, eps, is_rms) -> y (..., d)`` in x.dtype.
 
@@ -132,17 +152,12 @@ class _CppNormFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps, is_rms):
-        d = x.shape[-1]
-        x2d = x.reshape(-1, d).contiguous()
-        acc = torch.promote_types(x.dtype, torch.float32)  # weight and bias: rounded to x's dtype, held in fp32
-        w = (torch.ones(d, dtype=acc) if weight is None else weight.to(x.dtype).to(acc)).contiguous()
-        b = None if bias is None else bias.to(x.dtype).to(acc).contiguous()
-        y, mean, rstd = torch.ops.normlab_cpu.norm_fwd(x2d, w, b, eps, is_rms)  # loaded by ops() in __init__
+        x2d, w, y, mean, rstd = _forward(x, weight, bias, eps, is_rms)
         ctx.save_for_backward(x2d, w, mean, rstd)
         ctx.is_rms = is_rms
         ctx.w_dtype = None if weight is None else weight.dtype
         ctx.b_dtype = None if bias is None else bias.dtype
-        return y.view(x.shape)
+        return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -171,7 +186,7 @@ class CppLayerNorm(NormBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check(x, self.d)
-        return _CppNormFn.apply(x, self.weight, self.bias, self.eps, False)
+        return _apply(x, self.weight, self.bias, self.eps, False)
 
 
 class CppRMSNorm(NormBase):
@@ -185,4 +200,4 @@ class CppRMSNorm(NormBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check(x, self.d)
-        return _CppNormFn.apply(x, self.weight, None, self.eps, True)
+        return _apply(x, self.weight, None, self.eps, True)

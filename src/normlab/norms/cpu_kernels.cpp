@@ -195,27 +195,34 @@ void fwd_impl(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::
   T* yp = y.data_ptr<T>();
   A* mp = mean.data_ptr<A>();
   A* rp = rstd.data_ptr<A>();
+  // Statistics of row r: mean (0 for RMSNorm) and rstd, stored to mean / rstd.
+  auto stats = [&](int64_t r) {
+    const T* xr = xp + r * d;
+    A mu = 0;
+    A sq;
+#ifdef NORMLAB_BF16_DOT
+    if constexpr (std::is_same_v<T, at::BFloat16>) {  // RMS: x^2 straight from bf16; LN: the row sum
+      if constexpr (!RMS) mu = row_sum_bf16_dot<false>(xr, d) / d;
+      sq = RMS ? row_sum_bf16_dot<true>(xr, d) : row_sum<T, true>(xr, d, mu);
+    } else
+#endif
+    {
+      if constexpr (!RMS) mu = row_sum<T, false>(xr, d, A(0)) / d;
+      sq = row_sum<T, true>(xr, d, mu);
+    }
+    mp[r] = mu;
+    rp[r] = A(1) / std::sqrt(sq / d + static_cast<A>(eps));
+  };
   at::parallel_for(0, n, 16, [&](int64_t r0, int64_t r1) {
+    stats(r0);
     for (int64_t r = r0; r < r1; ++r) {
+      // The next row's statistics first: their reduction and square root do not wait for this
+      // row's output, so the core overlaps them with it.
+      if (r + 1 < r1) stats(r + 1);
       const T* xr = xp + r * d;
       T* yr = yp + r * d;
-      A mu = 0;
-      A sq;
-#ifdef NORMLAB_BF16_DOT
-      if constexpr (std::is_same_v<T, at::BFloat16>) {  // RMS: x^2 straight from bf16; LN: the row sum
-        if constexpr (!RMS) mu = row_sum_bf16_dot<false>(xr, d) / d;
-        sq = RMS ? row_sum_bf16_dot<true>(xr, d) : row_sum<T, true>(xr, d, mu);
-      } else
-#endif
-      {
-        if constexpr (!RMS) mu = row_sum<T, false>(xr, d, A(0)) / d;
-        sq = row_sum<T, true>(xr, d, mu);
-      }
-      const AVec<T> vmu(mu);
-      const A rs = A(1) / std::sqrt(sq / d + static_cast<A>(eps));
-      mp[r] = mu;
-      rp[r] = rs;
-      const AVec<T> vrs(rs);
+      const A mu = mp[r], rs = rp[r];
+      const AVec<T> vmu(mu), vrs(rs);
       int64_t j = 0;
 #pragma GCC unroll 4
       for (; j + K <= d; j += K) {
