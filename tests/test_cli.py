@@ -79,7 +79,7 @@ def test_user_errors_from_normlab_are_exactly_one_line(tmp_path):
     assert lines == ["normlab: error: norm.eps=0.0 is not allowed: must be a finite number > 0 (or null for the default 1e-5)"]
 
 
-def test_wheel_ships_conf_so_train_finds_it_without_the_repository(tmp_path):
+def test_wheel_ships_conf_and_kernel_source_so_train_finds_them_without_the_repository(tmp_path):
     wheel_dir = tmp_path / "wheel"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheel_dir), str(REPO)],
@@ -90,6 +90,7 @@ def test_wheel_ships_conf_so_train_finds_it_without_the_repository(tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     assert (site / "normlab" / "conf" / "train.yaml").is_file()
+    assert (site / "normlab" / "norms" / "cpu_kernels.cpp").is_file()  # impl=cpp builds it on first use
     code = "from normlab.cli import find_conf_dir; print(find_conf_dir())"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)

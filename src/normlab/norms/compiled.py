@@ -29,8 +29,6 @@ Every new input shape or dtype is a recompile too (``dynamic=False``).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .reference import ReferenceLayerNorm, ReferenceRMSNorm, layer_norm_ref, rms_norm_ref

@@ -5,11 +5,15 @@
 // Semantics are those of reference.py and triton_kernels.py (see cpp_impl.py's docstring):
 //   LayerNorm (Ba et al. 2016):   y = (x - mean) * rsqrt(var + eps) * w + b, biased variance
 //   RMSNorm (Zhang & Sennrich 2019): y = x * rsqrt(mean(x^2) + eps) * w
-// x_hat rounded to the input dtype, then times w (given in the input dtype), rounded, plus b,
-// rounded, as eager PyTorch does. Statistics and all sums in at::opmath_type (fp32; fp64 for fp64).
+// x_hat rounded to the input dtype, then times w (rounded to the input dtype by the caller, held
+// in fp32), rounded, plus b, rounded, as eager PyTorch does. Statistics and all sums in
+// at::opmath_type (fp32; fp64 for fp64). Vector code from ATen's at::vec for the ISA given at build
+// time (-DCPU_CAPABILITY_AVX512 / _AVX2); AVX512-BF16 instructions when the CPU has them.
 //
 // Forward: one row at a time (a row stays in L1): LayerNorm sums x, then (x - mean)^2 (two passes
-// over the row, no cancellation), RMSNorm sums x^2; then one pass writes y.
+// over the row, no cancellation), RMSNorm sums x^2 (bf16: vdpbf16ps on the raw input); then one
+// pass writes y. The next row's statistics are computed before this row's output, so their
+// reduction and square root overlap with it.
 // Backward: blocks of ROWS rows. One sweep over the block's columns, a vector of columns at a time,
 // loads dy and x once and accumulates, in registers, the per-row sums (g . x_hat, and g for
 // LayerNorm) and the block's column sums for dweight (and dbias): dweight costs no extra pass over
