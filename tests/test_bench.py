@@ -69,6 +69,76 @@ def test_table_lists_every_row_and_the_summary_line(result):
     assert "fp32 64x128: RMSNorm fastest (" in text and "than LayerNorm fastest (" in text
 
 
+def _by_hand(rms_ms: float, layer_ms: float, *, threads: int = 2, repeats: int = 20, settle_calls: int = 4) -> dict:
+    """A norm result with one RMSNorm and one LayerNorm row of the given fwd+bwd times: no timing."""
+    rows = []
+    for kind, impl, ms in (("rms", "cpp", rms_ms), ("layer", "cpp", layer_ms)):
+        row = {"kind": kind, "impl": impl, "dtype": "fp32", "shape": [8192, 768]}
+        for key in ("fwd", "fwdbwd"):
+            row.update({f"{key}_ms": ms, f"{key}_gbps": 1.0, f"{key}_copy_frac": 0.5})
+        rows.append(row)
+    copy = {"dtype": "fp32", "shape": [8192, 768], "ms": 1.0, "gbps": 2.0}
+    return {"device": "cpu", "host": "x86_64", "threads": threads, "torch": "2.x", "repeats": repeats, "cache": "warm", "settle_calls": settle_calls, "copy": [copy], "rows": rows, "summary": summarize(rows), "skipped": []}
+
+
+def test_summary_line_when_rms_is_faster():
+    res = _by_hand(8.742, 11.961)
+    (s,) = res["summary"]
+    assert round(s["rms_faster_pct"]) == 37 and round(s["time_saved_pct"]) == 27
+    line = format_norm_table(res).splitlines()[-1]
+    assert line == "fp32 8192x768: RMSNorm fastest (cpp, 8.742 ms) is 37% faster than LayerNorm fastest (cpp, 11.961 ms) fwd+bwd (27% less time)"
+
+
+def test_summary_line_when_rms_is_slower():
+    res = _by_hand(11.961, 8.742)
+    (s,) = res["summary"]
+    assert round(s["rms_faster_pct"]) == -27 and round(s["time_saved_pct"]) == -37  # the JSON keeps its signs
+    line = format_norm_table(res).splitlines()[-1]
+    assert line == "fp32 8192x768: RMSNorm fastest (cpp, 11.961 ms) is 37% slower than LayerNorm fastest (cpp, 8.742 ms) fwd+bwd"
+    assert "-" not in line.split(": ", 1)[1].replace("fwd+bwd", "") and "faster" not in line and "less time" not in line
+
+
+def test_summary_line_when_equal_says_zero_faster():
+    line = format_norm_table(_by_hand(5.0, 5.0)).splitlines()[-1]
+    assert "is 0% faster than" in line and "(0% less time)" in line
+
+
+def test_norm_header_counts_are_singular_for_one():
+    one = format_norm_table(_by_hand(1.0, 2.0, threads=1, repeats=1, settle_calls=1)).splitlines()[0]
+    assert "(x86_64, 1 thread, torch" in one and "median of 1 interleaved round," in one and "(>= 1 untimed call of the case" in one
+    two = format_norm_table(_by_hand(1.0, 2.0, threads=2, repeats=2, settle_calls=2)).splitlines()[0]
+    assert "2 threads" in two and "2 interleaved rounds" in two and "2 untimed calls" in two
+
+
+def _step_result(threads: int, pairs: int, warmup: int) -> dict:
+    setup = {"overrides": [], "model": "tiny", "norm": "rms/torch", "precision": "fp32", "tokens_per_step": 64, "median_ms": 1.0}
+    ratio = dict.fromkeys(("median", "p10", "p25", "p75", "p90"), 1.0)
+    return {"device": "cpu", "threads": threads, "pairs": pairs, "warmup": warmup, "common": [], "a": setup, "b": setup, "ratio": ratio}
+
+
+def test_step_header_counts_are_singular_for_one():
+    one = bench.format_step(_step_result(1, 1, 1)).splitlines()[0]
+    assert "(1 thread)" in one and "1 interleaved pair after 1 warm-up step each" in one
+    two = bench.format_step(_step_result(2, 2, 2)).splitlines()[0]
+    assert "(2 threads)" in two and "2 interleaved pairs after 2 warm-up steps each" in two
+
+
+def test_help_is_plain_text_and_names_both_modes(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and ":func:" not in out and "normlab-bench step" in out.splitlines()[1]  # usage
+    description = out.split("\n\n")[1]
+    assert description.startswith("Two modes:") and "normlab-bench step" in description
+    flat = " ".join(out.split())  # argparse wraps the option help
+    assert "auto is not accepted" in flat and "(default: ./bench.json)" in flat
+    assert "noisier, so use --repeats 10 or more" in flat and "noisier: use 10 or more" in flat  # --cache, --repeats
+    with pytest.raises(SystemExit):
+        main(["step", "--help"])
+    out = capsys.readouterr().out
+    assert "``" not in out and "(default: ./bench_step.json)" in out and "bench.json" not in out
+
+
 class _Counted:
     """A case function that counts its calls; ``log`` interleaves them with the flushes."""
 
@@ -240,6 +310,15 @@ def test_step_benchmark_reports_a_finite_positive_ratio(tmp_path):
     assert math.isfinite(ratio["median"]) and ratio["median"] > 0
     assert ratio["p10"] <= ratio["p25"] <= ratio["median"] <= ratio["p75"] <= ratio["p90"]
     assert ratio["per_pair"] == pytest.approx([b / a for a, b in zip(data["a"]["times_ms"], data["b"]["times_ms"], strict=True)])
+
+
+def test_step_benchmark_writes_bench_step_json_by_default(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["step", *TINY, "--a", "norm=layer", "--b", "norm=rms", "--pairs", "1", "--warmup", "1"]) == 0
+    assert json.loads((tmp_path / "bench_step.json").read_text())["mode"] == "step"
+    assert not (tmp_path / "bench.json").exists()
+    out = capsys.readouterr().out
+    assert "1 interleaved pair after 1 warm-up step each" in out and "wrote bench_step.json" in out
 
 
 def test_step_benchmark_stops_on_a_bad_override_with_one_line(tmp_path, capsys):

@@ -91,13 +91,15 @@ def test_compiled_model_with_cpp_norms_matches_eager(kind):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_a_kernel_that_does_not_compile_is_a_one_line_config_error(tmp_path):
+def test_a_kernel_that_does_not_compile_is_a_one_line_config_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
     src = tmp_path / "broken.cpp"
     src.write_text("#include <torch/library.h>\nthis is not C++;\n")
     with pytest.raises(ConfigError) as e:
         cpp_impl.build("normlab_test_broken", src, [])
+    assert "normlab: building the C++ norm kernels" in capsys.readouterr().err  # the pause is announced
     assert "norm.impl=cpp could not build its C++ kernels" in str(e.value)
-    assert "choose norm.impl=compiled" in str(e.value) and "\n" not in str(e.value)
+    assert "choose norm.impl=torch" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_missing_ninja_is_a_config_error_naming_the_fix(monkeypatch, tmp_path):

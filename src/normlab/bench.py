@@ -69,6 +69,11 @@ def _csv(text: str) -> list[str]:
     return [v for v in text.split(",") if v]
 
 
+def _count(n: int, noun: str) -> str:
+    """``"1 thread"``, ``"2 threads"``: ``n`` and ``noun``, plural unless ``n`` is 1."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _recompile_limit():
     """Every shape / dtype / grad mode is a graph of its own: never fall back to eager silently."""
     return torch._dynamo.config.patch(recompile_limit=max(64, torch._dynamo.config.recompile_limit))
@@ -279,6 +284,17 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
+def summary_line(s: dict) -> str:
+    """One entry of :func:`summarize` in words: "is N% faster than ... (M% less time)" when RMSNorm
+    takes no more time than LayerNorm, else "is M% slower than ..." (M = rms_ms / layer_ms - 1)."""
+    rms = f"RMSNorm fastest ({s['rms_impl']}, {s['rms_ms']:.3f} ms)"
+    layer = f"LayerNorm fastest ({s['layer_impl']}, {s['layer_ms']:.3f} ms) fwd+bwd"
+    head = f"{s['dtype']} {'x'.join(map(str, s['shape']))}: {rms}"
+    if s["rms_ms"] <= s["layer_ms"]:
+        return f"{head} is {s['rms_faster_pct']:.0f}% faster than {layer} ({s['time_saved_pct']:.0f}% less time)"
+    return f"{head} is {-s['time_saved_pct']:.0f}% slower than {layer}"
+
+
 def format_norm_table(result: dict) -> str:
     """The norm benchmark as plain-text aligned columns, then one summary line per dtype and shape."""
     head = ["kind", "impl", "dtype", "shape", "fwd ms", "fwd GB/s", "fwd %copy", "f+b ms", "f+b GB/s", "f+b %copy"]
@@ -286,13 +302,12 @@ def format_norm_table(result: dict) -> str:
     body += [["copy", "dst.copy_", c["dtype"], "x".join(map(str, c["shape"])), f"{c['ms']:.3f}", f"{c['gbps']:.1f}", "100%", "", "", ""] for c in result["copy"]]
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     if result["cache"] == "warm":
-        regime = f"cache warm (>= {result['settle_calls']} untimed calls of the case before each sample)"
+        regime = f"cache warm (>= {_count(result['settle_calls'], 'untimed call')} of the case before each sample)"
     else:
         regime = f"cache cold ({result['flush_mb']} MiB flush before each one-call sample)"
-    lines = [f"normlab-bench on {result['device']} ({result['host']}, {result['threads']} threads, torch {result['torch']}), median of {result['repeats']} interleaved rounds, {regime}"]
+    lines = [f"normlab-bench on {result['device']} ({result['host']}, {_count(result['threads'], 'thread')}, torch {result['torch']}), median of {_count(result['repeats'], 'interleaved round')}, {regime}"]
     lines += ["  ".join(c.rjust(w) if i > 3 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in [head, *body]]
-    for s in result["summary"]:
-        lines.append(f"{s['dtype']} {'x'.join(map(str, s['shape']))}: RMSNorm fastest ({s['rms_impl']}, {s['rms_ms']:.3f} ms) is {s['rms_faster_pct']:.0f}% faster than LayerNorm fastest ({s['layer_impl']}, {s['layer_ms']:.3f} ms) fwd+bwd ({s['time_saved_pct']:.0f}% less time)")
+    lines += [summary_line(s) for s in result["summary"]]
     lines += [f"skipped {s.get('kind', 'copy')}/{s.get('impl', '-')} {s['dtype']} {s['shape']}: {s['reason']}" for s in result["skipped"]]
     return "\n".join(lines)
 
@@ -387,7 +402,7 @@ def bench_step(a: list[str], b: list[str], common: list[str] = (), *, pairs: int
 def format_step(result: dict) -> str:
     """The step benchmark in four lines."""
     r = result["ratio"]
-    lines = [f"step benchmark on {result['device']} ({result['threads']} threads): {result['pairs']} interleaved pairs after {result['warmup']} warm-up steps each; both: {' '.join(result['common']) or '-'}"]
+    lines = [f"step benchmark on {result['device']} ({_count(result['threads'], 'thread')}): {_count(result['pairs'], 'interleaved pair')} after {_count(result['warmup'], 'warm-up step')} each; both: {' '.join(result['common']) or '-'}"]
     for key in ("a", "b"):
         s = result[key]
         lines.append(f"{key.upper()} {' '.join(s['overrides']) or '(defaults)'} [{s['model']}, {s['norm']}, {s['precision']}, {s['tokens_per_step']} tokens/step]: median {s['median_ms']:.1f} ms/step")
@@ -395,30 +410,51 @@ def format_step(result: dict) -> str:
     return "\n".join(lines)
 
 
+NORM_USAGE = """normlab-bench [-h] [--kinds K,..] [--impls I,..] [--dtypes D,..] [--shapes RxH,..] [options]
+       normlab-bench step [-h] [OVERRIDE ...] [--a OVERRIDES] [--b OVERRIDES] [options]"""
+
+NORM_DESCRIPTION = """\
+Two modes: "normlab-bench [options]" times norm kernels (this help);
+"normlab-bench step ..." times whole training steps (see: normlab-bench step --help).
+
+Norm mode: times every norm kind x implementation x dtype x shape, forward and
+forward+backward, in interleaved rounds together with a same-size copy (the
+practical memory-bandwidth ceiling). Prints the median ms per call, GB/s and the
+fraction of the copy's GB/s, then RMSNorm's fastest against LayerNorm's fastest."""
+
+STEP_DESCRIPTION = """\
+Second mode of normlab-bench: builds training setups A and B from the Hydra configs
+in one process and times whole optimizer steps (forward, backward, clip, AdamW) in
+interleaved pairs (A B, then B A) after warm-up steps. Prints the median step time of
+each and the median B/A ratio with its spread. The norm-kernel mode: normlab-bench --help."""
+
+
 def _parser(step: bool) -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
     if step:
-        p = argparse.ArgumentParser(prog="normlab-bench step", description="Interleaved optimizer-step timing of two training setups.")
+        p = argparse.ArgumentParser(prog="normlab-bench step", description=STEP_DESCRIPTION, formatter_class=raw)
         p.add_argument("overrides", nargs="*", help="Hydra overrides of both setups (model=small data.batch_size=8)")
         p.add_argument("--a", action="append", default=[], help="overrides of setup A, space separated (--a norm=layer)")
         p.add_argument("--b", action="append", default=[], help="overrides of setup B (--b norm=fused)")
         p.add_argument("--pairs", type=int, default=10, help="timed step pairs, A B then B A alternating (default: 10)")
         p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps per setup before timing: compilation, allocator (default: 3)")
     else:
-        p = argparse.ArgumentParser(prog="normlab-bench", description=__doc__.split("\n\n")[0], epilog="normlab-bench step --help: the training-step benchmark")
+        p = argparse.ArgumentParser(prog="normlab-bench", usage=NORM_USAGE, description=NORM_DESCRIPTION, epilog="normlab-bench step --help: options of the training-step benchmark", formatter_class=raw)
         p.add_argument("--kinds", type=_csv, default=["layer", "rms"], help="norm kinds, comma separated (default: layer,rms)")
-        p.add_argument("--impls", type=_csv, default=None, help="implementations, comma separated (default: every one the device runs: torch,reference,compiled, +triton on CUDA, +cpp on CPU)")
+        p.add_argument("--impls", type=_csv, default=None, help=f"concrete implementations, comma separated, of {','.join(m for m in NormImpl.__members__ if m != 'auto')}; auto is not accepted (default: every one the device runs: torch,reference,compiled, +triton on CUDA, +cpp on CPU)")
         p.add_argument("--dtypes", type=_csv, default=["fp32", "bf16"], help=f"input dtypes, comma separated, of {','.join(DTYPES)} (default: fp32,bf16)")
         p.add_argument("--shapes", type=_csv, default=["8192x768"], help="input shapes ROWSxHIDDEN in elements, comma separated (default: 8192x768)")
         p.add_argument("--model", help="also time (rows of the first shape) x d_model of conf/model/<name>.yaml")
         p.add_argument("--param-dtype", choices=sorted(DTYPES), help="weight/bias dtype (default: the input dtype)")
-        p.add_argument("--repeats", type=int, default=20, help="interleaved timing rounds, one sample of every case each; the median is reported (default: 20)")
+        p.add_argument("--repeats", type=int, default=20, help="interleaved timing rounds, one sample of every case each; the median is reported. With --cache cold each sample is a single call and noisier: use 10 or more (default: 20)")
         p.add_argument("--warmup", type=int, default=3, help="untimed calls per case before the rounds (compilation), + --settle more with --cache warm; the fastest sets the calls per sample (default: 3)")
         p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto, CUDA when available)")
-        p.add_argument("--cache", choices=CACHE_REGIMES, default="warm", help="cache state of each sample: warm = after >= --settle untimed calls of the same case, several calls timed together; cold = after a --flush-mb write that evicts the caches, one call timed (default: warm)")
+        p.add_argument("--cache", choices=CACHE_REGIMES, default="warm", help="cache state of each sample: warm = after >= --settle untimed calls of the same case, several calls timed together; cold = after a --flush-mb write that evicts the caches, one call timed; cold samples are single calls and noisier, so use --repeats 10 or more (default: warm)")
         p.add_argument("--settle", type=int, default=4, metavar="CALLS", help="--cache warm: minimum number of untimed calls of a case before each of its samples (default: 4)")
         p.add_argument("--flush-mb", type=int, default=512, metavar="MIB", help="--cache cold: size in MiB of the buffer written before each sample (default: 512)")
     p.add_argument("--threads", type=int, help="CPU threads, torch.set_num_threads (default: torch's)")
-    p.add_argument("--json", default="bench.json", help="where to write all results (default: ./bench.json)")
+    json_default = "bench_step.json" if step else "bench.json"
+    p.add_argument("--json", default=json_default, help=f"where to write all results (default: ./{json_default})")
     return p
 
 

@@ -70,7 +70,8 @@ class WandbMode(Enum):
 
 def _require(ok: bool, key: str, value: object, allowed: str) -> None:
     if not ok:
-        raise ConfigError(f"{key}={value!r} is not allowed: {allowed}")
+        shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as typed in YAML
+        raise ConfigError(f"{key}={shown} is not allowed: {allowed}")
 
 
 @dataclass

@@ -70,7 +70,7 @@ def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
         raise ConfigError(
             f"norm.impl=triton cannot run on device {device_type!r}: it needs CUDA and the triton "
             "package (on CPU only under TRITON_INTERPRET=1, for tests); allowed here: "
-            "torch, reference, compiled, cpp"
+            "torch, reference, compiled, cpp, auto"
         )
     if impl == NormImpl.cpp and device_type != "cpu":
         raise ConfigError(

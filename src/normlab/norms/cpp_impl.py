@@ -1,9 +1,11 @@
 """normlab's fused C++ LayerNorm and RMSNorm for CPU (``norm.impl=cpp``), forward and backward.
 
 The kernels (``cpu_kernels.cpp``) are compiled on first use with ``torch.utils.cpp_extension``
-(g++ and ninja; about 20-40 s once per machine, then loaded from ``TORCH_EXTENSIONS_DIR``, default
-``~/.cache/torch_extensions``), with the vector ISA that inductor picks for this CPU (AVX-512 with
-its bf16 conversions here, AVX2 elsewhere), and registered as ``torch.ops.normlab_cpu``.
+(g++ and ninja; about 10-12 s on this 2-core machine, announced on stderr), once per machine and
+version of the kernel source (the build is named by a hash of the source and the compiler flags),
+then loaded from ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). The vector ISA
+is the one inductor picks for this CPU (AVX-512, plus AVX512-BF16 where present; AVX2 elsewhere).
+The ops are registered as ``torch.ops.normlab_cpu``.
 
 Why they exist: on CPU, PyTorch's RMSNorm is not fused and inductor's code for the backward makes
 a second pass over x and dy for the weight gradient (a column reduction), so neither measures what
@@ -20,10 +22,20 @@ Semantics (last dimension of size d normalised; as ``reference.py`` and ``triton
 * RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467): ``y = x * rsqrt(mean(x^2) + eps) * w``.
 * dtypes: fp32, fp64, bf16, fp16 input. Statistics and every sum in fp32 (fp64 for fp64 input);
   ``x_hat`` rounded to the input dtype, times ``w`` rounded to the input dtype, rounded, plus ``b``,
-  rounded, as eager PyTorch does. ``mean`` / ``rstd`` ``(rows,)`` saved for the backward.
+  rounded: the roundings of the eager reference (``reference.py``), so a bf16/fp16 output equals the
+  reference's except where the statistics, summed in another order, put ``x_hat`` on the other side
+  of a rounding tie (a few elements in 10^5, one unit apart). PyTorch's own ``F.layer_norm`` /
+  ``F.rms_norm`` round once, at the end, and differ from both in about a quarter of bf16 elements.
+  With AVX512-BF16, ``vdpbf16ps`` / ``vcvtneps2bf16`` read bf16 values below 1.2e-38 as zero.
+* Saved for backward: x as contiguous ``(rows, d)`` (a copy when the input was not contiguous),
+  the weight as the kernel takes it, ``mean`` and ``rstd`` ``(rows,)`` (``mean`` is zeros for
+  RMSNorm: one op signature for both kinds).
 * Backward with ``g = dy * w``: ``dx = rstd * (g - mean_d(g) - x_hat * mean_d(g * x_hat))``
   (RMSNorm without ``mean_d(g)``), ``dw = sum_rows(dy * x_hat)``, ``db = sum_rows(dy)``: column sums
-  kept in fp32 per thread, summed in fp32, cast to the parameter dtype at the end.
+  kept in fp32 per thread, summed in fp32, cast to the parameter dtype at the end. The rows each
+  thread takes depend on the thread count, so ``dw`` / ``db`` change in the last fp32 bits with it
+  (relative 1e-6 between 1 and 2 threads), as with PyTorch's own CPU LayerNorm; fixed threads give
+  bit-identical results.
 
 Any leading shape; non-contiguous input is copied to contiguous rows first. CPU tensors only: the
 config refuses ``impl=cpp`` on other devices (:func:`normlab.norms.resolve_norm`).
@@ -35,6 +47,7 @@ import functools
 import hashlib
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -84,14 +97,23 @@ def build(name: str, source: Path, flags: list[str]) -> None:
     from torch.utils import cpp_extension
 
     if shutil.which("ninja") is None and not _ninja_module():
-        raise ConfigError("norm.impl=cpp needs ninja to build its kernels: pip install ninja (or choose norm.impl=compiled)")
+        raise ConfigError("norm.impl=cpp needs ninja to build its kernels: pip install ninja (or choose norm.impl=torch)")
+    try:
+        built = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
+    except Exception:  # noqa: BLE001  (a private helper of torch: only the notice depends on it)
+        built = None
+    if built is not None and not built.exists():
+        print(f"normlab: building the C++ norm kernels for this machine (norm.impl=cpp, once; about 10 s) in {built.parent}", file=sys.stderr, flush=True)
     try:
         # -fopenmp: at::parallel_for is OpenMP compiled into this library (serial without it); the
         # process already holds torch's libgomp.so.1, so the kernels share torch's thread pool.
         cpp_extension.load(name=name, sources=[str(source)], extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     except Exception as e:  # noqa: BLE001
         first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(": [")[0][:200]
-        raise ConfigError(f"norm.impl=cpp could not build its C++ kernels ({first}); choose norm.impl=compiled") from e
+        raise ConfigError(
+            f"norm.impl=cpp could not build its C++ kernels ({first}); choose norm.impl=torch or reference "
+            "(compiled needs a C++ compiler too)"
+        ) from e
 
 
 def _ninja_module() -> bool:
