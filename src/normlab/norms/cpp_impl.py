@@ -49,6 +49,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -191,35 +192,32 @@ class _CppNormFn(torch.autograd.Function):
         return dx.view(dy.shape) if ctx.needs_input_grad[0] else None, dw, db, None, None
 
 
-def _check(x: torch.Tensor, d: int) -> None:
-    if x.shape[-1] != d:
-        raise ValueError(f"expected input (..., {d}), got {tuple(x.shape)}")
-    if x.device.type != "cpu":
-        raise ValueError(f"norm.impl=cpp runs on CPU tensors only, got {x.device}")
+class _CppNorm(NormBase):
+    """Both kinds through the same kernels; subclasses set ``is_rms``. Building (or loading) the
+    kernels happens in ``__init__``: a missing compiler is a config error before training starts."""
 
-
-class CppLayerNorm(NormBase):
-    """Fused C++ LayerNorm for CPU; ``(..., d)`` in, same shape and dtype out. Statistics always in
-    fp32 (``config.NormConfig`` forbids ``upcast=false`` for this implementation)."""
+    is_rms: ClassVar[bool]
 
     def __init__(self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True):
         super().__init__(d, eps, affine, bias, upcast)
-        ops()  # build (or load) now: a missing compiler is a config error before training starts
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check(x, self.d)
-        return _apply(x, self.weight, self.bias, self.eps, False)
-
-
-class CppRMSNorm(NormBase):
-    """Fused C++ RMSNorm for CPU; ``(..., d)`` in, same shape and dtype out; no bias."""
-
-    def __init__(self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True):
-        if bias:
-            raise ValueError("RMSNorm has no bias")
-        super().__init__(d, eps, affine, False, upcast)
         ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check(x, self.d)
-        return _apply(x, self.weight, None, self.eps, True)
+        self.check_width(x)
+        if x.device.type != "cpu":
+            raise ValueError(f"norm.impl=cpp runs on CPU tensors only, got {x.device}")
+        return _apply(x, self.weight, self.bias, self.eps, self.is_rms)
+
+
+class CppLayerNorm(_CppNorm):
+    """Fused C++ LayerNorm for CPU; ``(..., d)`` in, same shape and dtype out. Statistics always in
+    fp32 (``config.NormConfig`` forbids ``upcast=false`` for this implementation)."""
+
+    is_rms = False
+
+
+class CppRMSNorm(_CppNorm):
+    """Fused C++ RMSNorm for CPU; ``(..., d)`` in, same shape and dtype out; no bias."""
+
+    is_rms = True
+    takes_bias = False

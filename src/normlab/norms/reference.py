@@ -13,6 +13,8 @@ Formulas (last dimension of size d, eps inside the square root):
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -80,13 +82,25 @@ class NormBase(nn.Module):
 
     ``weight``: ``(d,)`` initialised to ones when ``affine``; ``bias``: ``(d,)`` zeros when ``bias``.
     Both are None otherwise (registered as None, like ``nn.LayerNorm``).
+
+    Raises:
+        ValueError: ``bias=True`` for a kind without one (``takes_bias = False``: RMSNorm).
     """
 
+    takes_bias: ClassVar[bool] = True
+
     def __init__(self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True):
+        if bias and not self.takes_bias:
+            raise ValueError("RMSNorm has no bias")
         super().__init__()
         self.d, self.eps, self.upcast = d, float(eps), upcast
         self.register_parameter("weight", nn.Parameter(torch.ones(d)) if affine else None)
         self.register_parameter("bias", nn.Parameter(torch.zeros(d)) if (affine and bias) else None)
+
+    def check_width(self, x: torch.Tensor) -> None:
+        """Raise ValueError unless ``x`` is ``(..., d)`` (for kernels that would read out of bounds)."""
+        if x.shape[-1] != self.d:
+            raise ValueError(f"expected input (..., {self.d}), got {tuple(x.shape)}")
 
     def extra_repr(self) -> str:
         return (
@@ -105,10 +119,7 @@ class ReferenceLayerNorm(NormBase):
 class ReferenceRMSNorm(NormBase):
     """Eager RMSNorm with fp32 statistics; input and output ``(..., d)`` in the input dtype."""
 
-    def __init__(self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True):
-        if bias:
-            raise ValueError("RMSNorm has no bias")
-        super().__init__(d, eps, affine, False, upcast)
+    takes_bias = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm_ref(x, self.weight, self.eps, self.upcast)

@@ -21,10 +21,7 @@ class TorchRMSNorm(NormBase):
     On CPU this op is not fused (about 20 kernels for forward+backward): see ``normlab-bench``.
     """
 
-    def __init__(self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True):
-        if bias:
-            raise ValueError("RMSNorm has no bias")
-        super().__init__(d, eps, affine, False, upcast)
+    takes_bias = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (self.d,), self.weight, self.eps)

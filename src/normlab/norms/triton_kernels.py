@@ -237,17 +237,12 @@ class _TritonNormFn(torch.autograd.Function):
         return dx if ctx.needs_input_grad[0] else None, dw, db, None, None
 
 
-def _check(x: torch.Tensor, d: int) -> None:
-    if x.shape[-1] != d:
-        raise ValueError(f"expected input (..., {d}), got {tuple(x.shape)}")
-
-
 class TritonLayerNorm(NormBase):
     """Fused Triton LayerNorm; ``(..., d)`` in, same shape and dtype out. ``upcast`` is stored but
     statistics are always fp32 (``config.NormConfig`` forbids ``upcast=false`` for triton)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check(x, self.d)
+        self.check_width(x)
         return _TritonNormFn.apply(x, self.weight, self.bias, self.eps, False)
 
 
@@ -255,11 +250,8 @@ class TritonRMSNorm(NormBase):
     """Fused Triton RMSNorm; ``(..., d)`` in, same shape and dtype out; no bias. ``upcast`` is
     stored but statistics are always fp32."""
 
-    def __init__(self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True):
-        if bias:
-            raise ValueError("RMSNorm has no bias")
-        super().__init__(d, eps, affine, False, upcast)
+    takes_bias = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check(x, self.d)
+        self.check_width(x)
         return _TritonNormFn.apply(x, self.weight, None, self.eps, True)
