@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+from normlab import tracking
 from normlab.cli import find_conf_dir, register_schema
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,3 +77,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def signal_after_step(monkeypatch):
+    """``signal_after_step(sig, step)``: send ``sig`` to this process right after metrics.jsonl
+    gets the row of ``step`` (a deterministic interruption point for in-process runs)."""
+
+    def arm(sig: signal.Signals, step: int) -> None:
+        log = tracking.MetricsLogger.log
+
+        def log_then_signal(self, row):
+            log(self, row)
+            if row["step"] == step:
+                os.kill(os.getpid(), sig)
+
+        monkeypatch.setattr(tracking.MetricsLogger, "log", log_then_signal)
+
+    return arm

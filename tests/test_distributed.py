@@ -122,15 +122,8 @@ def test_two_processes_train_like_one_write_one_run_and_stop_and_resume_together
 # --- in process: the pre-emption signal, the helpers with one process -------------------------------
 
 
-def test_the_preemption_signal_checkpoints_and_stops_the_run(compose_cfg, tmp_path, monkeypatch):
-    log = tracking.MetricsLogger.log
-
-    def log_then_sigusr2(self, row):
-        log(self, row)
-        if row["step"] == 2:
-            os.kill(os.getpid(), signal.SIGUSR2)
-
-    monkeypatch.setattr(tracking.MetricsLogger, "log", log_then_sigusr2)
+def test_the_preemption_signal_checkpoints_and_stops_the_run(compose_cfg, tmp_path, signal_after_step):
+    signal_after_step(signal.SIGUSR2, 2)
     summary = train(to_train_config(compose_cfg([*TINY, "logger=none"])), tmp_path, RunOptions(ckpt_interval=0))
     assert summary["status"] == "interrupted" and summary["signal"] == "SIGUSR2" and summary["steps_completed"] == 2
     assert [s for s, _ in ckpt.list_checkpoints(tmp_path / "checkpoints")] == [2]

@@ -118,17 +118,10 @@ def tiny(compose_cfg):
     return _cfg
 
 
-def test_sigint_stops_after_a_checkpoint_and_resume_continues_bit_identically(tiny, tmp_path, monkeypatch):
+def test_sigint_stops_after_a_checkpoint_and_resume_continues_bit_identically(tiny, tmp_path, monkeypatch, signal_after_step):
     cfg = tiny("max_steps=8")
     train(cfg, tmp_path / "full", RunOptions(ckpt_interval=0))
-    log = tracking.MetricsLogger.log
-
-    def log_then_sigint(self, row):
-        log(self, row)
-        if row["step"] == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-
-    monkeypatch.setattr(tracking.MetricsLogger, "log", log_then_sigint)
+    signal_after_step(signal.SIGINT, 3)
     summary = train(cfg, tmp_path / "cut", RunOptions(ckpt_interval=0))
     assert summary["status"] == "interrupted" and summary["signal"] == "SIGINT" and summary["steps_completed"] == 3
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored

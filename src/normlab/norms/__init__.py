@@ -52,6 +52,13 @@ def available_impls(device_type: str) -> list[str]:
     return out
 
 
+def _allowed(device_type: str) -> str:
+    """The ``norm.impl`` values that run on ``device_type``, for error messages."""
+    impls = available_impls(device_type)
+    auto_runs = AUTO_IMPL.get(device_type, NormImpl.compiled).name in impls
+    return ", ".join(impls + (["auto"] if auto_runs else []))
+
+
 def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
     """Return ``cfg`` with ``impl=auto`` replaced by a concrete implementation and eps filled in.
 
@@ -69,13 +76,11 @@ def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
     if impl == NormImpl.triton and not triton_usable(device_type):
         raise ConfigError(
             f"norm.impl=triton cannot run on device {device_type!r}: it needs CUDA and the triton "
-            "package (on CPU only under TRITON_INTERPRET=1, for tests); allowed here: "
-            "torch, reference, compiled, cpp, auto"
+            f"package (on CPU only under TRITON_INTERPRET=1, for tests); allowed here: {_allowed(device_type)}"
         )
     if impl == NormImpl.cpp and device_type != "cpu":
         raise ConfigError(
-            f"norm.impl=cpp runs on CPU only, not on device {device_type!r}; allowed here: "
-            "torch, reference, compiled, triton"
+            f"norm.impl=cpp runs on CPU only, not on device {device_type!r}; allowed here: {_allowed(device_type)}"
         )
     return dataclasses.replace(cfg, impl=impl, eps=cfg.resolved_eps)
 

@@ -76,19 +76,6 @@ def _isa_flags() -> tuple[str, list[str]]:
     return "generic", []
 
 
-@functools.cache
-def load_kernels() -> object:
-    """Compile (once per machine, source and ISA) and load the kernels; returns ``torch.ops.normlab_cpu``.
-
-    Raises:
-        ConfigError: no ninja, or the build failed (one line; the compiler's output is in the cause).
-    """
-    isa, flags = _isa_flags()
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
-    build(f"normlab_cpu_norms_{isa}_{digest}", SOURCE, flags)
-    return torch.ops.normlab_cpu
-
-
 def build(name: str, source: Path, flags: list[str]) -> None:
     """``torch.utils.cpp_extension.load`` of one C++ file registering torch ops (no Python module).
 
@@ -142,10 +129,17 @@ def _register_fakes() -> None:
 
 @functools.cache
 def ops() -> object:
-    """``torch.ops.normlab_cpu`` with its fake (meta) implementations registered; builds on first call."""
-    lib = load_kernels()
+    """Compile (once per machine, kernel source and ISA) and load the kernels, register their fake
+    (meta) implementations; returns ``torch.ops.normlab_cpu``.
+
+    Raises:
+        ConfigError: no ninja, or the build failed (one line; the compiler's output is in the cause).
+    """
+    isa, flags = _isa_flags()
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
+    build(f"normlab_cpu_norms_{isa}_{digest}", SOURCE, flags)
     _register_fakes()
-    return lib
+    return torch.ops.normlab_cpu
 
 
 def _forward(x, weight, bias, eps: float, is_rms: bool):

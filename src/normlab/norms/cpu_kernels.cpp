@@ -64,7 +64,8 @@ inline AVec<T> vload(const T* p) {
 }
 
 // v rounded to the nearest T (ties to even), kept in the accumulation type. With AVX-512: bf16 by
-// integer arithmetic on the fp32 bits, fp16 by the F16C round trip; no packing.
+// vcvtneps2bf16 (AVX512-BF16) or else integer arithmetic on the fp32 bits, fp16 by the F16C round
+// trip; no packing.
 template <typename T>
 inline AVec<T> vround(const AVec<T>& v) {
   if constexpr (!is_reduced<T>) {
@@ -76,7 +77,7 @@ inline AVec<T> vround(const AVec<T>& v) {
 #ifdef NORMLAB_BF16_DOT  // one instruction to bf16 (inputs below 1.2e-38 read as 0), two back
       const __m256i h = (__m256i)_mm512_cvtneps_pbh(f);
       return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-#endif
+#else
       const __m512i bits = _mm512_castps_si512(f);
       const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
       const __m512i r = _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))),
@@ -84,6 +85,7 @@ inline AVec<T> vround(const AVec<T>& v) {
       // No NaN fix-up: every NaN here comes from bf16 data or fp32 arithmetic (quiet), so its
       // payload has a bit in the top 7 mantissa bits and stays a NaN after the rounding.
       return _mm512_castsi512_ps(r);
+#endif
     } else {
       return _mm512_cvtph_ps(_mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     }
@@ -104,10 +106,10 @@ inline void vstore(T* p, const AVec<T>& v) {
     if constexpr (std::is_same_v<T, at::BFloat16>) {  // exact after vround: keep the top 16 bits
 #ifdef NORMLAB_BF16_DOT
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(static_cast<__m512>(v)));
-      return;
-#endif
+#else
       const __m512i bits = _mm512_castps_si512(static_cast<__m512>(vround<T>(v)));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+#endif
     } else {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                           _mm512_cvtps_ph(static_cast<__m512>(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
