@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-python -m normlab.fp16_study "$@"
+python -m normlab.commands.fp16_statistics "$@"
 echo "fp16_statistics: done in $(( $(date +%s) - start )) s"

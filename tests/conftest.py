@@ -13,8 +13,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from normlab import tracking
-from normlab.cli import find_conf_dir, register_schema
+from normlab.compose import find_conf_dir, register_schema
+from normlab.training import tracking
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = find_conf_dir()
@@ -66,7 +66,7 @@ def compose_cfg():
 def run_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run the real ``train`` console script in ``cwd`` (outputs/ lands there)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
-    cmd = [sys.executable, "-c", "from normlab.cli import main; main()", *args]
+    cmd = [sys.executable, "-c", "from normlab.commands.train import main; main()", *args]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 

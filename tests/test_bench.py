@@ -9,8 +9,15 @@ import math
 import pytest
 import torch
 
-import normlab.bench as bench
-from normlab.bench import bench_norms, format_norm_table, main, norm_bytes, settle, summarize
+import normlab.studies.bench as bench
+from normlab.commands.bench import main
+from normlab.studies.bench import (
+    bench_norms,
+    format_norm_table,
+    norm_bytes,
+    settle,
+    summarize,
+)
 
 SHAPE = (64, 128)
 

@@ -91,18 +91,18 @@ def test_wheel_ships_conf_and_kernel_source_so_train_finds_them_without_the_repo
     zipfile.ZipFile(wheel).extractall(site)
     assert (site / "normlab" / "conf" / "train.yaml").is_file()
     assert (site / "normlab" / "norms" / "cpu_kernels.cpp").is_file()  # impl=cpp builds it on first use
-    code = "from normlab.cli import find_conf_dir; print(find_conf_dir())"
+    code = "from normlab.compose import find_conf_dir; print(find_conf_dir())"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
     assert Path(out.stdout.strip()) == site / "normlab" / "conf"
     r = subprocess.run(
-        [sys.executable, "-m", "normlab.cli", "--cfg", "job", "norm=rms"], cwd=tmp_path, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "normlab.commands.train", "--cfg", "job", "norm=rms"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert r.returncode == 0, r.stderr
     assert "kind: rms" in r.stdout
 
 
 def test_source_checkout_finds_the_top_level_conf():
-    from normlab.cli import find_conf_dir
+    from normlab.compose import find_conf_dir
 
     assert find_conf_dir() == REPO / "conf"

@@ -6,7 +6,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from normlab.cli import to_train_config
+from normlab.compose import to_train_config
 from normlab.config import (
     DEFAULT_EPS,
     ConfigError,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from normlab.config import ConfigError, DataConfig, Tokenizer
-from normlab.data import (
+from normlab.data.tokens import (
     BatchSampler,
     DataError,
     TokenData,
@@ -137,7 +137,7 @@ def test_bad_data_values_raise_one_line_naming_key_and_value(kwargs, key):
 
 
 def test_tokenizer_names_are_accepted_from_python_and_from_hydra(compose_cfg):
-    from normlab.cli import to_train_config
+    from normlab.compose import to_train_config
 
     assert DataConfig(tokenizer="bpe").tokenizer == Tokenizer.bpe
     tc = to_train_config(compose_cfg(["data=tinystories", "data.tokenizer=bpe", "data.bpe_vocab_size=8192"]))

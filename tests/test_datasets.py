@@ -16,10 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import normlab.prepare as npre
-from normlab import text_tokenizers as tt
+import normlab.data.shards as npre
 from normlab.config import DataConfig, Tokenizer
-from normlab.data import BatchSampler, DataError, held_out, prepare
+from normlab.data import tokenizer as tt
+from normlab.data.tokens import BatchSampler, DataError, held_out, prepare
 
 WORDS = "the a norm layer root mean square gradient token model train valid loss step batch shard".split()
 
@@ -198,8 +198,8 @@ def test_an_unreachable_hub_fails_fast_with_one_line(tmp_path, monkeypatch):
 def test_train_and_normlab_prepare_offline_print_one_error_line_and_no_traceback(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), NORMLAB_CACHE=str(tmp_path / "cache"), HYDRA_FULL_ERROR="0")
     for cmd, prefix in (
-        ([sys.executable, "-m", "normlab.cli", "data=tinystories", "model=tiny", "device=cpu", "logger=none", "max_steps=1"], "normlab: error:"),
-        ([sys.executable, "-m", "normlab.prepare", "data=fineweb_edu"], "normlab-prepare: error:"),
+        ([sys.executable, "-m", "normlab.commands.train", "data=tinystories", "model=tiny", "device=cpu", "logger=none", "max_steps=1"], "normlab: error:"),
+        ([sys.executable, "-m", "normlab.commands.prepare", "data=fineweb_edu"], "normlab-prepare: error:"),
     ):
         r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2, r.stderr
@@ -209,7 +209,7 @@ def test_train_and_normlab_prepare_offline_print_one_error_line_and_no_traceback
 
 
 def test_normlab_prepare_runs_one_row_per_value_of_a_comma_list(tmp_path, capsys):
-    from normlab.prepare import main
+    from normlab.commands.prepare import main
 
     keys = write_source("parquet", tmp_path / "src", documents())
     main(["--fresh", "data=text_files", f"data.path={keys['path']}", "data.val_fraction=0.2", "data.bpe_vocab_size=300", "data.tokenizer=byte,bpe"])

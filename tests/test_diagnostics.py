@@ -7,9 +7,14 @@ import math
 import torch
 
 from normlab.config import ModelConfig, NormConfig, NormImpl, NormKind
-from normlab.diagnostics import ActivationRecorder, block_grad_norms, first_nonfinite, gain_stats
 from normlab.model import GPT
 from normlab.norms import resolve_norm
+from normlab.training.diagnostics import (
+    ActivationRecorder,
+    block_grad_norms,
+    first_nonfinite,
+    gain_stats,
+)
 
 
 def two_layer(kind=NormKind.rms, impl=NormImpl.reference, upcast=True):
@@ -94,8 +99,8 @@ def test_fp16_detector_names_a_layer_that_makes_inf_from_finite_input():
 def _train_tiny(compose_cfg, tmp_path, *overrides):
     import json
 
-    from normlab.cli import to_train_config
-    from normlab.train import train
+    from normlab.compose import to_train_config
+    from normlab.training.loop import train
 
     from .conftest import TINY
 

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from normlab import checkpoint as ckpt
-from normlab import distributed, tracking
-from normlab.cli import to_train_config
+from normlab.compose import to_train_config
 from normlab.config import ConfigError
-from normlab.train import RunOptions, train
+from normlab.training import checkpoint as ckpt
+from normlab.training import distributed, tracking
+from normlab.training.loop import RunOptions, train
 
 from .conftest import TINY
 
@@ -30,7 +30,7 @@ RUN = [*TINY, "optim.grad_accum=4", "eval_interval=3", "ckpt_interval=0"]
 #: NORMLAB_TEST_SIGNAL_RANK alone, at the end of its step NORMLAB_TEST_SIGNAL_AT.
 DRIVER = """
 import os, signal
-import normlab.tracking as tracking
+import normlab.training.tracking as tracking
 at, sig, rank = int(os.environ["NORMLAB_TEST_SIGNAL_AT"]), getattr(signal, os.environ["NORMLAB_TEST_SIGNAL"]), os.environ["NORMLAB_TEST_SIGNAL_RANK"]
 stop, steps = tracking.StepTimer.stop, [0]
 def stop_then_signal(self, record=True):
@@ -39,7 +39,7 @@ def stop_then_signal(self, record=True):
         os.kill(os.getpid(), sig)
     return stop(self, record)
 tracking.StepTimer.stop = stop_then_signal
-from normlab.cli import main
+from normlab.commands.train import main
 main()
 """
 
@@ -60,7 +60,7 @@ def torchrun(args: list[str], cwd: Path, nproc: int = 2, signal_at: tuple[str, i
     scratch = cwd / "tmp"  # where ranks > 0 keep Hydra's files while they run
     scratch.mkdir(exist_ok=True)
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1", TMPDIR=str(scratch))
-    target = ["-m", "normlab.cli"]
+    target = ["-m", "normlab.commands.train"]
     if signal_at:
         env.update(NORMLAB_TEST_SIGNAL=signal_at[0], NORMLAB_TEST_SIGNAL_AT=str(signal_at[1]), NORMLAB_TEST_SIGNAL_RANK=str(signal_at[2]))
         (cwd / "driver.py").write_text(DRIVER)

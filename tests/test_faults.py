@@ -16,11 +16,12 @@ import torch
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from normlab import cli
-from normlab.cli import JobFailure, SweepFailures, check_output_dir, to_train_config
+from normlab.commands import train as cli
+from normlab.commands.train import JobFailure, SweepFailures, check_output_dir
+from normlab.compose import to_train_config
 from normlab.config import ConfigError
 from normlab.model import GPT
-from normlab.train import RunOptions, train
+from normlab.training.loop import RunOptions, train
 
 from .conftest import TINY
 
@@ -30,21 +31,21 @@ def _one_thread(one_thread):
     """One intra-op thread for every test here (see conftest.one_thread)."""
 
 
-def cli_run(args: list[str], cwd: Path, code: str = "from normlab.cli import main; main()") -> subprocess.CompletedProcess:
+def cli_run(args: list[str], cwd: Path, code: str = "from normlab.commands.train import main; main()") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 #: The real CLI, with one fault: the job with optim.lr=2e-3 raises at its third step.
 CRASH_AT_LR_2E_3 = """
-import normlab.train as train
+import normlab.training.loop as train
 lr_at = train.lr_at
 def lr_at_or_crash(step, max_steps, cfg):
     if cfg.lr == 2e-3 and step == 2:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
     return lr_at(step, max_steps, cfg)
 train.lr_at = lr_at_or_crash
-from normlab.cli import main
+from normlab.commands.train import main
 main()
 """
 
@@ -169,7 +170,7 @@ def test_a_loss_above_max_loss_ends_the_run_as_diverged(tiny, tmp_path):
 
 
 def test_an_exception_mid_run_is_recorded_as_failed_and_the_wandb_run_closed(tiny, tmp_path, monkeypatch):
-    import normlab.train as train_module
+    import normlab.training.loop as train_module
 
     calls = {"n": 0}
     evaluate = train_module.evaluate

@@ -13,9 +13,10 @@ import pytest
 import torch
 import yaml
 
-from normlab import cli, tracking
+from normlab.commands import train as cli
 from normlab.config import ConfigError
-from normlab.train import train
+from normlab.training import tracking
+from normlab.training.loop import train
 
 from .conftest import TINY, run_cli
 
@@ -51,7 +52,7 @@ def test_a_sweep_through_submitits_local_executor_trains_each_job_with_two_tasks
     sweep = tmp_path / "sweep"
     args = [*TINY, "max_steps=4", "optim.grad_accum=2", "logger=none"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
-    cmd = [sys.executable, "-c", "from normlab.cli import main; main()", "-m", "hydra/launcher=submitit_local",
+    cmd = [sys.executable, "-c", "from normlab.commands.train import main; main()", "-m", "hydra/launcher=submitit_local",
            "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}", "norm=layer,rms", *args]
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr

@@ -6,10 +6,10 @@ import dataclasses
 
 import torch
 
-from normlab.cli import to_train_config
-from normlab.data import BatchSampler, prepare
+from normlab.compose import to_train_config
+from normlab.data.tokens import BatchSampler, prepare
 from normlab.norms import resolve_norm
-from normlab.train import build_model
+from normlab.training.loop import build_model
 
 
 def setup(compose_cfg, norm: str, seed: int):

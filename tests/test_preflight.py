@@ -109,8 +109,8 @@ def test_an_unresolved_auto_impl_is_refused():
 
 
 def test_training_refuses_to_start_when_the_implementation_disagrees_with_the_reference(compose_cfg, tmp_path, monkeypatch):
-    from normlab.cli import to_train_config
-    from normlab.train import train
+    from normlab.compose import to_train_config
+    from normlab.training.loop import train
 
     from .conftest import TINY
 
@@ -122,8 +122,8 @@ def test_training_refuses_to_start_when_the_implementation_disagrees_with_the_re
 
 
 def test_a_run_records_its_preflight_errors(compose_cfg, tmp_path):
-    from normlab.cli import to_train_config
-    from normlab.train import train
+    from normlab.compose import to_train_config
+    from normlab.training.loop import train
 
     from .conftest import TINY
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from normlab.report import (
+from normlab.commands.report import main
+from normlab.report.core import (
     ReportError,
     build_report,
     describe,
     log_report_to_wandb,
-    main,
     paired_difference,
     ratio_interval,
     t_interval,
@@ -242,7 +242,7 @@ def test_python_dash_m_runs_the_cli(tmp_path):
     make_sweep(tmp_path)
     write_run(tmp_path, "layer", 5, 3.0, edits={"max_steps": 40})
     src = Path(__file__).resolve().parents[1] / "src"
-    p = subprocess.run([sys.executable, "-m", "normlab.report", str(tmp_path)], capture_output=True, text=True,
+    p = subprocess.run([sys.executable, "-m", "normlab.commands.report", str(tmp_path)], capture_output=True, text=True,
                        env=dict(os.environ, PYTHONPATH=str(src)), timeout=120)
     assert p.returncode == 1 and "max_steps (20 vs 40)" in p.stderr
 

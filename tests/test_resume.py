@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from normlab import checkpoint as ckpt
-from normlab import tracking
-from normlab.cli import to_train_config
+from normlab.compose import to_train_config
 from normlab.config import ConfigError
-from normlab.train import RunOptions, train
+from normlab.training import checkpoint as ckpt
+from normlab.training import tracking
+from normlab.training.loop import RunOptions, train
 
 from .conftest import TINY
 
@@ -26,7 +26,7 @@ RUN = [*TINY, "model.dropout=0.1", "eval_interval=4"]
 #: right after metrics.jsonl gets the row of step NORMLAB_TEST_SIGNAL_AT (a deterministic kill point).
 DRIVER = """
 import os, signal, sys
-import normlab.tracking as tracking
+import normlab.training.tracking as tracking
 at, sig = int(os.environ["NORMLAB_TEST_SIGNAL_AT"]), getattr(signal, os.environ["NORMLAB_TEST_SIGNAL"])
 log = tracking.MetricsLogger.log
 def log_then_signal(self, row):
@@ -34,7 +34,7 @@ def log_then_signal(self, row):
     if row["step"] == at:
         os.kill(os.getpid(), sig)
 tracking.MetricsLogger.log = log_then_signal
-from normlab.cli import main
+from normlab.commands.train import main
 main()
 """
 
@@ -46,7 +46,7 @@ def _one_thread(one_thread):
 
 def cli(args: list[str], cwd: Path, signal_at: tuple[str, int] | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
-    code = "from normlab.cli import main; main()"
+    code = "from normlab.commands.train import main; main()"
     if signal_at:
         env.update(NORMLAB_TEST_SIGNAL=signal_at[0], NORMLAB_TEST_SIGNAL_AT=str(signal_at[1]))
         code = DRIVER

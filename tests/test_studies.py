@@ -12,15 +12,15 @@ import pytest
 import torch
 import yaml
 
-from normlab.cli import to_train_config
+from normlab.commands.report import main as report_main
+from normlab.compose import to_train_config
 from normlab.config import ModelConfig, NormConfig, NormImpl, NormKind, TrainConfig
-from normlab.fp16_study import first_broken, model_check, norm_cases, norm_error_sweep
 from normlab.model import GPT
-from normlab.norm_cost import CATEGORIES, ModuleTimer, breakdown, hooked_step
 from normlab.norms import resolve_norm
-from normlab.report import main as report_main
-from normlab.report_plots import write_diag_figures
-from normlab.report_sections import swept_numeric
+from normlab.report.plots import write_diag_figures
+from normlab.report.sections import swept_numeric
+from normlab.studies.fp16_statistics import first_broken, model_check, norm_cases, norm_error_sweep
+from normlab.studies.norm_cost import CATEGORIES, ModuleTimer, breakdown, hooked_step
 
 from .test_report import make_sweep, write_run
 

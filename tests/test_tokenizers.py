@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from normlab import text_tokenizers as tt
 from normlab.config import DataConfig, Tokenizer
-from normlab.data import DataError, prepare
+from normlab.data import tokenizer as tt
+from normlab.data.tokens import DataError, prepare
 
 TEXTS = ["The quick brown fox jumps over the lazy dog. " * 5, "Pack my box with five dozen liquor jugs!\n" * 5, "héllo wörld ✓"]
 
@@ -67,7 +67,7 @@ def test_normlab_prepare_with_gpt2_offline_prints_one_error_line(tmp_path):
     f = tmp_path / "c.txt"
     f.write_text("hello " * 100)
     env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(tmp_path / "empty"), NORMLAB_CACHE=str(tmp_path / "cache"))
-    cmd = [sys.executable, "-m", "normlab.prepare", "data=text_files", f"data.path={f}", "data.tokenizer=gpt2"]
+    cmd = [sys.executable, "-m", "normlab.commands.prepare", "data=text_files", f"data.path={f}", "data.tokenizer=gpt2"]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("normlab-prepare: error:")]

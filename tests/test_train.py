@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from normlab.cli import to_train_config
+from normlab.compose import to_train_config
 from normlab.config import OptimConfig
-from normlab.tracking import StepTimer
-from normlab.train import lr_at, train
+from normlab.training.loop import lr_at, train
+from normlab.training.tracking import StepTimer
 
 from .conftest import TINY
 

@@ -360,3 +360,55 @@ def to_plain(obj: object) -> object:
     if isinstance(obj, dict):
         return {k: to_plain(v) for k, v in obj.items()}
     return obj
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How this invocation runs, beyond what it trains. Not part of the config hash: these may
+    differ between the invocations of one run (``commands/train.py`` fills them from the top-level
+    keys of :class:`CliConfig`).
+
+    ``resume``: None starts a new run (refused if the run dir already holds checkpoints);
+    ``"auto"`` continues from the newest valid checkpoint in the run dir if there is one;
+    ``"required"`` does too, and it is an error if there is none. ``force`` resumes even when the
+    config differs from the checkpoint's (the differences are logged and kept in the summary).
+    """
+
+    ckpt_interval: int = 200  # 0: checkpoints only at the end and on SIGTERM/SIGINT
+    ckpt_keep: int = 2
+    max_loss: float | None = None  # a training loss above it counts as divergence
+    resume: str | None = None
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.resume in (None, "auto", "required"), "resume", self.resume,
+                 "null, auto or required")
+
+
+@dataclass
+class CliConfig(TrainConfig):
+    """The schema of ``conf/train.yaml``: :class:`TrainConfig` plus the keys of one invocation.
+
+    These keys become :class:`RunOptions`; they are not part of the config hash, so they may change
+    when a run is resumed.
+    """
+
+    ckpt_interval: int = 200  # checkpoint every N steps (also at the end and on a signal); 0: only those
+    ckpt_keep: int = 2  # keep the newest K checkpoints
+    max_loss: float | None = None  # a training loss above it ends the run as diverged; null: off
+    resume: str | None = None  # null: new run; auto: continue the run dir's newest checkpoint; <dir>
+    force: bool = False  # resume even if the config differs from the checkpoint's
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _require(self.ckpt_interval >= 0, "ckpt_interval", self.ckpt_interval,
+                 "must be >= 0 (0: only at the end)")
+        _require(self.ckpt_keep >= 1, "ckpt_keep", self.ckpt_keep, "must be >= 1")
+        _require(self.max_loss is None or (math.isfinite(self.max_loss) and self.max_loss > 0),
+                 "max_loss", self.max_loss, "must be null or a finite number > 0")
+
+    def train_config(self) -> TrainConfig:
+        """The :class:`TrainConfig` part (what the run trains; hashed)."""
+        import dataclasses
+
+        return TrainConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)})

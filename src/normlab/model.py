@@ -21,8 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig, NormConfig, Placement
-from .norms import build_norm
+from normlab.config import ModelConfig, NormConfig, Placement
+from normlab.norms import build_norm
 
 
 class CausalSelfAttention(nn.Module):

@@ -15,7 +15,7 @@ import os
 
 from torch import nn
 
-from ..config import ConfigError, NormConfig, NormImpl, NormKind
+from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
 
 NORM_VARIANTS: dict[tuple[NormKind, NormImpl], str] = {
     (NormKind.layer, NormImpl.torch): "normlab.norms.torch_impl:TorchLayerNorm",

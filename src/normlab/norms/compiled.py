@@ -31,7 +31,12 @@ from __future__ import annotations
 
 import torch
 
-from .reference import ReferenceLayerNorm, ReferenceRMSNorm, layer_norm_ref, rms_norm_ref
+from normlab.norms.reference import (
+    ReferenceLayerNorm,
+    ReferenceRMSNorm,
+    layer_norm_ref,
+    rms_norm_ref,
+)
 
 #: Rows per block in the dweight / dbias reductions: each block's partial column sums stay in
 #: vector registers while its rows stream through (measured best of 4, 8, 16, 32 on this CPU).

@@ -53,8 +53,8 @@ from typing import ClassVar
 
 import torch
 
-from ..config import ConfigError
-from .reference import NormBase
+from normlab.config import ConfigError
+from normlab.norms.reference import NormBase
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 

@@ -33,8 +33,8 @@ import math
 
 import torch
 
-from ..config import ConfigError, NormConfig, NormImpl
-from . import build_norm
+from normlab.config import ConfigError, NormConfig, NormImpl
+from normlab.norms import build_norm
 
 #: Normwise relative tolerance by input dtype (module docstring).
 TOLERANCES: dict[torch.dtype, float] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .reference import NormBase
+from normlab.norms.reference import NormBase
 
 
 class TorchLayerNorm(NormBase):

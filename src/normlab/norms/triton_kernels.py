@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import NormBase
+from normlab.norms.reference import NormBase
 
 
 @triton.jit

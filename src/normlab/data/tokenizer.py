@@ -24,7 +24,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 
-from .config import Tokenizer
+from normlab.config import Tokenizer
 
 GPT2_URLS = (
     "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",

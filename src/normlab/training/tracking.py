@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import LoggerKind, TrainConfig
+from normlab.config import LoggerKind, TrainConfig
 
 log = logging.getLogger(__name__)
 

@@ -27,10 +27,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import text_tokenizers as tt
-from .config import DataConfig
-from .corpus import DataError, corpus_files, fingerprint, held_out, source_files, split_by_work
-from .prepare import META, SPLITS, build
+from normlab.config import DataConfig
+from normlab.data import tokenizer as tt
+from normlab.data.corpus import (
+    DataError,
+    corpus_files,
+    fingerprint,
+    held_out,
+    source_files,
+    split_by_work,
+)
+from normlab.data.shards import META, SPLITS, build
 
 __all__ = [
     "BatchSampler", "DataError", "TokenData", "cache_root", "corpus_files", "encode_bytes",

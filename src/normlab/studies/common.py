@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from .config import TrainConfig
+from normlab.compose import compose
+from normlab.config import TrainConfig
 
 
 def with_default_experiment(overrides: list[str], name: str) -> list[str]:
@@ -29,18 +30,7 @@ def compose_config(overrides: list[str]) -> TrainConfig:
     Raises:
         ConfigError: a bad value, one line naming it.
     """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from .cli import find_conf_dir, register_schema, to_train_config
-
-    register_schema()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(find_conf_dir()), version_base="1.3"):
-            return to_train_config(compose("train", overrides=list(overrides)))
-    finally:
-        GlobalHydra.instance().clear()
+    return compose(overrides)
 
 
 @dataclass
@@ -56,9 +46,9 @@ class StudyInputs:
 
 def study_inputs(overrides: list[str]) -> StudyInputs:
     """Compose, resolve device / norm / vocabulary as ``train`` does, and take training batch 0."""
-    from .data import BatchSampler, prepare
-    from .norms import resolve_norm
-    from .train import resolve_device
+    from normlab.data.tokens import BatchSampler, prepare
+    from normlab.norms import resolve_norm
+    from normlab.training.loop import resolve_device
 
     cfg = compose_config(overrides)
     device = resolve_device(cfg.device)

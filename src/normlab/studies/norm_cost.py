@@ -1,6 +1,6 @@
 """Where the step time goes: norms vs attention vs MLP vs the rest, per norm implementation.
 
-``python -m normlab.norm_cost [overrides]`` (``scripts/norm_cost.sh``; the setup comes from
+``python -m normlab.commands.norm_cost [overrides]`` (``scripts/norm_cost.sh``; the setup comes from
 ``conf/experiment/norm_cost.yaml`` plus the overrides) builds one training setup per norm kind x
 implementation (torch, reference, compiled; triton on CUDA) exactly as ``normlab-bench step`` does,
 and in interleaved rounds times, for each setup, one plain optimizer step (``StepSetup.run_step``:
@@ -24,10 +24,7 @@ Writes ``norm_cost.md`` (table), ``norm_cost.png`` (stacked bars) and ``norm_cos
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -38,10 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import ConfigError
-from .data import DataError
-from .studies import md_table, output_dir, with_default_experiment
-from .tracking import synchronize
+from normlab.studies.common import md_table
+from normlab.training.tracking import synchronize
 
 CATEGORIES = ("norm", "attention", "mlp", "other", "optimizer")
 HOOKED = ("norm", "attention", "mlp")
@@ -49,7 +44,7 @@ HOOKED = ("norm", "attention", "mlp")
 
 def category(module: nn.Module) -> str | None:
     """``norm`` (a normlab norm: has ``eps`` and ``upcast``), ``attention``, ``mlp``, or None."""
-    from .model import MLP, CausalSelfAttention
+    from normlab.model import MLP, CausalSelfAttention
 
     if hasattr(module, "eps") and hasattr(module, "upcast"):
         return "norm"
@@ -125,8 +120,8 @@ def breakdown(module_ms: dict[tuple[str, str], float], fwd_ms: float, bwd_ms: fl
 
 def hooked_step(setup, timer: ModuleTimer) -> dict[str, float]:
     """One optimizer step of a ``bench.StepSetup`` (as its ``run_step``), split by :func:`breakdown`."""
-    from .precision import autocast
-    from .train import lr_at
+    from normlab.training.loop import lr_at
+    from normlab.training.precision import autocast
 
     cfg, dev = setup.cfg, setup.device
     for group in setup.optimizer.param_groups:
@@ -161,7 +156,7 @@ def hooked_step(setup, timer: ModuleTimer) -> dict[str, float]:
 def variants(device_type: str, kinds: list[str], impls: list[str] | None) -> list[list[str]]:
     """Overrides per variant: ``norm=<kind> norm.impl=<impl>`` for every kind x implementation
     (default: :func:`normlab.norms.available_impls` of the device)."""
-    from .norms import available_impls
+    from normlab.norms import available_impls
 
     impls = impls or available_impls(device_type)
     return [[f"norm={k}", f"norm.impl={i}"] for k in kinds for i in impls]
@@ -171,7 +166,7 @@ def measure(common: list[str], variant_overrides: list[list[str]], steps: int = 
     """Build every setup, warm each up (compilation), then ``steps`` interleaved rounds of one plain
     and one hooked step per setup. Per variant: ``plain_ms`` (median of plain steps), the mean
     (ms) of every :func:`breakdown` key over the hooked steps, and ``calls`` per hooked step."""
-    from .bench import build_setup
+    from normlab.studies.bench import build_setup
 
     setups = [build_setup([*common, *v]) for v in variant_overrides]
     timers = [ModuleTimer(s.model, s.device) for s in setups]
@@ -230,44 +225,3 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0), markerscale=0.4)
     fig.savefig(path, dpi=120)
     return path
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI; 0 on success, 2 on a bad config (one line on stderr)."""
-    p = argparse.ArgumentParser(prog="python -m normlab.norm_cost", description=__doc__.split("\n\n")[0])
-    p.add_argument("overrides", nargs="*", help="Hydra overrides for every setup (default experiment=norm_cost)")
-    p.add_argument("--kinds", default="layer,rms")
-    p.add_argument("--impls", default=None, help="default: every implementation the device runs (torch,reference,compiled, +triton on CUDA, +cpp on CPU)")
-    p.add_argument("--steps", type=int, default=20, help="measured rounds (one plain + one hooked step per setup)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed plain + hooked steps per setup first")
-    p.add_argument("--out", default=None, help="output dir (default outputs/studies/norm_cost/<time>)")
-    args = p.parse_args(argv)
-    common = with_default_experiment(args.overrides, "norm_cost")
-    try:
-        from .studies import compose_config
-        from .train import resolve_device, versions
-
-        device = resolve_device(compose_config(common).device)
-        rows = measure(common, variants(device.type, args.kinds.split(","), args.impls and args.impls.split(",")),
-                       args.steps, args.warmup)
-    except (ConfigError, DataError) as e:
-        print(f"norm_cost: {e}", file=sys.stderr)
-        return 2
-    out = output_dir("norm_cost", args.out)
-    r0 = rows[0]
-    title = f"Step time by module type: {r0['model']}, {r0['precision']}, {r0['tokens_per_step']} tokens/step, {r0['device']}"
-    fig = plot(rows, out / "norm_cost.png", title)
-    text = "\n".join([f"# Where the step time goes ({' '.join(common)})", "", title + f"; mean of {args.steps} hooked "
-                      "steps per variant, interleaved with plain steps. Categories sum to the hooked step; `other` = "
-                      "embeddings, residual additions, head and loss; `optimizer` = unscale, clip, AdamW, zero_grad.", "",
-                      table(rows), "", f"![step time by module type]({fig.name})", "",
-                      f"versions: `{json.dumps(versions(device, False))}`"])
-    (out / "norm_cost.md").write_text(text + "\n")
-    (out / "norm_cost.json").write_text(json.dumps(rows, indent=1))
-    print(table(rows))
-    print(f"wrote {out / 'norm_cost.md'} and {fig}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,11 +8,9 @@ tests (TOST) equivalence procedure of Schuirmann (1987) at a margin in nats/toke
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +19,7 @@ import numpy as np
 import yaml
 from scipy import stats
 
-from .report_sections import render_diagnostics, render_outcome, render_swept
+from normlab.report.sections import render_diagnostics, render_outcome, render_swept
 
 NAN = float("nan")
 IGNORED_PREFIXES = ("logger", "hydra")  # config keys never checked for sweep consistency
@@ -326,8 +324,8 @@ def build_report(sweep_dir: str | Path, margin: float = 0.02, alpha: float = 0.0
 
 def write_report(rep: Report, out_dir: str | Path) -> Path:
     """Write the figures and ``report.md`` into ``out_dir``; returns the path of ``report.md``."""
-    from .report_plots import write_figures
-    from .report_sections import write_study_figures
+    from normlab.report.plots import write_figures
+    from normlab.report.sections import write_study_figures
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -433,33 +431,3 @@ def log_report_to_wandb(rep: Report, run: Any = None) -> bool:
     data.update({f"report/{k}": wandb.Image(str(p)) for k, p in rep.figures.items() if p})
     run.log(data)
     return True
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI; returns the exit status: 0 report written, 1 refusal (one line on stderr), 2 bad arguments."""
-    p = argparse.ArgumentParser(prog="normlab-report", description="Compare the variants of a normlab sweep.")
-    p.add_argument("sweep_dir", type=Path, help="Hydra multirun dir (one subdirectory per job)")
-    p.add_argument("--margin", type=float, default=0.02, help="equivalence margin in nats/token (default 0.02)")
-    p.add_argument("--out", type=Path, default=None, help="output dir (default SWEEP_DIR/report)")
-    p.add_argument("--baseline", default=None, help="baseline variant label (default: the LayerNorm variant)")
-    p.add_argument("--alpha", type=float, default=0.05, help="significance level (default 0.05: 95%% CI, 90%% TOST CI)")
-    args = p.parse_args(argv)
-    if not args.margin > 0 or not 0 < args.alpha < 0.5:
-        p.error("need --margin > 0 and 0 < --alpha < 0.5")
-    try:
-        rep = build_report(args.sweep_dir, args.margin, args.alpha, args.baseline)
-        path = write_report(rep, args.out or args.sweep_dir / "report")
-    except (ReportError, OSError, yaml.YAMLError) as e:
-        print(f"normlab-report: error: {e}", file=sys.stderr)
-        return 1
-    print(f"normlab-report: wrote {path}")
-    for c in rep.comparisons:
-        print(f"  {c['label']} vs {rep.baseline}: n={c['n']}, mean diff {_f(c['mean'], '+.4f')} nats, {c['verdict']}")
-    if not any(v["n"] for v in rep.variants):
-        print("normlab-report: error: no completed runs to compare (see Excluded runs in the report)", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """fp16 statistics study: when does a norm computing ``mean(x^2)`` in fp16 overflow, and who notices?
 
-``python -m normlab.fp16_study [overrides]`` (``scripts/fp16_statistics.sh``; the model comes from
+``python -m normlab.commands.fp16_statistics [overrides]`` (``scripts/fp16_statistics.sh``; the model comes from
 ``conf/experiment/fp16_statistics.yaml`` plus the overrides) writes into ``--out``
 (default ``outputs/studies/fp16_statistics/<time>/``):
 
@@ -25,13 +25,11 @@ sweep: a normally trained model cannot reach the failure.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import dataclasses
 import json
 import math
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,11 +38,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import ConfigError, NormConfig, NormImpl, NormKind
-from .diagnostics import first_nonfinite, norm_statistics_finite
-from .norms import build_norm, resolve_norm, triton_usable
-from .norms.reference import layer_norm_ref, rms_norm_ref
-from .studies import md_table, output_dir, study_inputs, with_default_experiment
+from normlab.config import NormConfig, NormImpl, NormKind
+from normlab.norms import build_norm, resolve_norm, triton_usable
+from normlab.norms.reference import layer_norm_ref, rms_norm_ref
+from normlab.studies.common import md_table
+from normlab.training.diagnostics import first_nonfinite, norm_statistics_finite
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 OVERFLOW_ABS = math.sqrt(FP16_MAX)  # 255.9: |x| above this squares to inf in fp16
@@ -186,8 +184,8 @@ def model_check(model: nn.Module, ref: nn.Module, x: torch.Tensor, y: torch.Tens
 
 def model_study(inputs, targets: list[float]) -> list[dict[str, Any]]:
     """:func:`model_check` for ``upcast`` true and false, whole model fp16 and fp16 autocast."""
-    from .model import GPT
-    from .train import seed_everything
+    from normlab.model import GPT
+    from normlab.training.loop import seed_everything
 
     cfg, out = inputs.cfg, []
     for upcast in (True, False):
@@ -293,7 +291,7 @@ def verdict(sweep: list[dict[str, Any]], checks: list[dict[str, Any]]) -> list[s
 
 def write_report(out: Path, inputs, sweep, checks, fig: Path, rows: int) -> Path:
     """``fp16_statistics.md`` and ``.json`` in ``out``; returns the Markdown path."""
-    from .train import versions
+    from normlab.training.loop import versions
 
     cfg = inputs.cfg
     cases = list(dict.fromkeys(r["case"] for r in sweep))
@@ -330,36 +328,3 @@ def write_report(out: Path, inputs, sweep, checks, fig: Path, rows: int) -> Path
     path.write_text("\n".join(md) + "\n")
     (out / "fp16_statistics.json").write_text(json.dumps({"sweep": sweep, "model_checks": checks}, indent=1))
     return path
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI; 0 on success, 2 on a bad config (one line on stderr)."""
-    p = argparse.ArgumentParser(prog="python -m normlab.fp16_study", description=__doc__.split("\n\n")[0])
-    p.add_argument("overrides", nargs="*", help="Hydra overrides (default experiment=fp16_statistics)")
-    p.add_argument("--out", default=None, help="output dir (default outputs/studies/fp16_statistics/<time>)")
-    p.add_argument("--scales", default=None, help="input RMS values of the norm sweep, comma separated")
-    p.add_argument("--model-rms", default=None, help="residual RMS values of the model check, comma separated")
-    p.add_argument("--rows", type=int, default=256, help="rows per input of the norm sweep")
-    p.add_argument("--impls", default=None, help="implementations (default: all the device runs)")
-    args = p.parse_args(argv)
-    overrides = with_default_experiment(args.overrides, "fp16_statistics")
-    try:
-        inputs = study_inputs(overrides)
-        cases = norm_cases(inputs.device.type, args.impls.split(",") if args.impls else None)
-    except ConfigError as e:
-        print(f"fp16_study: {e}", file=sys.stderr)
-        return 2
-    scales = [float(v) for v in args.scales.split(",")] if args.scales else DEFAULT_SCALES
-    targets = [float(v) for v in args.model_rms.split(",")] if args.model_rms else DEFAULT_MODEL_RMS
-    out = output_dir("fp16_statistics", args.out)
-    sweep = norm_error_sweep(cases, list(DTYPES), scales, args.rows, inputs.cfg.model.d_model, inputs.device)
-    checks = model_study(inputs, targets)
-    fig = plot_sweep(sweep, out / "fp16_statistics.png", inputs.cfg.model.d_model)
-    path = write_report(out, inputs, sweep, checks, fig, args.rows)
-    print("\n".join(verdict(sweep, checks)))
-    print(f"wrote {path} and {fig}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

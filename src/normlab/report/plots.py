@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from .report_sections import diag_rows, n_blocks, num, resid_profile
+from normlab.report.sections import diag_rows, n_blocks, num, resid_profile
 
 Metrics = dict[str, list[list[dict[str, Any]]]]  # variant label -> one list of metrics.jsonl rows per run
 Curves = dict[str, list[tuple[np.ndarray, np.ndarray]]]  # variant label -> one (steps, values) per run

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .config import ConfigError
+from normlab.config import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from .config import ConfigError, Precision, PrecisionConfig
+from normlab.config import ConfigError, Precision, PrecisionConfig
 
 DTYPES = {Precision.fp32: torch.float32, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 

@@ -27,8 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import text_tokenizers as tt
-from .config import DataConfig, DataFormat, Tokenizer
+from normlab.config import DataConfig, DataFormat, Tokenizer
+from normlab.data import tokenizer as tt
 
 _SUFFIX_FORMAT = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json", ".ndjson": "json", ".parquet": "parquet"}
 

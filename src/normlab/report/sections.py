@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from .report import Report, Run
+    from normlab.report.core import Report, Run
 
 NAN = float("nan")
 
@@ -240,7 +240,7 @@ def render_swept(rep: Report) -> list[str]:
 def write_study_figures(rep: Report, out: Path) -> dict[str, Path | None]:
     """The diagnostics figures (when any run has ``diag/`` keys) and the swept-value figure (when the
     variants differ by a numeric override); keys ``resid_depth``, ``gains``, ``swept``."""
-    from .report_plots import plot_swept_value, write_diag_figures
+    from normlab.report.plots import plot_swept_value, write_diag_figures
 
     figs: dict[str, Path | None] = {}
     entries = diag_entries(rep)

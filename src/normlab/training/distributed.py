@@ -30,8 +30,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import checkpoint
-from .config import ConfigError
+from normlab.config import ConfigError
+from normlab.training import checkpoint
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from . import distributed
-from .checkpoint import (
+from normlab.config import ConfigError, OptimConfig, RunOptions, TrainConfig, to_plain
+from normlab.data.tokens import BatchSampler, prepare
+from normlab.model import GPT
+from normlab.norms import resolve_norm
+from normlab.norms.preflight import preflight
+from normlab.training import distributed
+from normlab.training.checkpoint import (
     CKPT_DIR,
     check_free_space,
     check_resumable,
@@ -49,39 +54,12 @@ from .checkpoint import (
     rng_state,
     save_checkpoint,
 )
-from .config import ConfigError, OptimConfig, TrainConfig, to_plain
-from .data import BatchSampler, prepare
-from .diagnostics import ActivationRecorder, block_grad_norms, gain_stats
-from .distributed import resolve_device, seed_everything
-from .model import GPT
-from .norms import resolve_norm
-from .norms.preflight import preflight
-from .precision import autocast, check_precision, grad_scaler
-from .tracking import MetricsLogger, StepTimer
+from normlab.training.diagnostics import ActivationRecorder, block_grad_norms, gain_stats
+from normlab.training.distributed import resolve_device, seed_everything
+from normlab.training.precision import autocast, check_precision, grad_scaler
+from normlab.training.tracking import MetricsLogger, StepTimer
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunOptions:
-    """How this invocation runs, beyond what it trains. Not part of the config hash: these may
-    differ between the invocations of one run (``cli.py`` fills them from the top-level keys).
-
-    ``resume``: None starts a new run (refused if the run dir already holds checkpoints);
-    ``"auto"`` continues from the newest valid checkpoint in the run dir if there is one;
-    ``"required"`` does too, and it is an error if there is none. ``force`` resumes even when the
-    config differs from the checkpoint's (the differences are logged and kept in the summary).
-    """
-
-    ckpt_interval: int = 200  # 0: checkpoints only at the end and on SIGTERM/SIGINT
-    ckpt_keep: int = 2
-    max_loss: float | None = None  # a training loss above it counts as divergence
-    resume: str | None = None
-    force: bool = False
-
-    def __post_init__(self) -> None:
-        if self.resume not in (None, "auto", "required"):
-            raise ConfigError(f"resume={self.resume!r} is not allowed: null, auto or required")
 
 
 def free_memory() -> None:

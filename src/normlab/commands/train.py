@@ -1,8 +1,8 @@
 """The ``train`` console script: the only module that sees Hydra or a DictConfig.
 
 Composes ``conf/train.yaml`` with the user's overrides, validates it into a typed
-:class:`~normlab.config.TrainConfig` plus :class:`~normlab.train.RunOptions`, and calls
-:func:`normlab.train.train`. A user error (a value out of range, a missing data file, a precision
+:class:`~normlab.config.TrainConfig` plus :class:`~normlab.config.RunOptions`, and calls
+:func:`normlab.training.loop.train`. A user error (a value out of range, a missing data file, a precision
 the device cannot run, an output dir that cannot be written, a checkpoint of another config) prints
 one line on stderr and exits with status 2 before any training; ``debug=true`` shows the traceback.
 
@@ -17,7 +17,7 @@ sets ``hydra.run.dir`` to it, leaving its ``.hydra/`` record as the run's first 
 The same command with ``hydra.run.dir=<run dir> resume=auto`` (a requeue script) starts the run or
 continues it, whichever applies; ``-m ... hydra.sweep.dir=<sweep dir> resume=auto`` does so per job.
 
-Several processes (``torchrun --nproc_per_node=N -m normlab.cli ...``, or a submitit job with several
+Several processes (``torchrun --nproc_per_node=N -m normlab.commands.train ...``, or a submitit job with several
 tasks): every rank runs the Hydra app on the same command line; rank 0's run dir is the run's. Under
 torchrun, ranks > 0 get a private scratch dir for Hydra's own files (removed at exit) and receive rank
 0's run dir before training, so a run has one run dir, one ``.hydra/``, one ``train.log``; under
@@ -32,30 +32,25 @@ import dataclasses
 import importlib.util
 import json
 import logging
-import math
 import os
 import shutil
 import signal
 import sys
 import tempfile
 import warnings
-from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import hydra
 import yaml
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from .config import ConfigError, TrainConfig
-
-if TYPE_CHECKING:
-    from .train import RunOptions
+from normlab.compose import find_conf_dir, register_schema, to_train_config, validate
+from normlab.config import ConfigError, RunOptions
 
 log = logging.getLogger("normlab")
 
@@ -65,88 +60,15 @@ log = logging.getLogger("normlab")
 warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema")
 
 
-def find_conf_dir() -> Path:
-    """Where ``train.yaml`` and its groups live.
-
-    In order: ``$NORMLAB_CONF_DIR``; ``normlab/conf`` inside the installed package (a wheel ships
-    the repository's ``conf/`` there); the repository's top-level ``conf/`` (editable install or a
-    source checkout). Raises FileNotFoundError naming the places searched.
-    """
-    here = Path(__file__).resolve().parent
-    candidates = [Path(p) for p in [os.environ.get("NORMLAB_CONF_DIR")] if p]
-    candidates += [here / "conf", here.parent.parent / "conf"]
-    for c in candidates:
-        if (c / "train.yaml").is_file():
-            return c
-    raise FileNotFoundError(f"normlab cannot find conf/train.yaml; searched: {', '.join(map(str, candidates))}")
-
-
-@dataclasses.dataclass
-class CliConfig(TrainConfig):
-    """The schema of ``conf/train.yaml``: :class:`TrainConfig` plus the keys of one invocation.
-
-    These keys become :class:`normlab.train.RunOptions`; they are not part of the config hash, so
-    they may change when a run is resumed.
-    """
-
-    ckpt_interval: int = 200  # checkpoint every N steps (also at the end and on SIGTERM/SIGINT); 0: only those
-    ckpt_keep: int = 2  # keep the newest K checkpoints
-    max_loss: float | None = None  # a training loss above it ends the run as diverged; null: only non-finite
-    resume: str | None = None  # null: new run; auto: continue from the run dir's newest valid checkpoint if any; <run dir>
-    force: bool = False  # resume even if the config differs from the checkpoint's
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.ckpt_interval < 0:
-            raise ConfigError(f"ckpt_interval={self.ckpt_interval} is not allowed: must be >= 0 (0: only at the end)")
-        if self.ckpt_keep < 1:
-            raise ConfigError(f"ckpt_keep={self.ckpt_keep} is not allowed: must be >= 1")
-        if self.max_loss is not None and not (math.isfinite(self.max_loss) and self.max_loss > 0):
-            raise ConfigError(f"max_loss={self.max_loss} is not allowed: must be null or a finite number > 0")
-
-
-def register_schema() -> None:
-    """Register :class:`CliConfig` as ``train_schema`` so every group is type-checked on merge,
-    and the ``name`` resolver: ``${name:${norm.kind}}`` is ``rms``, not ``NormKind.rms``."""
-    ConfigStore.instance().store(name="train_schema", node=CliConfig)
-    if not OmegaConf.has_resolver("name"):
-        OmegaConf.register_new_resolver("name", lambda v: v.name if isinstance(v, Enum) else v)
-
-
-def _validate(cfg: DictConfig) -> CliConfig:
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CliConfig), plain))
-    except ConfigError:
-        raise
-    except Exception as e:  # OmegaConf wraps errors raised inside a dataclass constructor
-        cause = e.__cause__ or e.__context__
-        if isinstance(cause, ConfigError):
-            raise cause from None
-        raise ConfigError(str(e).splitlines()[0]) from None
-
-
-def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """Validate a composed config into a :class:`TrainConfig` (runs every ``__post_init__`` check).
-
-    Raises:
-        ConfigError: one line naming the bad key and value.
-    """
-    full = _validate(cfg)
-    return TrainConfig(**{f.name: getattr(full, f.name) for f in dataclasses.fields(TrainConfig)})
-
-
 def to_run_options(cfg: DictConfig, run_dir: Path) -> RunOptions:
-    """The invocation keys of a composed config as :class:`normlab.train.RunOptions`.
+    """The invocation keys of a composed config as :class:`normlab.config.RunOptions`.
 
     ``resume=<path>`` must name ``run_dir`` (``prepare_args`` makes it so) and becomes ``required``.
 
     Raises:
         ConfigError: a value out of range, or a resume path that is not this run's dir.
     """
-    from .train import RunOptions  # deferred: imports torch
-
-    full = _validate(cfg)
+    full = validate(cfg)
     resume = full.resume
     if resume not in (None, "auto"):
         if Path(resume).expanduser().resolve() != run_dir.resolve():
@@ -280,13 +202,13 @@ class SweepFailures(Callback):
 
 def _launch_rank() -> int:
     """This process's rank as torchrun set it (``RANK``; 0 without torchrun). Read before the
-    process group exists; :mod:`normlab.distributed` (which imports torch) knows it afterwards."""
+    process group exists; :mod:`normlab.training.distributed` (which imports torch) knows it afterwards."""
     return int(os.environ.get("RANK", "0"))
 
 
 def _say(message: str) -> None:
     """``normlab: <message>`` on stderr, from rank 0 only (every rank would say the same)."""
-    from . import distributed
+    from normlab.training import distributed
 
     if distributed.is_main():
         print(f"normlab: {message}", file=sys.stderr)
@@ -312,7 +234,7 @@ def _failed_summary(run_dir: Path) -> bool:
 def _join_ranks() -> Path:
     """Join the process group if this is one of several processes; returns the run dir: Hydra's,
     rank 0's on every rank. Ranks > 0 log errors only (their warnings are rank 0's), to the console only."""
-    from . import distributed
+    from normlab.training import distributed
 
     distributed.setup()
     run_dir = distributed.broadcast(Path(HydraConfig.get().runtime.output_dir))
@@ -336,9 +258,9 @@ def _run_options(cfg: DictConfig, run_dir: Path) -> RunOptions:
 
 
 def _task(cfg: DictConfig) -> float | JobFailure:
-    from . import distributed
-    from .data import DataError  # deferred: keeps `train --help` fast
-    from .train import free_memory, train
+    from normlab.data.tokens import DataError  # deferred: keeps `train --help` fast
+    from normlab.training import distributed
+    from normlab.training.loop import free_memory, train
 
     run_dir = _join_ranks()
     debug = bool(cfg.get("debug", False))

@@ -1,0 +1,101 @@
+"""The one Hydra composition: ``conf/train.yaml`` plus overrides -> a validated config.
+
+Every tool (``train``, ``normlab-prepare``, ``normlab-bench``, the studies) and the tests compose
+through :func:`compose`; no other module outside ``commands/`` imports Hydra. The schema is
+:class:`normlab.config.CliConfig`; every range check runs in its ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf
+
+from normlab.config import CliConfig, ConfigError, TrainConfig
+
+
+def find_conf_dir() -> Path:
+    """Where ``train.yaml`` and its groups live.
+
+    In order: ``$NORMLAB_CONF_DIR``; ``normlab/conf`` inside the installed package (a wheel ships
+    the repository's ``conf/`` there); the repository's top-level ``conf/`` (editable install or a
+    source checkout).
+
+    Raises:
+        FileNotFoundError: naming the places searched.
+    """
+    here = Path(__file__).resolve().parent
+    candidates = [Path(p) for p in [os.environ.get("NORMLAB_CONF_DIR")] if p]
+    candidates += [here / "conf", here.parent.parent / "conf"]
+    for c in candidates:
+        if (c / "train.yaml").is_file():
+            return c
+    searched = ", ".join(map(str, candidates))
+    raise FileNotFoundError(f"normlab cannot find conf/train.yaml; searched: {searched}")
+
+
+def register_schema() -> None:
+    """Register :class:`CliConfig` as ``train_schema`` so every group is type-checked on merge,
+    and the ``name`` resolver: ``${name:${norm.kind}}`` is ``rms``, not ``NormKind.rms``."""
+    ConfigStore.instance().store(name="train_schema", node=CliConfig)
+    if not OmegaConf.has_resolver("name"):
+        OmegaConf.register_new_resolver("name", lambda v: v.name if isinstance(v, Enum) else v)
+
+
+def validate(cfg: DictConfig) -> CliConfig:
+    """A composed DictConfig as a validated :class:`CliConfig` (every ``__post_init__`` check).
+
+    Raises:
+        ConfigError: one line naming the bad key and value.
+    """
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CliConfig), plain))
+    except ConfigError:
+        raise
+    except Exception as e:  # OmegaConf wraps errors raised inside a dataclass constructor
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, ConfigError):
+            raise cause from None
+        raise ConfigError(str(e).splitlines()[0]) from None
+
+
+def to_train_config(cfg: DictConfig) -> TrainConfig:
+    """Validate a composed config into a :class:`TrainConfig` (the hashed part of a run).
+
+    Raises:
+        ConfigError: one line naming the bad key and value.
+    """
+    return validate(cfg).train_config()
+
+
+def compose_dict(overrides: list[str]) -> DictConfig:
+    """``conf/train.yaml`` composed with ``overrides`` (Hydra's grammar), not yet validated."""
+    register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(find_conf_dir()), version_base="1.3"):
+            return hydra_compose("train", overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose_cli(overrides: list[str]) -> CliConfig:
+    """:func:`compose_dict` validated as the full :class:`CliConfig` (invocation keys included)."""
+    return validate(compose_dict(overrides))
+
+
+def compose(overrides: list[str]) -> TrainConfig:
+    """``conf/train.yaml`` composed with ``overrides`` and validated, exactly as ``train`` would.
+
+    Raises:
+        ConfigError: a bad value, one line naming it.
+        hydra.errors.HydraException: an override Hydra cannot apply (unknown key or option).
+    """
+    return compose_cli(overrides).train_config()
