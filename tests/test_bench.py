@@ -24,22 +24,41 @@ SHAPE = (64, 128)
 
 @pytest.fixture(scope="module")
 def result():
-    return bench_norms(["layer", "rms"], ["torch", "reference"], ["fp32"], [SHAPE], repeats=2, warmup=1)
+    return bench_norms(
+        ["layer", "rms"], ["torch", "reference"], ["fp32"], [SHAPE], repeats=2, warmup=1
+    )
 
 
 def test_bytes_model_by_hand():
     n = 64 * 128 * 4  # x in fp32
     # LayerNorm, fp32 params with bias: forward reads x, weight, bias and writes y
-    assert norm_bytes(SHAPE, torch.float32, torch.float32, bias=True) == (2 * n + 2 * 512, 2 * n + 2 * 512 + 3 * n + 2 * 512)
+    assert norm_bytes(SHAPE, torch.float32, torch.float32, bias=True) == (
+        2 * n + 2 * 512,
+        2 * n + 2 * 512 + 3 * n + 2 * 512,
+    )
     assert norm_bytes(SHAPE, torch.float32, torch.float32, bias=True) == (66560, 165888)
     # RMSNorm, bf16 input, fp32 weight: each tensor in its own dtype
-    assert norm_bytes(SHAPE, torch.bfloat16, torch.float32, bias=False) == (2 * 16384 + 512, 2 * 16384 + 512 + 3 * 16384 + 512)
+    assert norm_bytes(SHAPE, torch.bfloat16, torch.float32, bias=False) == (
+        2 * 16384 + 512,
+        2 * 16384 + 512 + 3 * 16384 + 512,
+    )
 
 
 def test_every_row_is_complete_positive_and_consistent(result):
-    assert {(r["kind"], r["impl"]) for r in result["rows"]} == {(k, i) for k in ("layer", "rms") for i in ("torch", "reference")}
-    assert result["mode"] == "norm" and result["device"] == "cpu" and result["repeats"] == 2 and not result["skipped"]
-    assert (result["cache"], result["settle_calls"], result["flush_mb"]) == ("warm", 4, None)  # the default regime
+    assert {(r["kind"], r["impl"]) for r in result["rows"]} == {
+        (k, i) for k in ("layer", "rms") for i in ("torch", "reference")
+    }
+    assert (
+        result["mode"] == "norm"
+        and result["device"] == "cpu"
+        and result["repeats"] == 2
+        and not result["skipped"]
+    )
+    assert (result["cache"], result["settle_calls"], result["flush_mb"]) == (
+        "warm",
+        4,
+        None,
+    )  # the default regime
     (copy,) = result["copy"]
     assert copy["bytes"] == 2 * 64 * 128 * 4 and copy["ms"] > 0
     assert copy["gbps"] == pytest.approx(copy["bytes"] / copy["ms"] / 1e6)
@@ -54,13 +73,18 @@ def test_every_row_is_complete_positive_and_consistent(result):
             assert r[f"{key}_gbps"] == pytest.approx(r[f"{key}_bytes"] / (ms / 1e3) / 1e9)
             assert r[f"{key}_copy_frac"] == pytest.approx(r[f"{key}_gbps"] / copy["gbps"])
             assert r["inner"][key] >= 1 and len(r[f"{key}_untimed_calls"]) == 2
-            assert all(4 <= n <= 8 for n in r[f"{key}_untimed_calls"])  # >= settle_calls, <= twice that
+            assert all(
+                4 <= n <= 8 for n in r[f"{key}_untimed_calls"]
+            )  # >= settle_calls, <= twice that
     json.dumps(result)  # JSON-ready as is
 
 
 def test_summary_compares_the_fastest_of_each_kind(result):
     (s,) = result["summary"]
-    fastest = {k: min((r for r in result["rows"] if r["kind"] == k), key=lambda r: r["fwdbwd_ms"]) for k in ("rms", "layer")}
+    fastest = {
+        k: min((r for r in result["rows"] if r["kind"] == k), key=lambda r: r["fwdbwd_ms"])
+        for k in ("rms", "layer")
+    }
     assert (s["rms_impl"], s["layer_impl"]) == (fastest["rms"]["impl"], fastest["layer"]["impl"])
     assert s["rms_faster_pct"] == pytest.approx((s["layer_ms"] / s["rms_ms"] - 1) * 100)
     assert s["time_saved_pct"] == pytest.approx((1 - s["rms_ms"] / s["layer_ms"]) * 100)
@@ -71,12 +95,16 @@ def test_table_lists_every_row_and_the_summary_line(result):
     text = format_norm_table(result)
     lines = text.splitlines()
     assert "fwd GB/s" in lines[1] and "f+b %copy" in lines[1]
-    assert lines[0].endswith("interleaved rounds, cache warm (>= 4 untimed calls of the case before each sample)")
+    assert lines[0].endswith(
+        "interleaved rounds, cache warm (>= 4 untimed calls of the case before each sample)"
+    )
     assert sum(line.startswith(("layer", "rms", "copy")) for line in lines) == 5
     assert "fp32 64x128: RMSNorm fastest (" in text and "than LayerNorm fastest (" in text
 
 
-def _by_hand(rms_ms: float, layer_ms: float, *, threads: int = 2, repeats: int = 20, settle_calls: int = 4) -> dict:
+def _by_hand(
+    rms_ms: float, layer_ms: float, *, threads: int = 2, repeats: int = 20, settle_calls: int = 4
+) -> dict:
     """A norm result with one RMSNorm and one LayerNorm row of the given fwd+bwd times: no timing."""
     rows = []
     for kind, impl, ms in (("rms", "cpp", rms_ms), ("layer", "cpp", layer_ms)):
@@ -85,7 +113,19 @@ def _by_hand(rms_ms: float, layer_ms: float, *, threads: int = 2, repeats: int =
             row.update({f"{key}_ms": ms, f"{key}_gbps": 1.0, f"{key}_copy_frac": 0.5})
         rows.append(row)
     copy = {"dtype": "fp32", "shape": [8192, 768], "ms": 1.0, "gbps": 2.0}
-    return {"device": "cpu", "host": "x86_64", "threads": threads, "torch": "2.x", "repeats": repeats, "cache": "warm", "settle_calls": settle_calls, "copy": [copy], "rows": rows, "summary": summarize(rows), "skipped": []}
+    return {
+        "device": "cpu",
+        "host": "x86_64",
+        "threads": threads,
+        "torch": "2.x",
+        "repeats": repeats,
+        "cache": "warm",
+        "settle_calls": settle_calls,
+        "copy": [copy],
+        "rows": rows,
+        "summary": summarize(rows),
+        "skipped": [],
+    }
 
 
 def test_summary_line_when_rms_is_faster():
@@ -93,16 +133,28 @@ def test_summary_line_when_rms_is_faster():
     (s,) = res["summary"]
     assert round(s["rms_faster_pct"]) == 37 and round(s["time_saved_pct"]) == 27
     line = format_norm_table(res).splitlines()[-1]
-    assert line == "fp32 8192x768: RMSNorm fastest (cpp, 8.742 ms) is 37% faster than LayerNorm fastest (cpp, 11.961 ms) fwd+bwd (27% less time)"
+    assert (
+        line
+        == "fp32 8192x768: RMSNorm fastest (cpp, 8.742 ms) is 37% faster than LayerNorm fastest (cpp, 11.961 ms) fwd+bwd (27% less time)"
+    )
 
 
 def test_summary_line_when_rms_is_slower():
     res = _by_hand(11.961, 8.742)
     (s,) = res["summary"]
-    assert round(s["rms_faster_pct"]) == -27 and round(s["time_saved_pct"]) == -37  # the JSON keeps its signs
+    assert (
+        round(s["rms_faster_pct"]) == -27 and round(s["time_saved_pct"]) == -37
+    )  # the JSON keeps its signs
     line = format_norm_table(res).splitlines()[-1]
-    assert line == "fp32 8192x768: RMSNorm fastest (cpp, 11.961 ms) is 37% slower than LayerNorm fastest (cpp, 8.742 ms) fwd+bwd"
-    assert "-" not in line.split(": ", 1)[1].replace("fwd+bwd", "") and "faster" not in line and "less time" not in line
+    assert (
+        line
+        == "fp32 8192x768: RMSNorm fastest (cpp, 11.961 ms) is 37% slower than LayerNorm fastest (cpp, 8.742 ms) fwd+bwd"
+    )
+    assert (
+        "-" not in line.split(": ", 1)[1].replace("fwd+bwd", "")
+        and "faster" not in line
+        and "less time" not in line
+    )
 
 
 def test_summary_line_when_equal_says_zero_faster():
@@ -111,16 +163,40 @@ def test_summary_line_when_equal_says_zero_faster():
 
 
 def test_norm_header_counts_are_singular_for_one():
-    one = format_norm_table(_by_hand(1.0, 2.0, threads=1, repeats=1, settle_calls=1)).splitlines()[0]
-    assert "(x86_64, 1 thread, torch" in one and "median of 1 interleaved round," in one and "(>= 1 untimed call of the case" in one
-    two = format_norm_table(_by_hand(1.0, 2.0, threads=2, repeats=2, settle_calls=2)).splitlines()[0]
+    one = format_norm_table(_by_hand(1.0, 2.0, threads=1, repeats=1, settle_calls=1)).splitlines()[
+        0
+    ]
+    assert (
+        "(x86_64, 1 thread, torch" in one
+        and "median of 1 interleaved round," in one
+        and "(>= 1 untimed call of the case" in one
+    )
+    two = format_norm_table(_by_hand(1.0, 2.0, threads=2, repeats=2, settle_calls=2)).splitlines()[
+        0
+    ]
     assert "2 threads" in two and "2 interleaved rounds" in two and "2 untimed calls" in two
 
 
 def _step_result(threads: int, pairs: int, warmup: int) -> dict:
-    setup = {"overrides": [], "model": "tiny", "norm": "rms/torch", "precision": "fp32", "tokens_per_step": 64, "median_ms": 1.0}
+    setup = {
+        "overrides": [],
+        "model": "tiny",
+        "norm": "rms/torch",
+        "precision": "fp32",
+        "tokens_per_step": 64,
+        "median_ms": 1.0,
+    }
     ratio = dict.fromkeys(("median", "p10", "p25", "p75", "p90"), 1.0)
-    return {"device": "cpu", "threads": threads, "pairs": pairs, "warmup": warmup, "common": [], "a": setup, "b": setup, "ratio": ratio}
+    return {
+        "device": "cpu",
+        "threads": threads,
+        "pairs": pairs,
+        "warmup": warmup,
+        "common": [],
+        "a": setup,
+        "b": setup,
+        "ratio": ratio,
+    }
 
 
 def test_step_header_counts_are_singular_for_one():
@@ -134,12 +210,16 @@ def test_help_is_plain_text_and_names_both_modes(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     out = capsys.readouterr().out
-    assert "``" not in out and ":func:" not in out and "normlab-bench step" in out.splitlines()[1]  # usage
+    assert (
+        "``" not in out and ":func:" not in out and "normlab-bench step" in out.splitlines()[1]
+    )  # usage
     description = out.split("\n\n")[1]
     assert description.startswith("Two modes:") and "normlab-bench step" in description
     flat = " ".join(out.split())  # argparse wraps the option help
     assert "auto is not accepted" in flat and "(default: ./bench.json)" in flat
-    assert "noisier, so use --repeats 10 or more" in flat and "noisier: use 10 or more" in flat  # --cache, --repeats
+    assert (
+        "noisier, so use --repeats 10 or more" in flat and "noisier: use 10 or more" in flat
+    )  # --cache, --repeats
     with pytest.raises(SystemExit):
         main(["step", "--help"])
     out = capsys.readouterr().out
@@ -162,7 +242,9 @@ def test_settle_makes_at_least_the_asked_calls_and_at_most_twice_that():
     fn = _Counted()
     assert settle(fn, torch.device("cpu"), 4)[0] >= 4 and 4 <= fn.calls <= 8
     fn = _Counted()
-    n, best = settle(fn, torch.device("cpu"), 3, ref_ms=0.0)  # never within 1.1x of 0 ms: up to the cap
+    n, best = settle(
+        fn, torch.device("cpu"), 3, ref_ms=0.0
+    )  # never within 1.1x of 0 ms: up to the cap
     assert n == fn.calls == 6 and best >= 0
 
 
@@ -203,19 +285,36 @@ def test_warm_settles_each_case_before_every_sample(monkeypatch):
     # one settle per (case, key) per round: copy, fwd, fwdbwd x 2 rounds; the norm is called only in fwd, fwdbwd
     assert len(settled) == 3 * 2 and all(c == 3 and 3 <= n <= 6 for c, n, _ in settled)
     # each settle call is a call of the case's own function: the norm for fwd / fwdbwd, never for the copy
-    assert [calls for _, _, calls in settled] == [0 if i % 3 == 0 else n for i, (_, n, _) in enumerate(settled)]
+    assert [calls for _, _, calls in settled] == [
+        0 if i % 3 == 0 else n for i, (_, n, _) in enumerate(settled)
+    ]
     (row,) = res["rows"]
-    assert [n for _, n, _ in settled[1::3] + settled[2::3]] == row["fwd_untimed_calls"] + row["fwdbwd_untimed_calls"]
+    assert [n for _, n, _ in settled[1::3] + settled[2::3]] == row["fwd_untimed_calls"] + row[
+        "fwdbwd_untimed_calls"
+    ]
     # forward calls in all: warm-up (1 + settle_calls) and, per sample, the settle calls then inner timed calls
-    total = sum(1 + 3 + sum(row[f"{k}_untimed_calls"]) + 2 * row["inner"][k] for k in ("fwd", "fwdbwd"))
+    total = sum(
+        1 + 3 + sum(row[f"{k}_untimed_calls"]) + 2 * row["inner"][k] for k in ("fwd", "fwdbwd")
+    )
     assert counts == [total]
 
 
 def test_cold_flushes_before_every_one_call_sample(monkeypatch):
     log = []
     counts = _count_norm_calls(monkeypatch)
-    monkeypatch.setattr(bench, "make_flush", lambda *a: pytest.fail("a flush was given: none is made"))
-    res = bench_norms(["layer", "rms"], ["torch"], ["fp32"], [(64, 32)], repeats=2, warmup=1, cache="cold", flush=lambda: log.append("flush"))
+    monkeypatch.setattr(
+        bench, "make_flush", lambda *a: pytest.fail("a flush was given: none is made")
+    )
+    res = bench_norms(
+        ["layer", "rms"],
+        ["torch"],
+        ["fp32"],
+        [(64, 32)],
+        repeats=2,
+        warmup=1,
+        cache="cold",
+        flush=lambda: log.append("flush"),
+    )
     assert (res["cache"], res["settle_calls"], res["flush_mb"]) == ("cold", None, 512)
     samples = 2 * (1 + 2 * 2)  # rounds x (copy + 2 norms x fwd, fwdbwd)
     assert log.count("flush") == samples
@@ -226,7 +325,11 @@ def test_cold_flushes_before_every_one_call_sample(monkeypatch):
     assert copy["inner"] == 1 and copy["untimed_calls"] == [1, 1] and len(copy["samples_ms"]) == 2
     # per norm: warm-up 1 call per key, then per sample one untimed call (allocator) and the timed one
     assert counts == [2 * (1 + 2 * 2)] * 2
-    assert format_norm_table(res).splitlines()[0].endswith("cache cold (512 MiB flush before each one-call sample)")
+    assert (
+        format_norm_table(res)
+        .splitlines()[0]
+        .endswith("cache cold (512 MiB flush before each one-call sample)")
+    )
 
 
 def test_cold_calls_the_case_then_flushes_then_times_one_call(monkeypatch):
@@ -241,7 +344,9 @@ def test_cold_calls_the_case_then_flushes_then_times_one_call(monkeypatch):
 def test_make_flush_writes_its_whole_buffer():
     flush = bench.make_flush(torch.device("cpu"), 1)
     buf = flush()
-    assert buf.numel() == 2**20 and buf.dtype == torch.uint8 and int(buf.min()) == int(buf.max()) == 1
+    assert (
+        buf.numel() == 2**20 and buf.dtype == torch.uint8 and int(buf.min()) == int(buf.max()) == 1
+    )
     assert int(flush().max()) == 2
 
 
@@ -255,16 +360,61 @@ def test_an_implementation_the_device_cannot_run_is_skipped_with_its_reason(monk
 
 def test_cli_writes_the_json_to_bench_json_by_default(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["--shapes", "16x32", "--impls", "torch", "--dtypes", "fp32", "--repeats", "2", "--warmup", "1", "--model", "tiny"]) == 0
+    assert (
+        main(
+            [
+                "--shapes",
+                "16x32",
+                "--impls",
+                "torch",
+                "--dtypes",
+                "fp32",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "--model",
+                "tiny",
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "bench.json").read_text())
-    assert {tuple(r["shape"]) for r in data["rows"]} == {(16, 32), (16, 128)}  # + d_model of model=tiny
+    assert {tuple(r["shape"]) for r in data["rows"]} == {
+        (16, 32),
+        (16, 128),
+    }  # + d_model of model=tiny
     out = capsys.readouterr().out
     assert "RMSNorm fastest" in out and "wrote bench.json" in out
 
 
 def test_cli_cold_regime_lands_in_the_json(tmp_path, capsys):
     path = tmp_path / "cold.json"
-    assert main(["--shapes", "64x32", "--impls", "torch", "--kinds", "rms", "--dtypes", "fp32", "--repeats", "2", "--warmup", "1", "--cache", "cold", "--flush-mb", "1", "--json", str(path)]) == 0
+    assert (
+        main(
+            [
+                "--shapes",
+                "64x32",
+                "--impls",
+                "torch",
+                "--kinds",
+                "rms",
+                "--dtypes",
+                "fp32",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "--cache",
+                "cold",
+                "--flush-mb",
+                "1",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     data = json.loads(path.read_text())
     assert (data["cache"], data["flush_mb"], data["settle_calls"]) == ("cold", 1, None)
     assert data["rows"][0]["inner"] == {"fwd": 1, "fwdbwd": 1}
@@ -273,7 +423,29 @@ def test_cli_cold_regime_lands_in_the_json(tmp_path, capsys):
 
 def test_cli_settle_lands_in_the_json(tmp_path):
     path = tmp_path / "warm.json"
-    assert main(["--shapes", "64x32", "--impls", "torch", "--kinds", "rms", "--dtypes", "fp32", "--repeats", "2", "--warmup", "1", "--settle", "2", "--json", str(path)]) == 0
+    assert (
+        main(
+            [
+                "--shapes",
+                "64x32",
+                "--impls",
+                "torch",
+                "--kinds",
+                "rms",
+                "--dtypes",
+                "fp32",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+                "--settle",
+                "2",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     data = json.loads(path.read_text())
     assert (data["cache"], data["settle_calls"], data["flush_mb"]) == ("warm", 2, None)
     assert all(2 <= n <= 4 for n in data["rows"][0]["fwd_untimed_calls"])
@@ -300,28 +472,62 @@ def test_cli_refuses_an_unknown_impl(capsys):
     assert e.value.code == 2 and "unknown impl cuda_magic" in capsys.readouterr().err
 
 
-TINY = ["model=tiny", "model.n_layer=1", "model.context_length=32", "data.batch_size=2", "device=cpu"]
+TINY = [
+    "model=tiny",
+    "model.n_layer=1",
+    "model.context_length=32",
+    "data.batch_size=2",
+    "device=cpu",
+]
 
 
 def test_step_benchmark_reports_a_finite_positive_ratio(tmp_path):
     path = tmp_path / "step.json"
-    assert main(["step", *TINY, "--a", "norm=layer", "--b", "norm=rms", "--pairs", "2", "--warmup", "1", "--json", str(path)]) == 0
+    assert (
+        main(
+            [
+                "step",
+                *TINY,
+                "--a",
+                "norm=layer",
+                "--b",
+                "norm=rms",
+                "--pairs",
+                "2",
+                "--warmup",
+                "1",
+                "--json",
+                str(path),
+            ]
+        )
+        == 0
+    )
     data = json.loads(path.read_text())
     assert data["mode"] == "step" and data["pairs"] == 2
     assert (data["a"]["norm"], data["b"]["norm"]) == ("layer/torch", "rms/torch")
-    assert data["a"]["overrides"] == ["norm=layer"] and data["b"]["composed_with"] == [*TINY, "norm=rms"]
+    assert data["a"]["overrides"] == ["norm=layer"] and data["b"]["composed_with"] == [
+        *TINY,
+        "norm=rms",
+    ]
     assert data["a"]["tokens_per_step"] == 2 * 32
     for key in ("a", "b"):
         assert len(data[key]["times_ms"]) == 2 and all(t > 0 for t in data[key]["times_ms"])
     ratio = data["ratio"]
     assert math.isfinite(ratio["median"]) and ratio["median"] > 0
     assert ratio["p10"] <= ratio["p25"] <= ratio["median"] <= ratio["p75"] <= ratio["p90"]
-    assert ratio["per_pair"] == pytest.approx([b / a for a, b in zip(data["a"]["times_ms"], data["b"]["times_ms"], strict=True)])
+    assert ratio["per_pair"] == pytest.approx(
+        [b / a for a, b in zip(data["a"]["times_ms"], data["b"]["times_ms"], strict=True)]
+    )
 
 
 def test_step_benchmark_writes_bench_step_json_by_default(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert main(["step", *TINY, "--a", "norm=layer", "--b", "norm=rms", "--pairs", "1", "--warmup", "1"]) == 0
+    assert (
+        main(
+            ["step", *TINY, "--a", "norm=layer", "--b", "norm=rms", "--pairs", "1", "--warmup", "1"]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "bench_step.json").read_text())["mode"] == "step"
     assert not (tmp_path / "bench.json").exists()
     out = capsys.readouterr().out
@@ -329,7 +535,21 @@ def test_step_benchmark_writes_bench_step_json_by_default(tmp_path, monkeypatch,
 
 
 def test_step_benchmark_stops_on_a_bad_override_with_one_line(tmp_path, capsys):
-    assert main(["step", *TINY, "--a", "norm.eps=-1", "--b", "norm=rms", "--json", str(tmp_path / "x.json")]) == 2
+    assert (
+        main(
+            [
+                "step",
+                *TINY,
+                "--a",
+                "norm.eps=-1",
+                "--b",
+                "norm=rms",
+                "--json",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("normlab-bench: norm.eps=-1") and err.count("\n") == 1
     assert not (tmp_path / "x.json").exists()

@@ -24,14 +24,30 @@ def test_single_run_writes_hydra_config_metrics_summary_and_offline_wandb_run(tm
     r = run_cli([*TINY, "norm=rms", "precision=bf16", "seed=7"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     (run,) = run_dirs(tmp_path / "outputs" / "runs")
-    assert (run / ".hydra" / "config.yaml").is_file() and (run / ".hydra" / "overrides.yaml").is_file()
+    assert (run / ".hydra" / "config.yaml").is_file() and (
+        run / ".hydra" / "overrides.yaml"
+    ).is_file()
     composed = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())
     assert composed["norm"]["kind"] == "rms" and composed["seed"] == 7
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 6 and {"step", "train/loss", "lr", "grad_norm", "step_time_ms", "tokens_per_s"} <= rows[0].keys()
+    assert (
+        len(rows) == 6
+        and {"step", "train/loss", "lr", "grad_norm", "step_time_ms", "tokens_per_s"}
+        <= rows[0].keys()
+    )
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["precision"] == "bf16" and summary["seed"] == 7
-    for key in ("final_val_loss", "step_time_ms_median", "step_time_ms_p90", "tokens_per_s", "mfu", "params", "norm_impl"):
+    assert (
+        summary["status"] == "completed" and summary["precision"] == "bf16" and summary["seed"] == 7
+    )
+    for key in (
+        "final_val_loss",
+        "step_time_ms_median",
+        "step_time_ms_p90",
+        "tokens_per_s",
+        "mfu",
+        "params",
+        "norm_impl",
+    ):
         assert summary[key] is not None, key
     (wandb_run,) = (run / "wandb").glob("offline-run-*")
     assert list(wandb_run.glob("*.wandb")), "offline wandb run has no data file"
@@ -76,13 +92,26 @@ def test_user_errors_from_normlab_are_exactly_one_line(tmp_path):
     r = run_cli([*TINY, "logger=none", "norm.eps=0"], cwd=tmp_path)
     assert r.returncode == 2
     lines = [line for line in r.stderr.splitlines() if line.strip()]
-    assert lines == ["normlab: error: norm.eps=0.0 is not allowed: must be a finite number > 0 (or null for the default 1e-5)"]
+    assert lines == [
+        "normlab: error: norm.eps=0.0 is not allowed: must be a finite number > 0 (or null for the default 1e-5)"
+    ]
 
 
 def test_wheel_ships_conf_and_kernel_source_so_train_finds_them_without_the_repository(tmp_path):
     wheel_dir = tmp_path / "wheel"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheel_dir), str(REPO)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheel_dir),
+            str(REPO),
+        ],
         check=True,
         capture_output=True,
     )
@@ -90,13 +119,26 @@ def test_wheel_ships_conf_and_kernel_source_so_train_finds_them_without_the_repo
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     assert (site / "normlab" / "conf" / "train.yaml").is_file()
-    assert (site / "normlab" / "norms" / "cpu_kernels.cpp").is_file()  # impl=cpp builds it on first use
+    assert (
+        site / "normlab" / "norms" / "cpu_kernels.cpp"
+    ).is_file()  # impl=cpp builds it on first use
     code = "from normlab.compose import find_conf_dir; print(find_conf_dir())"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert Path(out.stdout.strip()) == site / "normlab" / "conf"
     r = subprocess.run(
-        [sys.executable, "-m", "normlab.commands.train", "--cfg", "job", "norm=rms"], cwd=tmp_path, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "normlab.commands.train", "--cfg", "job", "norm=rms"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr
     assert "kind: rms" in r.stdout

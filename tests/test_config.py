@@ -38,14 +38,25 @@ def test_every_option_of_every_group_composes_into_a_valid_train_config(compose_
 
 def test_defaults_are_gpt2_small_layernorm_fp32_shakespeare_wandb_offline(compose_cfg):
     tc = to_train_config(compose_cfg())
-    assert (tc.model.n_layer, tc.model.d_model, tc.model.n_head, tc.model.context_length) == (12, 768, 12, 1024)
+    assert (tc.model.n_layer, tc.model.d_model, tc.model.n_head, tc.model.context_length) == (
+        12,
+        768,
+        12,
+        1024,
+    )
     assert tc.norm.kind == NormKind.layer and tc.norm.impl == NormImpl.torch
     assert tc.precision.dtype == Precision.fp32
-    assert tc.data.name == "shakespeare" and tc.logger.kind.name == "wandb" and tc.logger.mode.name == "offline"
+    assert (
+        tc.data.name == "shakespeare"
+        and tc.logger.kind.name == "wandb"
+        and tc.logger.mode.name == "offline"
+    )
 
 
 def test_overrides_reach_the_typed_config(compose_cfg):
-    tc = to_train_config(compose_cfg(["norm=rms", "precision=bf16", "norm.eps=1e-6", "norm.placement=post"]))
+    tc = to_train_config(
+        compose_cfg(["norm=rms", "precision=bf16", "norm.eps=1e-6", "norm.placement=post"])
+    )
     assert tc.norm.kind == NormKind.rms and tc.norm.bias is False
     assert tc.norm.eps == 1e-6 and tc.norm.placement == Placement.post
     assert tc.precision.dtype == Precision.bf16
@@ -71,7 +82,9 @@ def test_fused_norm_is_rmsnorm_with_auto_implementation(compose_cfg):
         ("max_steps=ten", "ten"),
     ],
 )
-def test_values_outside_a_closed_choice_are_rejected_while_composing(compose_cfg, override, fragment):
+def test_values_outside_a_closed_choice_are_rejected_while_composing(
+    compose_cfg, override, fragment
+):
     with pytest.raises((ValidationError, ConfigCompositionException)) as e:
         compose_cfg([override])
     assert fragment in str(e.value)

@@ -35,10 +35,16 @@ def test_tokens_are_cached_once_and_reused(tmp_path):
     stamp = shard.stat().st_mtime_ns
     second = prepare(cfg)
     assert second.directory == first.directory and shard.stat().st_mtime_ns == stamp
-    assert first.vocab_size == 256 and first.train.dtype == np.uint16 and int(first.train.max()) < 256
+    assert (
+        first.vocab_size == 256 and first.train.dtype == np.uint16 and int(first.train.max()) < 256
+    )
     assert first.meta["tokens"]["train"] == len(first.train) and len(first.val) > 0
     assert 0.04 <= first.meta["val_fraction_actual"] <= 0.10
-    assert first.meta["complete"] and first.meta["tokenizer"] == "byte" and first.meta["source"]["val_files"]
+    assert (
+        first.meta["complete"]
+        and first.meta["tokenizer"] == "byte"
+        and first.meta["source"]["val_files"]
+    )
     # the works are joined by a blank line, as before shards existed
     text = bytes(first.val.astype(np.uint8)).decode()
     assert text.count("\n\n") >= len(first.meta["source"]["val_files"]) - 1
@@ -47,7 +53,9 @@ def test_tokens_are_cached_once_and_reused(tmp_path):
 def test_a_single_text_file_is_split_at_a_byte_offset(tmp_path):
     f = tmp_path / "corpus.txt"
     f.write_text("abcdefghij" * 100)
-    data = prepare(DataConfig(name="mine", path=str(f), cache_dir=str(tmp_path / "c"), val_fraction=0.1))
+    data = prepare(
+        DataConfig(name="mine", path=str(f), cache_dir=str(tmp_path / "c"), val_fraction=0.1)
+    )
     assert len(data.train) == 900 and len(data.val) == 100
     assert bytes(data.val[:10].astype(np.uint8)) == b"abcdefghij"
 
@@ -84,7 +92,9 @@ def test_batches_are_a_pure_function_of_seed_and_step_and_validation_ignores_the
     assert torch.equal(a.val_batch(0)[0], c.val_batch(0)[0])
     # one shard: the same windows as the single-file sampler had, rng.integers(0, N - T - 1)
     starts = np.random.default_rng([1, 5, 0]).integers(0, len(data.train) - 16 - 1, size=4)
-    assert torch.equal(x, torch.from_numpy(np.stack([data.train[s : s + 16] for s in starts]).astype(np.int64)))
+    assert torch.equal(
+        x, torch.from_numpy(np.stack([data.train[s : s + 16] for s in starts]).astype(np.int64))
+    )
 
 
 def _shards(*lengths: int, base: int = 0) -> tuple[np.ndarray, ...]:
@@ -107,7 +117,9 @@ def test_the_sampler_draws_from_every_shard_in_proportion_and_never_crosses_one(
         assert bool((w[:, 1:] - w[:, :-1] == 1).all()), "a window crossed a shard boundary"
         for first in x[:, 0].tolist():
             hits[next(i for i, sh in enumerate(train) if int(sh[0]) <= first <= int(sh[-1]))] += 1
-        assert torch.equal(x, BatchSampler(data, 64, 8, seed=0, device=torch.device("cpu")).train_batch(step)[0])
+        assert torch.equal(
+            x, BatchSampler(data, 64, 8, seed=0, device=torch.device("cpu")).train_batch(step)[0]
+        )
     starts = np.array([max(0, len(t) - 9) for t in train])
     assert hits[2] == 0 and np.allclose(hits / hits.sum(), starts / starts.sum(), atol=0.03)
 
@@ -140,5 +152,7 @@ def test_tokenizer_names_are_accepted_from_python_and_from_hydra(compose_cfg):
     from normlab.compose import to_train_config
 
     assert DataConfig(tokenizer="bpe").tokenizer == Tokenizer.bpe
-    tc = to_train_config(compose_cfg(["data=tinystories", "data.tokenizer=bpe", "data.bpe_vocab_size=8192"]))
+    tc = to_train_config(
+        compose_cfg(["data=tinystories", "data.tokenizer=bpe", "data.bpe_vocab_size=8192"])
+    )
     assert tc.data.tokenizer == Tokenizer.bpe and tc.data.hf_path == "roneneldan/TinyStories"

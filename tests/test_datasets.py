@@ -26,7 +26,10 @@ WORDS = "the a norm layer root mean square gradient token model train valid loss
 
 def documents(n: int = 80, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) + f" ({i})" for i in range(n)]
+    return [
+        " ".join(rng.choice(WORDS) for _ in range(rng.randint(20, 60))) + f" ({i})"
+        for i in range(n)
+    ]
 
 
 def write_source(kind: str, root: Path, docs: list[str]) -> dict:
@@ -35,15 +38,24 @@ def write_source(kind: str, root: Path, docs: list[str]) -> dict:
     if kind == "jsonl":
         for part in range(2):
             with open(root / f"part-{part}.jsonl", "w") as f:
-                f.writelines(json.dumps({"id": i, "content": d}) + "\n" for i, d in enumerate(docs[part::2]))
-        return {"format": "auto", "path": str(root), "file_glob": "*.jsonl", "text_field": "content"}
+                f.writelines(
+                    json.dumps({"id": i, "content": d}) + "\n" for i, d in enumerate(docs[part::2])
+                )
+        return {
+            "format": "auto",
+            "path": str(root),
+            "file_glob": "*.jsonl",
+            "text_field": "content",
+        }
     if kind == "parquet":
         pq.write_table(pa.table({"text": docs}), root / "docs.parquet")
         return {"format": "parquet", "path": str(root / "docs.parquet")}
     # laid out like a dataset on the Hub: data/<split>-NNNNN-of-NNNNN.parquet
     (root / "data").mkdir()
     pq.write_table(pa.table({"text": docs[:-10]}), root / "data" / "train-00000-of-00001.parquet")
-    pq.write_table(pa.table({"text": docs[-10:]}), root / "data" / "validation-00000-of-00001.parquet")
+    pq.write_table(
+        pa.table({"text": docs[-10:]}), root / "data" / "validation-00000-of-00001.parquet"
+    )
     return {"format": "hub", "hf_path": str(root)}
 
 
@@ -57,26 +69,46 @@ def expected_split(kind: str, docs: list[str]) -> tuple[list[str], list[str]]:
 def decode(data, tokenizer: str, ids: np.ndarray) -> str:
     if tokenizer == "byte":
         return bytes(ids.astype(np.uint8)).decode()
-    return tt.load(Tokenizer.bpe, data.directory).tok.decode(ids.tolist(), skip_special_tokens=False)
+    return tt.load(Tokenizer.bpe, data.directory).tok.decode(
+        ids.tolist(), skip_special_tokens=False
+    )
 
 
 @pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
 @pytest.mark.parametrize("kind", ["jsonl", "parquet", "hub"])
-def test_a_source_read_through_datasets_is_tokenized_into_shards_that_decode_to_its_documents(tmp_path, kind, tokenizer):
+def test_a_source_read_through_datasets_is_tokenized_into_shards_that_decode_to_its_documents(
+    tmp_path, kind, tokenizer
+):
     docs = documents()
     keys = write_source(kind, tmp_path / "src", docs)
-    cfg = DataConfig(name=f"t-{kind}", tokenizer=tokenizer, bpe_vocab_size=320, val_fraction=0.2, shard_tokens=1500, cache_dir=str(tmp_path / "c"), **keys)
+    cfg = DataConfig(
+        name=f"t-{kind}",
+        tokenizer=tokenizer,
+        bpe_vocab_size=320,
+        val_fraction=0.2,
+        shard_tokens=1500,
+        cache_dir=str(tmp_path / "c"),
+        **keys,
+    )
     data = prepare(cfg)
     train, val = expected_split(kind, docs)
     sep = "\n\n" if tokenizer == "byte" else tt.EOT
     assert decode(data, tokenizer, np.concatenate(data.train_shards)) == sep.join(train)
     assert decode(data, tokenizer, np.concatenate(data.val_shards)) == sep.join(val)
     m = data.meta
-    assert m["complete"] and m["tokenizer"] == tokenizer and m["tokens"]["train"] == sum(map(len, data.train_shards))
+    assert (
+        m["complete"]
+        and m["tokenizer"] == tokenizer
+        and m["tokens"]["train"] == sum(map(len, data.train_shards))
+    )
     assert len(data.train_shards) > 1 and all(len(s) >= 1500 for s in data.train_shards[:-1])
     assert all(isinstance(s, np.memmap) for s in data.train_shards)
     if tokenizer == "bpe":
-        assert (data.directory / "tokenizer.json").is_file() and data.vocab_size == 320 and m["bpe_vocab_size"] == 320
+        assert (
+            (data.directory / "tokenizer.json").is_file()
+            and data.vocab_size == 320
+            and m["bpe_vocab_size"] == 320
+        )
     else:
         assert data.vocab_size == 256
     x, y = BatchSampler(data, 4, 32, seed=0, device=torch.device("cpu")).train_batch(0)
@@ -85,37 +117,69 @@ def test_a_source_read_through_datasets_is_tokenized_into_shards_that_decode_to_
 
 def test_several_tokenizer_processes_write_the_same_shards_as_one(tmp_path):
     keys = write_source("jsonl", tmp_path / "src", documents(120))
-    common = dict(name="mp", tokenizer="bpe", bpe_vocab_size=300, val_fraction=0.2, shard_tokens=2000, **keys)
+    common = dict(
+        name="mp", tokenizer="bpe", bpe_vocab_size=300, val_fraction=0.2, shard_tokens=2000, **keys
+    )
     one = prepare(DataConfig(num_proc=1, token_dir=str(tmp_path / "one"), **common))
     two = prepare(DataConfig(num_proc=2, token_dir=str(tmp_path / "two"), **common))
-    assert [s["file"] for s in one.meta["splits"]["train"]["shards"]] == [s["file"] for s in two.meta["splits"]["train"]["shards"]]
-    for a, b in zip(one.train_shards + one.val_shards, two.train_shards + two.val_shards, strict=True):
+    assert [s["file"] for s in one.meta["splits"]["train"]["shards"]] == [
+        s["file"] for s in two.meta["splits"]["train"]["shards"]
+    ]
+    for a, b in zip(
+        one.train_shards + one.val_shards, two.train_shards + two.val_shards, strict=True
+    ):
         assert np.array_equal(a, b)
 
 
 def test_the_token_budget_and_the_document_cap_stop_reading_early(tmp_path):
     keys = write_source("parquet", tmp_path / "src", documents(200))
-    capped = prepare(DataConfig(name="cap", max_tokens=3000, val_fraction=0.2, cache_dir=str(tmp_path / "c"), **keys))
-    assert 3000 <= capped.meta["tokens"]["train"] < 3000 + 500  # stops at the document that crosses it
-    few = prepare(DataConfig(name="few", max_documents=30, val_fraction=0.2, cache_dir=str(tmp_path / "c"), **keys))
+    capped = prepare(
+        DataConfig(
+            name="cap", max_tokens=3000, val_fraction=0.2, cache_dir=str(tmp_path / "c"), **keys
+        )
+    )
+    assert (
+        3000 <= capped.meta["tokens"]["train"] < 3000 + 500
+    )  # stops at the document that crosses it
+    few = prepare(
+        DataConfig(
+            name="few", max_documents=30, val_fraction=0.2, cache_dir=str(tmp_path / "c"), **keys
+        )
+    )
     assert few.meta["splits"]["train"]["docs"] + few.meta["splits"]["val"]["docs"] == 30
 
 
 def test_a_source_with_its_own_validation_split_caps_it_in_proportion_to_the_token_budget(tmp_path):
     keys = write_source("hub", tmp_path / "src", documents(200))
-    data = prepare(DataConfig(name="cap", max_tokens=2000, val_fraction=0.2, cache_dir=str(tmp_path / "c"), **keys))
-    assert 2000 <= data.meta["tokens"]["train"] < 2500 and 500 <= data.meta["tokens"]["val"] < 1000  # 2000 * 0.2 / 0.8
+    data = prepare(
+        DataConfig(
+            name="cap", max_tokens=2000, val_fraction=0.2, cache_dir=str(tmp_path / "c"), **keys
+        )
+    )
+    assert (
+        2000 <= data.meta["tokens"]["train"] < 2500 and 500 <= data.meta["tokens"]["val"] < 1000
+    )  # 2000 * 0.2 / 0.8
 
 
 def test_a_missing_text_column_is_named_with_the_columns_there_are(tmp_path):
     keys = write_source("jsonl", tmp_path / "src", documents())
     with pytest.raises(DataError, match=r"no column data.text_field='text'.*content"):
-        prepare(DataConfig(name="x", cache_dir=str(tmp_path / "c"), **{**keys, "text_field": "text"}))
+        prepare(
+            DataConfig(name="x", cache_dir=str(tmp_path / "c"), **{**keys, "text_field": "text"})
+        )
 
 
 def test_an_interrupted_prepare_resumes_without_rewriting_finished_shards(tmp_path, monkeypatch):
     keys = write_source("jsonl", tmp_path / "src", documents(150))
-    cfg = DataConfig(name="resume", tokenizer="bpe", bpe_vocab_size=300, val_fraction=0.2, shard_tokens=1200, token_dir=str(tmp_path / "tok"), **keys)
+    cfg = DataConfig(
+        name="resume",
+        tokenizer="bpe",
+        bpe_vocab_size=300,
+        val_fraction=0.2,
+        shard_tokens=1200,
+        token_dir=str(tmp_path / "tok"),
+        **keys,
+    )
     written: list[str] = []
     real = npre._write_shard
 
@@ -141,7 +205,11 @@ def test_an_interrupted_prepare_resumes_without_rewriting_finished_shards(tmp_pa
     assert (tmp_path / "tok" / "tokenizer.json").stat().st_mtime_ns == bpe_stamp
     fresh = prepare(DataConfig(**{**cfg.__dict__, "token_dir": str(tmp_path / "fresh")}))
     assert resumed.meta["splits"] == fresh.meta["splits"]
-    for a, b in zip(resumed.train_shards + resumed.val_shards, fresh.train_shards + fresh.val_shards, strict=True):
+    for a, b in zip(
+        resumed.train_shards + resumed.val_shards,
+        fresh.train_shards + fresh.val_shards,
+        strict=True,
+    ):
         assert np.array_equal(a, b)
 
 
@@ -149,9 +217,17 @@ def test_shards_made_with_another_tokenizer_are_refused_naming_both(tmp_path):
     keys = write_source("parquet", tmp_path / "src", documents())
     prepare(DataConfig(name="x", val_fraction=0.2, token_dir=str(tmp_path / "tok"), **keys))
     with pytest.raises(DataError) as e:
-        prepare(DataConfig(name="x", val_fraction=0.2, tokenizer="bpe", token_dir=str(tmp_path / "tok"), **keys))
+        prepare(
+            DataConfig(
+                name="x", val_fraction=0.2, tokenizer="bpe", token_dir=str(tmp_path / "tok"), **keys
+            )
+        )
     msg = str(e.value)
-    assert "\n" not in msg and "made with tokenizer byte" in msg and "data.tokenizer=bpe (vocab 4096)" in msg
+    assert (
+        "\n" not in msg
+        and "made with tokenizer byte" in msg
+        and "data.tokenizer=bpe (vocab 4096)" in msg
+    )
 
 
 def test_a_complete_token_folder_is_used_without_its_source(tmp_path):
@@ -183,23 +259,51 @@ def test_a_hub_dataset_offline_and_not_cached_fails_with_one_line(tmp_path, monk
 
 def test_a_copied_token_folder_serves_a_hub_dataset_offline(tmp_path, monkeypatch):
     keys = write_source("parquet", tmp_path / "src", documents())
-    made = prepare(DataConfig(name="tinystories", val_fraction=0.2, token_dir=str(tmp_path / "tok"), **keys))
+    made = prepare(
+        DataConfig(name="tinystories", val_fraction=0.2, token_dir=str(tmp_path / "tok"), **keys)
+    )
     monkeypatch.setattr(tt, "reachable", lambda url, timeout=3.0: False)
-    assert prepare(hub_cfg(token_dir=str(tmp_path / "tok"), tokenizer="byte")).meta["tokens"] == made.meta["tokens"]
+    assert (
+        prepare(hub_cfg(token_dir=str(tmp_path / "tok"), tokenizer="byte")).meta["tokens"]
+        == made.meta["tokens"]
+    )
 
 
 def test_an_unreachable_hub_fails_fast_with_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(tt, "reachable", lambda url, timeout=3.0: False)
-    with pytest.raises(DataError, match=r"unreachable \(no connection to https://huggingface.co within 3 s\)"):
+    with pytest.raises(
+        DataError, match=r"unreachable \(no connection to https://huggingface.co within 3 s\)"
+    ):
         prepare(hub_cfg(cache_dir=str(tmp_path)))
 
 
 @pytest.mark.slow
 def test_train_and_normlab_prepare_offline_print_one_error_line_and_no_traceback(tmp_path):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), NORMLAB_CACHE=str(tmp_path / "cache"), HYDRA_FULL_ERROR="0")
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf"),
+        NORMLAB_CACHE=str(tmp_path / "cache"),
+        HYDRA_FULL_ERROR="0",
+    )
     for cmd, prefix in (
-        ([sys.executable, "-m", "normlab.commands.train", "data=tinystories", "model=tiny", "device=cpu", "logger=none", "max_steps=1"], "normlab: error:"),
-        ([sys.executable, "-m", "normlab.commands.prepare", "data=fineweb_edu"], "normlab-prepare: error:"),
+        (
+            [
+                sys.executable,
+                "-m",
+                "normlab.commands.train",
+                "data=tinystories",
+                "model=tiny",
+                "device=cpu",
+                "logger=none",
+                "max_steps=1",
+            ],
+            "normlab: error:",
+        ),
+        (
+            [sys.executable, "-m", "normlab.commands.prepare", "data=fineweb_edu"],
+            "normlab-prepare: error:",
+        ),
     ):
         r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode == 2, r.stderr
@@ -212,9 +316,24 @@ def test_normlab_prepare_runs_one_row_per_value_of_a_comma_list(tmp_path, capsys
     from normlab.commands.prepare import main
 
     keys = write_source("parquet", tmp_path / "src", documents())
-    main(["--fresh", "data=text_files", f"data.path={keys['path']}", "data.val_fraction=0.2", "data.bpe_vocab_size=300", "data.tokenizer=byte,bpe"])
+    main(
+        [
+            "--fresh",
+            "data=text_files",
+            f"data.path={keys['path']}",
+            "data.val_fraction=0.2",
+            "data.bpe_vocab_size=300",
+            "data.tokenizer=byte,bpe",
+        ]
+    )
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("data ") and len(out) == 3
-    assert out[1].split()[:3] == ["text_files", "byte", "256"] and out[2].split()[:3] == ["text_files", "bpe", "(300)"]
-    assert int(out[2].split()[3]) % 64 == 0  # the embedding size: the trained vocabulary padded to 64
+    assert out[1].split()[:3] == ["text_files", "byte", "256"] and out[2].split()[:3] == [
+        "text_files",
+        "bpe",
+        "(300)",
+    ]
+    assert (
+        int(out[2].split()[3]) % 64 == 0
+    )  # the embedding size: the trained vocabulary padded to 64
     assert not list(tmp_path.glob("normlab-prepare-*"))  # --fresh leaves nothing behind

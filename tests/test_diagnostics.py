@@ -39,7 +39,12 @@ def test_residual_rms_per_block_matches_hand_computation_on_a_fixed_input():
     x2 = model.blocks[1](x1)
     for i, x in enumerate((x0, x1)):
         assert math.isclose(rec.stats[f"diag/block{i}/resid_rms"], hand_rms(x), rel_tol=1e-6)
-        assert math.isclose(rec.stats[f"diag/block{i}/resid_mean"], x.double().mean().item(), rel_tol=1e-5, abs_tol=1e-9)
+        assert math.isclose(
+            rec.stats[f"diag/block{i}/resid_mean"],
+            x.double().mean().item(),
+            rel_tol=1e-5,
+            abs_tol=1e-9,
+        )
     assert math.isclose(rec.stats["diag/final/resid_rms"], hand_rms(x2), rel_tol=1e-6)
     # an RMSNorm with unit gain outputs rows of RMS 1 (up to eps)
     assert math.isclose(rec.stats["diag/block0/norm1_out_rms"], 1.0, rel_tol=1e-2)
@@ -64,7 +69,9 @@ def test_gain_statistics_and_block_gradient_norms():
     _, loss = model(torch.zeros(1, 8, dtype=torch.long), torch.ones(1, 8, dtype=torch.long))
     loss.backward()
     norms = block_grad_norms(model)
-    expected = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in model.blocks[0].parameters()))
+    expected = math.sqrt(
+        sum(p.grad.double().pow(2).sum().item() for p in model.blocks[0].parameters())
+    )
     assert math.isclose(norms["diag/block0/grad_norm"], expected, rel_tol=1e-6)
 
 
@@ -91,7 +98,9 @@ def test_fp16_detector_names_a_layer_that_makes_inf_from_finite_input():
         model.pos_emb.weight.zero_()
         model.blocks[0].attn.proj.weight.zero_()  # the stream entering norm2 stays all ones
         model.blocks[0].attn.proj.bias.zero_()
-        model.blocks[0].mlp.fc.weight.fill_(5000.0)  # 16 x 5000 = 80000 > 65504: inf from finite input
+        model.blocks[0].mlp.fc.weight.fill_(
+            5000.0
+        )  # 16 x 5000 = 80000 > 65504: inf from finite input
     found = first_nonfinite(model, torch.zeros(1, 8, dtype=torch.long))
     assert found is not None and found.module == "blocks.0.mlp.fc" and found.input_finite
 
@@ -112,16 +121,26 @@ def test_diag_interval_logs_diag_keys_on_those_steps_only(compose_cfg, tmp_path)
     rows = _train_tiny(compose_cfg, tmp_path, "diag_interval=2", "norm=rms")
     assert [r["step"] for r in rows if "diag/block0/resid_rms" in r] == [2, 4, 6]
     row = rows[1]
-    for key in ("diag/block1/norm2_out_rms", "diag/block0/grad_norm", "diag/max_logit", "diag/block0/norm1_gain_max", "diag/final/resid_rms"):
+    for key in (
+        "diag/block1/norm2_out_rms",
+        "diag/block0/grad_norm",
+        "diag/max_logit",
+        "diag/block0/norm1_gain_max",
+        "diag/final/resid_rms",
+    ):
         assert math.isfinite(row[key]), key
 
 
 def test_without_diag_interval_no_hook_runs(compose_cfg, tmp_path, monkeypatch):
     calls = []
     real = ActivationRecorder.hooks
-    monkeypatch.setattr(ActivationRecorder, "hooks", lambda self, model: calls.append(1) or real(self, model))
+    monkeypatch.setattr(
+        ActivationRecorder, "hooks", lambda self, model: calls.append(1) or real(self, model)
+    )
     monkeypatch.setattr(torch.nn.Module, "register_forward_hook", lambda *a, **k: calls.append(2))
-    monkeypatch.setattr(torch.nn.Module, "register_forward_pre_hook", lambda *a, **k: calls.append(3))
+    monkeypatch.setattr(
+        torch.nn.Module, "register_forward_pre_hook", lambda *a, **k: calls.append(3)
+    )
     rows = _train_tiny(compose_cfg, tmp_path)
     assert calls == []
     assert not any(k.startswith("diag/") for r in rows for k in r)

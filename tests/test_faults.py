@@ -31,9 +31,18 @@ def _one_thread(one_thread):
     """One intra-op thread for every test here (see conftest.one_thread)."""
 
 
-def cli_run(args: list[str], cwd: Path, code: str = "from normlab.commands.train import main; main()") -> subprocess.CompletedProcess:
+def cli_run(
+    args: list[str], cwd: Path, code: str = "from normlab.commands.train import main; main()"
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 #: The real CLI, with one fault: the job with optim.lr=2e-3 raises at its third step.
@@ -51,10 +60,20 @@ main()
 
 
 @pytest.mark.slow
-def test_a_multirun_with_diverging_invalid_and_crashing_jobs_completes_the_others_and_exits_nonzero(tmp_path):
+def test_a_multirun_with_diverging_invalid_and_crashing_jobs_completes_the_others_and_exits_nonzero(
+    tmp_path,
+):
     sweep = tmp_path / "sweep"
     r = cli_run(
-        ["-m", "optim.lr=1e-3,1e30,-1,2e-3,3e-3", *TINY, "optim.min_lr=0", "optim.warmup_steps=0", "optim.grad_clip=0", f"hydra.sweep.dir={sweep}"],
+        [
+            "-m",
+            "optim.lr=1e-3,1e30,-1,2e-3,3e-3",
+            *TINY,
+            "optim.min_lr=0",
+            "optim.warmup_steps=0",
+            "optim.grad_clip=0",
+            f"hydra.sweep.dir={sweep}",
+        ],
         tmp_path,
         code=CRASH_AT_LR_2E_3,
     )
@@ -62,20 +81,36 @@ def test_a_multirun_with_diverging_invalid_and_crashing_jobs_completes_the_other
     assert "Traceback" not in r.stderr + r.stdout
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
     assert [j.name for j in jobs] == [f"{i}_layer-torch-pre-fp32-seed0" for i in range(5)]
-    status = {j.name[0]: json.loads((j / "summary.json").read_text())["status"] for j in jobs if (j / "summary.json").exists()}
-    assert status == {"0": "completed", "1": "diverged", "3": "failed", "4": "completed"}, "the jobs after a failure run"
+    status = {
+        j.name[0]: json.loads((j / "summary.json").read_text())["status"]
+        for j in jobs
+        if (j / "summary.json").exists()
+    }
+    assert status == {"0": "completed", "1": "diverged", "3": "failed", "4": "completed"}, (
+        "the jobs after a failure run"
+    )
     diverged = json.loads((jobs[1] / "summary.json").read_text())
     assert diverged["diverged_at_step"] >= 1 and math.isfinite(diverged["last_finite_loss"])
     failed = json.loads((jobs[3] / "summary.json").read_text())
-    assert failed["failed_at_step"] == 3 and failed["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
-    assert not (jobs[2] / "metrics.jsonl").exists(), "the invalid job must stop before writing anything"
+    assert (
+        failed["failed_at_step"] == 3
+        and failed["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
+    )
+    assert not (jobs[2] / "metrics.jsonl").exists(), (
+        "the invalid job must stop before writing anything"
+    )
     report = r.stderr[r.stderr.index("normlab: 3 of 5 runs did not complete:") :].splitlines()
     assert report[1:] == [
         f"normlab:   {jobs[1]}: diverged at step {diverged['diverged_at_step']}: {diverged['diverged_reason']} (last finite loss {diverged['last_finite_loss']})",
         f"normlab:   {jobs[2]}: error: optim.lr=-1.0 is not allowed: must be a finite number > 0",
         f"normlab:   {jobs[3]}: run failed: RuntimeError: CUDA error: an illegal memory access was encountered (traceback in {jobs[3]}/summary.json)",
     ]
-    for job in (jobs[0], jobs[1], jobs[3], jobs[4]):  # every wandb run was closed before the next job
+    for job in (
+        jobs[0],
+        jobs[1],
+        jobs[3],
+        jobs[4],
+    ):  # every wandb run was closed before the next job
         (debug_log,) = job.glob("wandb/offline-run-*/logs/debug.log")
         assert "finishing run" in debug_log.read_text()
 
@@ -86,9 +121,13 @@ def test_an_output_dir_that_cannot_be_created_is_one_line_before_anything_runs(t
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    r = cli_run([*(["-m"] if multirun else []), *TINY, "logger=none", f"{key}={blocker}/run"], tmp_path)
+    r = cli_run(
+        [*(["-m"] if multirun else []), *TINY, "logger=none", f"{key}={blocker}/run"], tmp_path
+    )
     assert r.returncode == 2
-    assert r.stderr.splitlines() == [f"normlab: error: {key}={blocker}/run cannot be created: {blocker} is a file, not a folder"]
+    assert r.stderr.splitlines() == [
+        f"normlab: error: {key}={blocker}/run cannot be created: {blocker} is a file, not a folder"
+    ]
 
 
 def test_output_dir_checks_catch_unwritable_and_full_disks(tmp_path, monkeypatch):
@@ -112,10 +151,20 @@ def test_resume_by_path_reapplies_the_runs_overrides_and_keeps_its_record(tmp_pa
     (run / ".hydra").mkdir()
     (run / ".hydra" / "overrides.yaml").write_text("- model=tiny\n- seed=3\n- resume=auto\n")
     args = cli.prepare_args([f"resume={run}", "seed=4", "progress=false"], cli.find_conf_dir())
-    assert args == ["model=tiny", "seed=3", f"resume={run}", "seed=4", "progress=false", f"hydra.run.dir={run}", "hydra.output_subdir=null"]
+    assert args == [
+        "model=tiny",
+        "seed=3",
+        f"resume={run}",
+        "seed=4",
+        "progress=false",
+        f"hydra.run.dir={run}",
+        "hydra.output_subdir=null",
+    ]
     with pytest.raises(ConfigError, match="is not a run dir with checkpoints"):
         cli.prepare_args([f"resume={tmp_path}"], cli.find_conf_dir())
-    with pytest.raises(ConfigError, match="to continue a sweep use hydra.sweep.dir=<sweep dir> resume=auto"):
+    with pytest.raises(
+        ConfigError, match="to continue a sweep use hydra.sweep.dir=<sweep dir> resume=auto"
+    ):
         cli.prepare_args(["-m", f"resume={run}"], cli.find_conf_dir())
 
 
@@ -130,7 +179,9 @@ def tiny(compose_cfg):
     return _cfg
 
 
-def test_wandb_failing_to_start_or_to_log_does_not_stop_training(tiny, tmp_path, monkeypatch, caplog):
+def test_wandb_failing_to_start_or_to_log_does_not_stop_training(
+    tiny, tmp_path, monkeypatch, caplog
+):
     import wandb
 
     def no_wandb(**kwargs):
@@ -141,7 +192,10 @@ def test_wandb_failing_to_start_or_to_log_does_not_stop_training(tiny, tmp_path,
     assert summary["status"] == "completed"
     assert len((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) == 6
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "wandb" in r.message]
-    assert len(warnings) == 1 and "wandb could not start (wandb-core could not be started)" in warnings[0].message
+    assert (
+        len(warnings) == 1
+        and "wandb could not start (wandb-core could not be started)" in warnings[0].message
+    )
     monkeypatch.undo()
 
     class BrokenRun:
@@ -165,11 +219,16 @@ def test_wandb_failing_to_start_or_to_log_does_not_stop_training(tiny, tmp_path,
 def test_a_loss_above_max_loss_ends_the_run_as_diverged(tiny, tmp_path):
     summary = train(tiny("logger=none"), tmp_path, RunOptions(max_loss=1.0))
     assert summary["status"] == "diverged" and summary["diverged_at_step"] == 1
-    assert summary["diverged_reason"].endswith("above max_loss=1") and summary["last_finite_loss"] is None
+    assert (
+        summary["diverged_reason"].endswith("above max_loss=1")
+        and summary["last_finite_loss"] is None
+    )
     assert not list((tmp_path / "checkpoints").glob("*.pt")), "a diverged state is not checkpointed"
 
 
-def test_an_exception_mid_run_is_recorded_as_failed_and_the_wandb_run_closed(tiny, tmp_path, monkeypatch):
+def test_an_exception_mid_run_is_recorded_as_failed_and_the_wandb_run_closed(
+    tiny, tmp_path, monkeypatch
+):
     import normlab.training.loop as train_module
 
     calls = {"n": 0}

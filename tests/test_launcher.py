@@ -20,16 +20,25 @@ from normlab.training.loop import train
 
 from .conftest import TINY, run_cli
 
-pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher (pip install 'normlab[slurm]')")
+pytest.importorskip(
+    "hydra_plugins.hydra_submitit_launcher",
+    reason="hydra-submitit-launcher (pip install 'normlab[slurm]')",
+)
 
 
 def losses(run_dir: Path) -> list[dict]:
     """The rows of metrics.jsonl without their timings."""
-    return [{k: v for k, v in row.items() if k not in ("step_time_ms", "tokens_per_s")} for row in tracking.read_metrics(run_dir / "metrics.jsonl")]
+    return [
+        {k: v for k, v in row.items() if k not in ("step_time_ms", "tokens_per_s")}
+        for row in tracking.read_metrics(run_dir / "metrics.jsonl")
+    ]
 
 
 def test_the_slurm_launcher_composes_with_preemption_and_requeue_settings(tmp_path):
-    r = run_cli(["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu", "--cfg", "hydra"], cwd=tmp_path)
+    r = run_cli(
+        ["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu", "--cfg", "hydra"],
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert "deprecated" not in r.stderr, r.stderr  # Hydra's schema-matching warning is silenced
     launcher = yaml.safe_load(r.stdout)["hydra"]["launcher"]
@@ -37,23 +46,43 @@ def test_the_slurm_launcher_composes_with_preemption_and_requeue_settings(tmp_pa
     assert launcher["signal_delay_s"] == 120 and launcher["max_num_timeout"] == 3
     assert {"gpus_per_node", "tasks_per_node", "timeout_min", "submitit_folder"} <= launcher.keys()
 
-    r = run_cli(["hydra/launcher=submitit_slurm", "hydra.launcher.partiton=gpu", "--cfg", "hydra"], cwd=tmp_path)
+    r = run_cli(
+        ["hydra/launcher=submitit_slurm", "hydra.launcher.partiton=gpu", "--cfg", "hydra"],
+        cwd=tmp_path,
+    )
     assert r.returncode != 0 and "partiton" in r.stderr  # typed by the plugin's SlurmQueueConf
 
 
 def test_a_submitit_launcher_without_the_plugin_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match=r"hydra/launcher=submitit_slurm needs the hydra-submitit-launcher plugin: pip install 'normlab\[slurm\]'"):
-        cli.prepare_args(["-m", "hydra/launcher=submitit_slurm", f"hydra.sweep.dir={tmp_path}"], cli.find_conf_dir())
+    with pytest.raises(
+        ConfigError,
+        match=r"hydra/launcher=submitit_slurm needs the hydra-submitit-launcher plugin: pip install 'normlab\[slurm\]'",
+    ):
+        cli.prepare_args(
+            ["-m", "hydra/launcher=submitit_slurm", f"hydra.sweep.dir={tmp_path}"],
+            cli.find_conf_dir(),
+        )
 
 
 @pytest.mark.slow
-def test_a_sweep_through_submitits_local_executor_trains_each_job_with_two_tasks(compose_cfg, tmp_path):
+def test_a_sweep_through_submitits_local_executor_trains_each_job_with_two_tasks(
+    compose_cfg, tmp_path
+):
     sweep = tmp_path / "sweep"
     args = [*TINY, "max_steps=4", "optim.grad_accum=2", "logger=none"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
-    cmd = [sys.executable, "-c", "from normlab.commands.train import main; main()", "-m", "hydra/launcher=submitit_local",
-           "hydra.launcher.tasks_per_node=2", f"hydra.sweep.dir={sweep}", "norm=layer,rms", *args]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from normlab.commands.train import main; main()",
+        "-m",
+        "hydra/launcher=submitit_local",
+        "hydra.launcher.tasks_per_node=2",
+        f"hydra.sweep.dir={sweep}",
+        "norm=layer,rms",
+        *args,
+    ]
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     jobs = sorted(p.parent for p in sweep.glob("*/summary.json"))
@@ -66,7 +95,13 @@ def test_a_sweep_through_submitits_local_executor_trains_each_job_with_two_tasks
             summary = json.loads((job / "summary.json").read_text())
             assert summary["status"] == "completed" and summary["world_size"] == 2
             assert summary["run_options"]["resume"] == "auto"  # a requeued job would continue
-            assert sorted(p.name for p in job.iterdir()) == [".hydra", "checkpoints", "metrics.jsonl", "summary.json", "train.log"]
+            assert sorted(p.name for p in job.iterdir()) == [
+                ".hydra",
+                "checkpoints",
+                "metrics.jsonl",
+                "summary.json",
+                "train.log",
+            ]
             # One micro-batch per task: the losses of one process, bit for bit.
             kind = summary["norm"]["kind"]
             train(cli.to_train_config(compose_cfg([*args, f"norm={kind}"])), tmp_path / kind)

@@ -12,9 +12,15 @@ from normlab.model import GPT
 from normlab.norms import norm_class, resolve_norm
 
 
-def tiny_model(kind=NormKind.layer, placement=Placement.pre, impl=NormImpl.torch, seed=0, n_layer=2):
-    cfg = ModelConfig(name="t", n_layer=n_layer, n_head=2, d_model=32, context_length=16, vocab_size=64)
-    norm = resolve_norm(NormConfig(kind=kind, impl=impl, placement=placement, bias=kind == NormKind.layer), "cpu")
+def tiny_model(
+    kind=NormKind.layer, placement=Placement.pre, impl=NormImpl.torch, seed=0, n_layer=2
+):
+    cfg = ModelConfig(
+        name="t", n_layer=n_layer, n_head=2, d_model=32, context_length=16, vocab_size=64
+    )
+    norm = resolve_norm(
+        NormConfig(kind=kind, impl=impl, placement=placement, bias=kind == NormKind.layer), "cpu"
+    )
     torch.manual_seed(seed)
     return GPT(cfg, norm)
 
@@ -58,7 +64,10 @@ def test_post_norm_block_output_is_normalized_and_pre_norm_is_not():
 
 def test_gpt2_init_std_and_scaled_residual_projections():
     torch.manual_seed(0)
-    big = GPT(ModelConfig(name="b", n_layer=8, n_head=4, d_model=256, context_length=16, vocab_size=512), resolve_norm(NormConfig(), "cpu"))
+    big = GPT(
+        ModelConfig(name="b", n_layer=8, n_head=4, d_model=256, context_length=16, vocab_size=512),
+        resolve_norm(NormConfig(), "cpu"),
+    )
     assert abs(big.blocks[0].attn.qkv.weight.std().item() - 0.02) < 0.002
     assert abs(big.blocks[0].mlp.proj.weight.std().item() - 0.02 / math.sqrt(2 * 8)) < 0.001
     assert abs(big.blocks[0].attn.proj.weight.std().item() - 0.02 / math.sqrt(2 * 8)) < 0.001
@@ -72,10 +81,15 @@ def test_layernorm_and_rmsnorm_models_start_from_the_same_shared_weights_for_one
     for name, tensor in a.state_dict().items():
         if name in shared:
             assert torch.equal(tensor, shared[name]), name
-    assert any(k.endswith("norm1.bias") for k in a.state_dict()) and not any(k.endswith("norm1.bias") for k in shared)
+    assert any(k.endswith("norm1.bias") for k in a.state_dict()) and not any(
+        k.endswith("norm1.bias") for k in shared
+    )
 
 
 def test_flops_per_token_follow_6n_plus_attention_term():
     model = tiny_model()
     c = model.cfg
-    assert model.flops_per_token() == 6 * model.num_params() + 12 * c.n_layer * c.d_model * c.context_length
+    assert (
+        model.flops_per_token()
+        == 6 * model.num_params() + 12 * c.n_layer * c.d_model * c.context_length
+    )

@@ -14,7 +14,10 @@ from normlab.norms.reference import layer_norm_ref, rms_norm_ref
 
 
 def make(kind: NormKind, d: int, seed: int = 0) -> torch.nn.Module:
-    norm = build_norm(resolve_norm(NormConfig(kind=kind, impl=NormImpl.cpp, bias=kind == NormKind.layer), "cpu"), d)
+    norm = build_norm(
+        resolve_norm(NormConfig(kind=kind, impl=NormImpl.cpp, bias=kind == NormKind.layer), "cpu"),
+        d,
+    )
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         norm.weight.copy_(1 + 0.3 * torch.randn(d, generator=g))
@@ -44,7 +47,9 @@ def test_low_precision_output_rounds_like_the_eager_reference(kind, d, dtype):
         got, want = norm(x), reference(norm, x)
     assert got.dtype == dtype
     differ = got != want
-    assert differ.float().mean().item() <= 1e-3, f"{differ.sum().item()} of {got.numel()} elements differ"
+    assert differ.float().mean().item() <= 1e-3, (
+        f"{differ.sum().item()} of {got.numel()} elements differ"
+    )
     # an x_hat one unit off, times a weight up to 2: two units of the largest value in play
     scale = want.float().abs() + (0 if norm.bias is None else norm.bias.detach().abs())
     ulp = torch.finfo(dtype).eps * scale.clamp_min(torch.finfo(dtype).tiny)
@@ -73,7 +78,9 @@ def test_gradients_with_two_threads_match_float64_for_any_row_count(kind, rows):
         y64 = rms_norm_ref(x64, params64[0], norm.eps)
     want = torch.autograd.grad(y64, (x64, *params64), dy)
     for name, g, w in zip(["dx", "dweight", "dbias"], got, want, strict=False):
-        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-5 * max(1.0, w.abs().max().item()), msg=name)
+        torch.testing.assert_close(
+            g.double(), w, rtol=1e-5, atol=1e-5 * max(1.0, w.abs().max().item()), msg=name
+        )
 
 
 @pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
@@ -97,7 +104,9 @@ def test_a_kernel_that_does_not_compile_is_a_one_line_config_error(tmp_path, cap
     src.write_text("#include <torch/library.h>\nthis is not C++;\n")
     with pytest.raises(ConfigError) as e:
         cpp_impl.build("normlab_test_broken", src, [])
-    assert "normlab: building the C++ norm kernels" in capsys.readouterr().err  # the pause is announced
+    assert (
+        "normlab: building the C++ norm kernels" in capsys.readouterr().err
+    )  # the pause is announced
     assert "norm.impl=cpp could not build its C++ kernels" in str(e.value)
     assert "choose norm.impl=torch" in str(e.value) and "\n" not in str(e.value)
 

@@ -72,9 +72,13 @@ def oracle(kind: NormKind, x, weight, bias, eps: float) -> torch.Tensor:
     return y
 
 
-def make_norm(kind, impl, d, *, bias=False, affine=True, eps=None, upcast=True, randomize=True, seed=0):
+def make_norm(
+    kind, impl, d, *, bias=False, affine=True, eps=None, upcast=True, randomize=True, seed=0
+):
     """``build_norm`` through ``resolve_norm`` on cpu, with non-trivial weight / bias values."""
-    cfg = resolve_norm(NormConfig(kind=kind, impl=impl, bias=bias, affine=affine, eps=eps, upcast=upcast), "cpu")
+    cfg = resolve_norm(
+        NormConfig(kind=kind, impl=impl, bias=bias, affine=affine, eps=eps, upcast=upcast), "cpu"
+    )
     norm = build_norm(cfg, d)
     if randomize:
         g = torch.Generator().manual_seed(seed)
@@ -96,7 +100,9 @@ def assert_matches(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, wh
         assert err <= LOW_PRECISION_TOL[dtype], f"{what}: normwise relative error {err:.3g}"
     else:  # atol grows with the tensor's scale: dweight over thousands of rows is O(sqrt(rows))
         atol = 1e-5 * max(1.0, want.abs().max().item())
-        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=atol, msg=lambda m: f"{what}: {m}")
+        torch.testing.assert_close(
+            got.double(), want, rtol=1e-5, atol=atol, msg=lambda m: f"{what}: {m}"
+        )
 
 
 def check_matches_oracle(kind, impl, d, lead, dtype, bias, permuted=False, seed=0):
@@ -117,7 +123,10 @@ def check_matches_oracle(kind, impl, d, lead, dtype, bias, permuted=False, seed=
     dx = leaf.grad.movedim(0, -1) if permuted else leaf.grad
 
     x64 = x.detach().double().requires_grad_()
-    params = [p.detach().double().requires_grad_() if p is not None else None for p in (norm.weight, norm.bias)]
+    params = [
+        p.detach().double().requires_grad_() if p is not None else None
+        for p in (norm.weight, norm.bias)
+    ]
     y64 = oracle(kind, x64, params[0], params[1], norm.eps)
     y64.backward(dy.double())
 
@@ -279,8 +288,14 @@ def test_permuted_noncontiguous_input_matches_float64_oracle(impl, kind, bias, d
         (NormKind.rms, False, 1000, (2, 5), torch.float32),
         (NormKind.rms, False, 4097, (3,), torch.bfloat16),
     ],
-    ids=["layer-bias-4097-fp32", "layer-nobias-768-bf16", "layer-bias-1000-fp16",
-         "rms-1536-fp16", "rms-1000-fp32", "rms-4097-bf16"],
+    ids=[
+        "layer-bias-4097-fp32",
+        "layer-nobias-768-bf16",
+        "layer-bias-1000-fp16",
+        "rms-1536-fp16",
+        "rms-1000-fp32",
+        "rms-4097-bf16",
+    ],
 )
 def test_compiled_output_and_gradients_match_float64_oracle(kind, bias, d, lead, dtype):
     """Fewer shapes than the eager grid: every new shape / dtype is a ~2 s recompile."""
@@ -434,7 +449,9 @@ def test_registry_covers_every_kind_and_concrete_impl():
 
 @pytest.mark.parametrize(("kind", "impl"), [k for k in NORM_VARIANTS if k[1] != NormImpl.triton])
 def test_registered_classes_share_the_parameter_layout(kind, impl):
-    norm = build_norm(resolve_norm(NormConfig(kind=kind, impl=impl, bias=kind == NormKind.layer), "cpu"), 10)
+    norm = build_norm(
+        resolve_norm(NormConfig(kind=kind, impl=impl, bias=kind == NormKind.layer), "cpu"), 10
+    )
     params = dict(norm.named_parameters())
     assert set(params) == ({"weight", "bias"} if kind == NormKind.layer else {"weight"})
     assert torch.equal(params["weight"], torch.ones(10)) and params["weight"].dtype == torch.float32
@@ -465,7 +482,9 @@ def test_triton_on_cpu_without_the_interpreter_is_a_config_error(monkeypatch):
         resolve_norm(NormConfig(impl=NormImpl.triton), "cpu")
 
 
-@pytest.mark.parametrize("impl", [NormImpl.torch, NormImpl.compiled, NormImpl.triton, NormImpl.cpp], ids=lambda i: i.name)
+@pytest.mark.parametrize(
+    "impl", [NormImpl.torch, NormImpl.compiled, NormImpl.triton, NormImpl.cpp], ids=lambda i: i.name
+)
 def test_upcast_false_is_refused_where_the_kernel_would_accumulate_in_fp32_anyway(impl):
     # inductor, PyTorch's kernels and ours compute fp16 statistics in fp32: honouring upcast=false
     # there would silently not reproduce the overflow, so the config refuses it.

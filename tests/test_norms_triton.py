@@ -25,7 +25,9 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 if "normlab.norms.triton_kernels" in sys.modules:
     _tk = sys.modules["normlab.norms.triton_kernels"]
-    if not isinstance(_tk._norm_fwd, InterpretedFunction):  # imported earlier without the interpreter
+    if not isinstance(
+        _tk._norm_fwd, InterpretedFunction
+    ):  # imported earlier without the interpreter
         importlib.reload(_tk)
 import normlab.norms.triton_kernels as tk  # noqa: E402
 
@@ -68,7 +70,9 @@ def _interpreter(monkeypatch):
 
 
 def test_kernels_are_interpreted_and_registered():
-    assert isinstance(tk._norm_fwd, InterpretedFunction) and isinstance(tk._norm_bwd, InterpretedFunction)
+    assert isinstance(tk._norm_fwd, InterpretedFunction) and isinstance(
+        tk._norm_bwd, InterpretedFunction
+    )
     assert norm_class(NormKind.layer, TRITON) is tk.TritonLayerNorm
     assert norm_class(NormKind.rms, TRITON) is tk.TritonRMSNorm
 
@@ -222,10 +226,18 @@ def test_layernorm_and_rmsnorm_agree_on_zero_mean_rows():
 def test_saved_statistics_are_fp32_per_row_and_satisfy_mean_square_identity(dtype):
     """The kernels' own saved statistics: mean and rstd (rows,) fp32; 1/rstd_rms^2 - eps
     (mean square) = 1/rstd_ln^2 - eps (variance) + mean^2."""
-    x = (torch.randn(2, 3, 1000) * 0.7 + torch.linspace(-2, 3, 3)[:, None]).to(dtype).requires_grad_()
+    x = (
+        (torch.randn(2, 3, 1000) * 0.7 + torch.linspace(-2, 3, 3)[:, None])
+        .to(dtype)
+        .requires_grad_()
+    )
     eps = 1e-5
-    layer = build_norm(resolve_norm(NormConfig(kind=NormKind.layer, impl=TRITON, eps=eps), "cpu"), 1000)
-    rms = build_norm(resolve_norm(NormConfig(kind=NormKind.rms, impl=TRITON, bias=False, eps=eps), "cpu"), 1000)
+    layer = build_norm(
+        resolve_norm(NormConfig(kind=NormKind.layer, impl=TRITON, eps=eps), "cpu"), 1000
+    )
+    rms = build_norm(
+        resolve_norm(NormConfig(kind=NormKind.rms, impl=TRITON, bias=False, eps=eps), "cpu"), 1000
+    )
     _, _, mean, rstd_ln = layer(x).grad_fn.saved_tensors  # (x2d, weight, mean, rstd)
     _, _, no_mean, rstd_rms = rms(x).grad_fn.saved_tensors
     assert no_mean is None

@@ -13,12 +13,20 @@ from normlab.training.loop import build_model
 
 
 def setup(compose_cfg, norm: str, seed: int):
-    cfg = to_train_config(compose_cfg(["experiment=loss_parity_cpu", f"norm={norm}", f"seed={seed}", "norm.impl=torch"]))
+    cfg = to_train_config(
+        compose_cfg(
+            ["experiment=loss_parity_cpu", f"norm={norm}", f"seed={seed}", "norm.impl=torch"]
+        )
+    )
     data = prepare(cfg.data)
     cfg = dataclasses.replace(
-        cfg, norm=resolve_norm(cfg.norm, "cpu"), model=dataclasses.replace(cfg.model, vocab_size=data.vocab_size)
+        cfg,
+        norm=resolve_norm(cfg.norm, "cpu"),
+        model=dataclasses.replace(cfg.model, vocab_size=data.vocab_size),
     )
-    sampler = BatchSampler(data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, torch.device("cpu"))
+    sampler = BatchSampler(
+        data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, torch.device("cpu")
+    )
     return build_model(cfg, torch.device("cpu")), sampler
 
 

@@ -43,11 +43,15 @@ class WrongDweightLayerNorm(TorchLayerNorm):
     """Right output, dweight 3% too large."""
 
     def forward(self, x):
-        return torch.nn.functional.layer_norm(x, (self.d,), _ScaleGrad.apply(self.weight), self.bias, self.eps)
+        return torch.nn.functional.layer_norm(
+            x, (self.d,), _ScaleGrad.apply(self.weight), self.bias, self.eps
+        )
 
 
 @pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
-@pytest.mark.parametrize("impl", [NormImpl.reference, NormImpl.torch, NormImpl.compiled], ids=lambda i: i.name)
+@pytest.mark.parametrize(
+    "impl", [NormImpl.reference, NormImpl.torch, NormImpl.compiled], ids=lambda i: i.name
+)
 def test_cpu_implementations_pass_in_fp32(impl, kind):
     result = preflight(cfg(kind, impl), D, CPU, torch.float32)
     want = {"output", "dx", "dweight"} | ({"dbias"} if kind == NormKind.layer else set())
@@ -62,7 +66,9 @@ def test_cpu_implementations_pass_in_fp32(impl, kind):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
 def test_torch_passes_in_low_precision(kind, dtype):
-    with warnings.catch_warnings():  # F.rms_norm: "Mismatch dtype between input and weight" (fp32 params)
+    with (
+        warnings.catch_warnings()
+    ):  # F.rms_norm: "Mismatch dtype between input and weight" (fp32 params)
         warnings.simplefilter("ignore", UserWarning)
         result = preflight(cfg(kind, NormImpl.torch), D, CPU, dtype)
     assert result["max_error"] <= TOLERANCES[dtype]
@@ -70,12 +76,16 @@ def test_torch_passes_in_low_precision(kind, dtype):
 
 
 def test_without_affine_only_output_and_dx_are_compared():
-    result = preflight(cfg(NormKind.layer, NormImpl.torch, affine=False, bias=False), D, CPU, torch.float32)
+    result = preflight(
+        cfg(NormKind.layer, NormImpl.torch, affine=False, bias=False), D, CPU, torch.float32
+    )
     assert set(result["errors"]) == {"output", "dx"}
 
 
 def test_a_forward_off_by_one_percent_is_refused_with_one_line(monkeypatch):
-    monkeypatch.setitem(NORM_VARIANTS, (NormKind.rms, NormImpl.torch), f"{__name__}:OffByOnePercentRMSNorm")
+    monkeypatch.setitem(
+        NORM_VARIANTS, (NormKind.rms, NormImpl.torch), f"{__name__}:OffByOnePercentRMSNorm"
+    )
     with pytest.raises(ConfigError) as err:
         preflight(cfg(NormKind.rms, NormImpl.torch), D, CPU, torch.float32)
     msg = str(err.value)
@@ -85,13 +95,20 @@ def test_a_forward_off_by_one_percent_is_refused_with_one_line(monkeypatch):
 
 
 def test_a_wrong_weight_gradient_is_named(monkeypatch):
-    monkeypatch.setitem(NORM_VARIANTS, (NormKind.layer, NormImpl.torch), f"{__name__}:WrongDweightLayerNorm")
-    with pytest.raises(ConfigError, match=r"^norm\.impl=torch disagrees with the reference: max rel error 3\.0e-02 in dweight > tolerance 1e-05 for fp32"):
+    monkeypatch.setitem(
+        NORM_VARIANTS, (NormKind.layer, NormImpl.torch), f"{__name__}:WrongDweightLayerNorm"
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"^norm\.impl=torch disagrees with the reference: max rel error 3\.0e-02 in dweight > tolerance 1e-05 for fp32",
+    ):
         preflight(cfg(NormKind.layer, NormImpl.torch), D, CPU, torch.float32)
 
 
 def test_a_one_percent_error_is_caught_in_fp16_too(monkeypatch):
-    monkeypatch.setitem(NORM_VARIANTS, (NormKind.rms, NormImpl.torch), f"{__name__}:OffByOnePercentRMSNorm")
+    monkeypatch.setitem(
+        NORM_VARIANTS, (NormKind.rms, NormImpl.torch), f"{__name__}:OffByOnePercentRMSNorm"
+    )
     with pytest.raises(ConfigError, match="for fp16"):
         preflight(cfg(NormKind.rms, NormImpl.torch), D, CPU, torch.float16)
 
@@ -105,10 +122,14 @@ def test_the_global_rng_is_left_alone():
 
 def test_an_unresolved_auto_impl_is_refused():
     with pytest.raises(ConfigError, match="norm.impl=auto"):
-        preflight(NormConfig(kind=NormKind.rms, impl=NormImpl.auto, bias=False), D, CPU, torch.float32)
+        preflight(
+            NormConfig(kind=NormKind.rms, impl=NormImpl.auto, bias=False), D, CPU, torch.float32
+        )
 
 
-def test_training_refuses_to_start_when_the_implementation_disagrees_with_the_reference(compose_cfg, tmp_path, monkeypatch):
+def test_training_refuses_to_start_when_the_implementation_disagrees_with_the_reference(
+    compose_cfg, tmp_path, monkeypatch
+):
     from normlab.compose import to_train_config
     from normlab.training.loop import train
 
@@ -127,6 +148,8 @@ def test_a_run_records_its_preflight_errors(compose_cfg, tmp_path):
 
     from .conftest import TINY
 
-    summary = train(to_train_config(compose_cfg([*TINY, "logger=none", "norm=rms", "max_steps=1"])), tmp_path)
+    summary = train(
+        to_train_config(compose_cfg([*TINY, "logger=none", "norm=rms", "max_steps=1"])), tmp_path
+    )
     assert summary["preflight"]["impl"] == "torch"
     assert summary["preflight"]["max_error"] < 1e-5

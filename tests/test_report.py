@@ -53,9 +53,19 @@ NORMS = {
 }
 
 
-def write_run(root: Path, norm: str, seed: int, final: float | None, *, step_ms: float = 100.0,
-              status: str = "completed", summary: bool = True, edits: dict | None = None,
-              overrides: list[str] | None = None, name: str | None = None) -> Path:
+def write_run(
+    root: Path,
+    norm: str,
+    seed: int,
+    final: float | None,
+    *,
+    step_ms: float = 100.0,
+    status: str = "completed",
+    summary: bool = True,
+    edits: dict | None = None,
+    overrides: list[str] | None = None,
+    name: str | None = None,
+) -> Path:
     """One run dir as the trainer writes it; ``edits`` sets dotted config keys."""
     d = root / (name or f"{norm}-seed{seed}")
     (d / ".hydra").mkdir(parents=True)
@@ -73,18 +83,36 @@ def write_run(root: Path, norm: str, seed: int, final: float | None, *, step_ms:
     end = final if final is not None else 3.5
     rows = []
     for step in range(1, 21):
-        row = {"step": step, "train/loss": end + (20 - step) * 0.1, "lr": 6e-4, "grad_norm": 0.8,
-               "step_time_ms": None if step <= 2 else step_ms, "tokens_per_s": None if step <= 2 else 1e5 / step_ms}
+        row = {
+            "step": step,
+            "train/loss": end + (20 - step) * 0.1,
+            "lr": 6e-4,
+            "grad_norm": 0.8,
+            "step_time_ms": None if step <= 2 else step_ms,
+            "tokens_per_s": None if step <= 2 else 1e5 / step_ms,
+        }
         if step % 10 == 0:
             row["val/loss"] = end + (20 - step) * 0.05
         rows.append(row)
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if summary:
-        s = {"status": status, "final_val_loss": final if status == "completed" else None,
-             "step_time_ms_median": step_ms, "step_time_ms_p90": step_ms * 1.1, "tokens_per_s": 1e5 / step_ms,
-             "mfu": 0.01, "params": 1000, "steps_completed": 20, "max_steps": 20, "seed": seed,
-             "norm": NORMS[norm], "precision": "fp32", "step_times_ms": [step_ms * (1 + 0.01 * i) for i in range(-3, 4)],
-             "config": cfg, "versions": {}}
+        s = {
+            "status": status,
+            "final_val_loss": final if status == "completed" else None,
+            "step_time_ms_median": step_ms,
+            "step_time_ms_p90": step_ms * 1.1,
+            "tokens_per_s": 1e5 / step_ms,
+            "mfu": 0.01,
+            "params": 1000,
+            "steps_completed": 20,
+            "max_steps": 20,
+            "seed": seed,
+            "norm": NORMS[norm],
+            "precision": "fp32",
+            "step_times_ms": [step_ms * (1 + 0.01 * i) for i in range(-3, 4)],
+            "config": cfg,
+            "versions": {},
+        }
         if status == "diverged":
             s.update(diverged_at_step=7, steps_completed=7)
         if status == "failed":
@@ -111,6 +139,7 @@ def make_sweep(root: Path, layer=LAYER, rms=RMS) -> Path:
 
 # --- statistics against hand-computed values ------------------------------------------------
 
+
 def test_describe_uses_sample_std_ddof1():
     d = describe([3.0, 3.1, 3.2])
     assert d["n"] == 3 and d["mean"] == pytest.approx(3.1) and d["std"] == pytest.approx(0.1)
@@ -121,7 +150,10 @@ def test_describe_uses_sample_std_ddof1():
 def test_t_interval_matches_student_t_by_hand():
     # [0.01, 0.02, 0.03]: mean 0.02, s 0.01, se 0.01/sqrt(3) = 0.0057735 -> 0.02 +- 4.302653 * se = 0.02 +- 0.024841
     lo, hi = t_interval([0.01, 0.02, 0.03], 0.95)
-    assert (lo, hi) == (pytest.approx(0.02 - 0.024841, abs=1e-6), pytest.approx(0.02 + 0.024841, abs=1e-6))
+    assert (lo, hi) == (
+        pytest.approx(0.02 - 0.024841, abs=1e-6),
+        pytest.approx(0.02 + 0.024841, abs=1e-6),
+    )
     lo90, hi90 = t_interval([0.01, 0.02, 0.03], 0.90)  # 2.919986 * se = 0.016859
     assert (lo90, hi90) == (pytest.approx(0.003141, abs=1e-6), pytest.approx(0.036859, abs=1e-6))
     assert all(math.isnan(x) for x in t_interval([0.01], 0.95))
@@ -131,20 +163,40 @@ def test_paired_difference_mean_std_ci_and_tost_p_values_by_hand():
     r = paired_difference([0.01, 0.02, 0.03], margin=0.05, alpha=0.05)
     se = 0.01 / math.sqrt(3)
     assert r["n"] == 3 and r["mean"] == pytest.approx(0.02) and r["std"] == pytest.approx(0.01)
-    assert r["ci"] == (pytest.approx(0.02 - T975_2 * se, abs=1e-6), pytest.approx(0.02 + T975_2 * se, abs=1e-6))
-    assert r["ci_tost"] == (pytest.approx(0.02 - T95_2 * se, abs=1e-6), pytest.approx(0.02 + T95_2 * se, abs=1e-6))
+    assert r["ci"] == (
+        pytest.approx(0.02 - T975_2 * se, abs=1e-6),
+        pytest.approx(0.02 + T975_2 * se, abs=1e-6),
+    )
+    assert r["ci_tost"] == (
+        pytest.approx(0.02 - T95_2 * se, abs=1e-6),
+        pytest.approx(0.02 + T95_2 * se, abs=1e-6),
+    )
     # H0: mu <= -0.05: t = 0.07/se = 12.124, p = 1 - F(t) = 0.003367; H0: mu >= 0.05: t = -0.03/se, p = F(t) = 0.017549
-    assert r["p_lower"] == pytest.approx(1 - t2_cdf(0.07 / se), rel=1e-9) == pytest.approx(0.003367, abs=1e-6)
-    assert r["p_upper"] == pytest.approx(t2_cdf(-0.03 / se), rel=1e-9) == pytest.approx(0.017549, abs=1e-6)
+    assert (
+        r["p_lower"]
+        == pytest.approx(1 - t2_cdf(0.07 / se), rel=1e-9)
+        == pytest.approx(0.003367, abs=1e-6)
+    )
+    assert (
+        r["p_upper"]
+        == pytest.approx(t2_cdf(-0.03 / se), rel=1e-9)
+        == pytest.approx(0.017549, abs=1e-6)
+    )
     assert r["verdict"] == "equivalent within 0.05 nats"
 
 
-@pytest.mark.parametrize(("margin", "verdict"), [
-    (0.05, "equivalent within 0.05 nats"),
-    (0.0375, "equivalent within 0.0375 nats"),  # 90% CI upper bound 0.036859 < 0.0375
-    (0.036, "not shown equivalent"),             # 0.036859 > 0.036, and the 95% CI [-0.0048, 0.0448] holds 0
-    (0.01, "not shown equivalent"),
-])
+@pytest.mark.parametrize(
+    ("margin", "verdict"),
+    [
+        (0.05, "equivalent within 0.05 nats"),
+        (0.0375, "equivalent within 0.0375 nats"),  # 90% CI upper bound 0.036859 < 0.0375
+        (
+            0.036,
+            "not shown equivalent",
+        ),  # 0.036859 > 0.036, and the 95% CI [-0.0048, 0.0448] holds 0
+        (0.01, "not shown equivalent"),
+    ],
+)
 def test_tost_verdict_on_both_sides_of_the_margin(margin, verdict):
     r = paired_difference([0.01, 0.02, 0.03], margin=margin)
     assert r["verdict"] == verdict
@@ -172,13 +224,20 @@ def test_step_time_ratio_ci_is_computed_on_log_ratios():
 
 # --- loading, labels, baseline ----------------------------------------------------------------
 
+
 def test_labels_drop_seed_and_shared_overrides_and_baseline_defaults_to_layernorm(tmp_path):
     rep = build_report(make_sweep(tmp_path), margin=0.05)
     assert rep.baseline == "norm=layer" and rep.common_overrides == ["model=tiny"]
     assert [v["label"] for v in rep.variants] == ["norm=layer", "norm=rms"]
     layer = rep.variants[0]
-    assert layer["n"] == 3 and layer["mean"] == pytest.approx(3.05) and layer["std"] == pytest.approx(0.05)
-    assert layer["step_time_ms"] == 100.0 and rep.variants[1]["step_time_ms"] == 110.0  # median of 110, 120, 100
+    assert (
+        layer["n"] == 3
+        and layer["mean"] == pytest.approx(3.05)
+        and layer["std"] == pytest.approx(0.05)
+    )
+    assert (
+        layer["step_time_ms"] == 100.0 and rep.variants[1]["step_time_ms"] == 110.0
+    )  # median of 110, 120, 100
     c = rep.comparisons[0]
     assert c["seeds"] == [0, 1, 2] and c["diffs"] == pytest.approx([0.01, 0.02, 0.03])
     assert c["verdict"] == "equivalent within 0.05 nats"
@@ -193,7 +252,9 @@ def test_explicit_baseline_flips_the_sign_of_the_difference(tmp_path):
 
 
 def test_pairs_only_seeds_present_in_both_variants(tmp_path):
-    c = build_report(make_sweep(tmp_path, rms={1: 3.12, 2: 3.08, 7: 2.0}), margin=0.05).comparisons[0]
+    c = build_report(make_sweep(tmp_path, rms={1: 3.12, 2: 3.08, 7: 2.0}), margin=0.05).comparisons[
+        0
+    ]
     assert c["seeds"] == [1, 2] and c["n"] == 2 and c["mean"] == pytest.approx(0.025)
 
 
@@ -206,16 +267,21 @@ def test_seed_only_sweep_is_labelled_by_norm_kind_and_impl(tmp_path):
 
 # --- refusal ----------------------------------------------------------------------------------
 
+
 def test_refuses_runs_that_differ_in_a_key_not_swept(tmp_path):
     make_sweep(tmp_path)
     write_run(tmp_path, "rms", 5, 3.0, edits={"optim.lr": 0.001})
-    with pytest.raises(ReportError, match=r"runs differ in keys not swept: optim\.lr \(0\.0006 vs 0\.001\)"):
+    with pytest.raises(
+        ReportError, match=r"runs differ in keys not swept: optim\.lr \(0\.0006 vs 0\.001\)"
+    ):
         build_report(tmp_path)
 
 
 def test_refuses_a_difference_inside_a_variant_even_under_its_group(tmp_path):
     make_sweep(tmp_path)
-    write_run(tmp_path, "rms", 5, 3.0, edits={"norm.eps": 1e-6})  # same override norm=rms, different eps
+    write_run(
+        tmp_path, "rms", 5, 3.0, edits={"norm.eps": 1e-6}
+    )  # same override norm=rms, different eps
     with pytest.raises(ReportError, match=r"norm\.eps"):
         build_report(tmp_path)
 
@@ -223,8 +289,14 @@ def test_refuses_a_difference_inside_a_variant_even_under_its_group(tmp_path):
 def test_swept_groups_seed_and_logger_keys_are_not_refused(tmp_path):
     make_sweep(tmp_path)
     write_run(tmp_path, "rms", 5, 3.0, edits={"logger.name": "other"})
-    write_run(tmp_path, "rms", 6, 3.0, edits={"optim.lr": 0.001},
-              overrides=["norm=rms", "seed=6", "model=tiny", "optim.lr=0.001"])
+    write_run(
+        tmp_path,
+        "rms",
+        6,
+        3.0,
+        edits={"optim.lr": 0.001},
+        overrides=["norm=rms", "seed=6", "model=tiny", "optim.lr=0.001"],
+    )
     labels = [v["label"] for v in build_report(tmp_path).variants]
     assert labels == ["norm=layer", "norm=rms", "norm=rms,optim.lr=0.001"]
 
@@ -242,12 +314,18 @@ def test_python_dash_m_runs_the_cli(tmp_path):
     make_sweep(tmp_path)
     write_run(tmp_path, "layer", 5, 3.0, edits={"max_steps": 40})
     src = Path(__file__).resolve().parents[1] / "src"
-    p = subprocess.run([sys.executable, "-m", "normlab.commands.report", str(tmp_path)], capture_output=True, text=True,
-                       env=dict(os.environ, PYTHONPATH=str(src)), timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "normlab.commands.report", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(src)),
+        timeout=120,
+    )
     assert p.returncode == 1 and "max_steps (20 vs 40)" in p.stderr
 
 
 # --- exclusion ----------------------------------------------------------------------------------
+
 
 def test_excludes_diverged_failed_and_unfinished_runs_and_lists_them(tmp_path):
     make_sweep(tmp_path)
@@ -256,7 +334,10 @@ def test_excludes_diverged_failed_and_unfinished_runs_and_lists_them(tmp_path):
     write_run(tmp_path, "layer", 4, None, status="failed")
     write_run(tmp_path, "rms", 4, float("nan"))
     rep = build_report(tmp_path, margin=0.05)
-    assert [v["n"] for v in rep.variants] == [3, 3] and [v["excluded"] for v in rep.variants] == [2, 2]
+    assert [v["n"] for v in rep.variants] == [3, 3] and [v["excluded"] for v in rep.variants] == [
+        2,
+        2,
+    ]
     assert rep.comparisons[0]["n"] == 3 and rep.comparisons[0]["seeds"] == [0, 1, 2]
     assert main([str(tmp_path), "--margin", "0.05"]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
@@ -270,17 +351,26 @@ def test_excludes_diverged_failed_and_unfinished_runs_and_lists_them(tmp_path):
 
 # --- CLI end to end -----------------------------------------------------------------------------
 
+
 def test_cli_writes_report_with_tables_verdict_and_nonempty_figures(tmp_path, capsys):
     sweep = make_sweep(tmp_path / "sweep")
     assert main([str(sweep), "--margin", "0.05"]) == 0
     out = sweep / "report"
     md = (out / "report.md").read_text()
-    assert f"Sweep: `{sweep}`" in md and "Baseline: `norm=layer`" in md and "±0.05 nats/token; alpha = 0.05" in md
+    assert (
+        f"Sweep: `{sweep}`" in md
+        and "Baseline: `norm=layer`" in md
+        and "±0.05 nats/token; alpha = 0.05" in md
+    )
     assert "| `norm=layer` | 3 | 0 | 3.0500 | 0.0500 | 3.0000 | 3.1000 | 100.0 | 1,000 |" in md
-    assert ("| `norm=rms` | 3 | +0.0200 | 0.0100 | [-0.0048, +0.0448] | [+0.0031, +0.0369] | 0.00337 | 0.0175 "
-            "| equivalent within 0.05 nats |") in md
+    assert (
+        "| `norm=rms` | 3 | +0.0200 | 0.0100 | [-0.0048, +0.0448] | [+0.0031, +0.0369] | 0.00337 | 0.0175 "
+        "| equivalent within 0.05 nats |"
+    ) in md
     assert "over n = 3 seeds" in md and "Verdict: **equivalent within 0.05 nats**" in md
-    assert "log-ratios and exponentiated" in md and "| `norm=rms` | 3 | 1.097 | [0.875, 1.376] |" in md
+    assert (
+        "log-ratios and exponentiated" in md and "| `norm=rms` | 3 | 1.097 | [0.875, 1.376] |" in md
+    )
     assert "EMA" in md
     for name in ("val_loss.png", "train_loss.png", "step_time.png"):
         png = out / name
@@ -296,7 +386,9 @@ def test_cli_narrow_margin_and_custom_out_dir(tmp_path):
 
 
 def test_cli_clearly_different_sweep(tmp_path):
-    sweep = make_sweep(tmp_path / "sweep", rms={0: 3.10, 1: 3.21, 2: 3.17})  # diffs [0.10, 0.11, 0.12]
+    sweep = make_sweep(
+        tmp_path / "sweep", rms={0: 3.10, 1: 3.21, 2: 3.17}
+    )  # diffs [0.10, 0.11, 0.12]
     assert main([str(sweep)]) == 0
     assert "Verdict: **different**" in (sweep / "report" / "report.md").read_text()
 

@@ -44,19 +44,31 @@ def _one_thread(one_thread):
     """One intra-op thread for every test here (see conftest.one_thread)."""
 
 
-def cli(args: list[str], cwd: Path, signal_at: tuple[str, int] | None = None) -> subprocess.CompletedProcess:
+def cli(
+    args: list[str], cwd: Path, signal_at: tuple[str, int] | None = None
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
     code = "from normlab.commands.train import main; main()"
     if signal_at:
         env.update(NORMLAB_TEST_SIGNAL=signal_at[0], NORMLAB_TEST_SIGNAL_AT=str(signal_at[1]))
         code = DRIVER
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def losses(run_dir: Path) -> list[tuple[int, dict]]:
     """``(step, row without timings)`` for every row of metrics.jsonl, in file order."""
     timing = {"step_time_ms", "tokens_per_s"}
-    return [(r["step"], {k: v for k, v in r.items() if k not in timing}) for r in tracking.read_metrics(run_dir / "metrics.jsonl")]
+    return [
+        (r["step"], {k: v for k, v in r.items() if k not in timing})
+        for r in tracking.read_metrics(run_dir / "metrics.jsonl")
+    ]
 
 
 def wandb_ids(run_dir: Path) -> list[str]:
@@ -67,7 +79,9 @@ def wandb_ids(run_dir: Path) -> list[str]:
 def test_a_run_killed_with_sigkill_and_resumed_logs_the_losses_of_an_uninterrupted_run(tmp_path):
     args = [*RUN, "max_steps=16", "ckpt_interval=5"]
     full, killed = tmp_path / "full", tmp_path / "killed"
-    r = cli([*args, "logger=none", f"hydra.run.dir={full}"], tmp_path)  # logger is not in the config hash
+    r = cli(
+        [*args, "logger=none", f"hydra.run.dir={full}"], tmp_path
+    )  # logger is not in the config hash
     assert r.returncode == 0, r.stderr
 
     r = cli([*args, f"hydra.run.dir={killed}"], tmp_path, signal_at=("SIGKILL", 13))
@@ -81,25 +95,50 @@ def test_a_run_killed_with_sigkill_and_resumed_logs_the_losses_of_an_uninterrupt
     assert [s for s, _ in losses(full)] == list(range(1, 17))
     summary = tracking.json.loads((killed / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["resumed"]["from_step"] == 10
-    assert summary["final_val_loss"] == tracking.json.loads((full / "summary.json").read_text())["final_val_loss"]
+    assert (
+        summary["final_val_loss"]
+        == tracking.json.loads((full / "summary.json").read_text())["final_val_loss"]
+    )
     ids = wandb_ids(killed)
     assert len(ids) == 2 and ids[0] == ids[1], "the resumed run must continue the same wandb run"
-    assert "resume=" not in (killed / ".hydra" / "overrides.yaml").read_text(), "the first invocation's record stays"
+    assert "resume=" not in (killed / ".hydra" / "overrides.yaml").read_text(), (
+        "the first invocation's record stays"
+    )
 
 
 @pytest.mark.slow
 def test_sigterm_saves_a_loadable_checkpoint_exits_nonzero_and_a_requeue_finishes_the_run(tmp_path):
     run_dir = tmp_path / "run"
-    args = [*RUN, "logger=none", "max_steps=10", "ckpt_interval=0", f"hydra.run.dir={run_dir}", "resume=auto"]
+    args = [
+        *RUN,
+        "logger=none",
+        "max_steps=10",
+        "ckpt_interval=0",
+        f"hydra.run.dir={run_dir}",
+        "resume=auto",
+    ]
     r = cli(args, tmp_path, signal_at=("SIGTERM", 7))
     assert r.returncode == 128 + signal.SIGTERM, r.stderr
     assert "SIGTERM after step 7: checkpoint saved" in r.stderr and "Traceback" not in r.stderr
     loaded = ckpt.load_latest(run_dir / "checkpoints")
-    assert loaded.skipped == [] and loaded.state["step"] == 7 and loaded.state["sampler"]["step"] == 7
-    assert {"model", "optimizer", "scaler", "rng", "config_hash", "wandb_run_id"} <= loaded.state.keys()
+    assert (
+        loaded.skipped == [] and loaded.state["step"] == 7 and loaded.state["sampler"]["step"] == 7
+    )
+    assert {
+        "model",
+        "optimizer",
+        "scaler",
+        "rng",
+        "config_hash",
+        "wandb_run_id",
+    } <= loaded.state.keys()
     assert set(loaded.state["rng"]) == {"python", "numpy", "torch", "cuda"}
     summary = tracking.json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "interrupted" and summary["signal"] == "SIGTERM" and summary["steps_completed"] == 7
+    assert (
+        summary["status"] == "interrupted"
+        and summary["signal"] == "SIGTERM"
+        and summary["steps_completed"] == 7
+    )
 
     r = cli(args, tmp_path)  # a requeued job runs the same command again
     assert r.returncode == 0, r.stderr
@@ -118,12 +157,18 @@ def tiny(compose_cfg):
     return _cfg
 
 
-def test_sigint_stops_after_a_checkpoint_and_resume_continues_bit_identically(tiny, tmp_path, monkeypatch, signal_after_step):
+def test_sigint_stops_after_a_checkpoint_and_resume_continues_bit_identically(
+    tiny, tmp_path, monkeypatch, signal_after_step
+):
     cfg = tiny("max_steps=8")
     train(cfg, tmp_path / "full", RunOptions(ckpt_interval=0))
     signal_after_step(signal.SIGINT, 3)
     summary = train(cfg, tmp_path / "cut", RunOptions(ckpt_interval=0))
-    assert summary["status"] == "interrupted" and summary["signal"] == "SIGINT" and summary["steps_completed"] == 3
+    assert (
+        summary["status"] == "interrupted"
+        and summary["signal"] == "SIGINT"
+        and summary["steps_completed"] == 3
+    )
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
     monkeypatch.undo()
     summary = train(cfg, tmp_path / "cut", RunOptions(ckpt_interval=0, resume="auto"))
@@ -142,12 +187,17 @@ def test_a_truncated_checkpoint_is_named_and_the_previous_one_is_used(tiny, tmp_
 
     loaded = ckpt.load_latest(run / "checkpoints")
     assert loaded.state["step"] == 4 and len(loaded.skipped) == 1
-    assert loaded.skipped[0].startswith(newest.name) and "truncated or corrupted" in loaded.skipped[0]
+    assert (
+        loaded.skipped[0].startswith(newest.name) and "truncated or corrupted" in loaded.skipped[0]
+    )
     summary = train(cfg, run, RunOptions(ckpt_interval=2, resume="auto"))
     assert f"checkpoint skipped: {newest.name}" in caplog.text
     assert summary["status"] == "completed" and summary["resumed"]["from_step"] == 4
     assert losses(run) == losses(tmp_path / "full")
-    assert [s for s, _ in ckpt.list_checkpoints(run / "checkpoints")] == [6, 4]  # the damaged file is replaced
+    assert [s for s, _ in ckpt.list_checkpoints(run / "checkpoints")] == [
+        6,
+        4,
+    ]  # the damaged file is replaced
 
 
 def test_a_flipped_byte_is_detected_though_torch_load_would_accept_it(tmp_path):
@@ -173,7 +223,9 @@ def test_saves_are_atomic_keep_the_newest_k_and_clear_leftovers(tmp_path, monkey
     with pytest.raises(OSError):
         ckpt.save_checkpoint(tmp_path, {"step": 4}, keep=2)
     monkeypatch.undo()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for _, p in ckpt.list_checkpoints(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for _, p in ckpt.list_checkpoints(tmp_path)
+    )
     (tmp_path / ".step-00000004.tmp999").write_bytes(b"left by a kill during a save")
     assert ckpt.load_latest(tmp_path).state["step"] == 3
     ckpt.save_checkpoint(tmp_path, {"step": 4}, keep=2)
@@ -193,24 +245,39 @@ def test_every_rng_state_round_trips(tmp_path):
 
 def test_resuming_with_another_config_is_refused_with_the_keys_unless_forced(tiny, tmp_path):
     train(tiny("max_steps=4"), tmp_path, RunOptions(ckpt_interval=2))
-    changed = tiny("max_steps=6", "optim.lr=1e-3", "progress=true", "logger=none")  # progress may differ
-    with pytest.raises(ConfigError, match=r"cannot resume from step-00000004-\w+\.pt: the config differs in max_steps: 4 -> 6; optim.lr: 0.0006 -> 0.001 \(force=true"):
+    changed = tiny(
+        "max_steps=6", "optim.lr=1e-3", "progress=true", "logger=none"
+    )  # progress may differ
+    with pytest.raises(
+        ConfigError,
+        match=r"cannot resume from step-00000004-\w+\.pt: the config differs in max_steps: 4 -> 6; optim.lr: 0.0006 -> 0.001 \(force=true",
+    ):
         train(changed, tmp_path, RunOptions(resume="auto"))
     summary = train(changed, tmp_path, RunOptions(resume="auto", force=True))
-    assert summary["status"] == "completed" and summary["resumed"]["forced_config_diff"] == ["max_steps: 4 -> 6", "optim.lr: 0.0006 -> 0.001"]
+    assert summary["status"] == "completed" and summary["resumed"]["forced_config_diff"] == [
+        "max_steps: 4 -> 6",
+        "optim.lr: 0.0006 -> 0.001",
+    ]
 
 
 def test_a_checkpoint_of_another_model_shape_is_refused_even_when_forced(tiny, tmp_path):
     train(tiny("max_steps=2"), tmp_path, RunOptions())
-    with pytest.raises(ConfigError, match=r"another shape: blocks\.0\.attn\.proj\.bias: \(128,\) in the checkpoint, \(64,\) now; .* \(and \d+ more\)$"):
-        train(tiny("max_steps=2", "model.d_model=64"), tmp_path, RunOptions(resume="auto", force=True))
+    with pytest.raises(
+        ConfigError,
+        match=r"another shape: blocks\.0\.attn\.proj\.bias: \(128,\) in the checkpoint, \(64,\) now; .* \(and \d+ more\)$",
+    ):
+        train(
+            tiny("max_steps=2", "model.d_model=64"), tmp_path, RunOptions(resume="auto", force=True)
+        )
 
 
 def test_a_new_run_never_overwrites_checkpoints_and_required_resume_needs_one(tiny, tmp_path):
     cfg = tiny("max_steps=2")
     with pytest.raises(ConfigError, match="no valid checkpoint to resume from"):
         train(cfg, tmp_path, RunOptions(resume="required"))
-    assert not (tmp_path / "metrics.jsonl").exists(), "an input error must stop before anything is written"
+    assert not (tmp_path / "metrics.jsonl").exists(), (
+        "an input error must stop before anything is written"
+    )
     train(cfg, tmp_path, RunOptions())
     with pytest.raises(ConfigError, match="already holds checkpoints: add resume=auto"):
         train(cfg, tmp_path, RunOptions())

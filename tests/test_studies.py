@@ -38,7 +38,10 @@ def test_every_experiment_file_composes_and_validates(compose_cfg, name):
 
 @pytest.mark.parametrize("name", STUDIES)
 def test_each_study_has_a_gpu_variant_beside_it(compose_cfg, name):
-    cpu, gpu = to_train_config(compose_cfg([f"experiment={name}"])), to_train_config(compose_cfg([f"experiment={name}_gpu"]))
+    cpu, gpu = (
+        to_train_config(compose_cfg([f"experiment={name}"])),
+        to_train_config(compose_cfg([f"experiment={name}_gpu"])),
+    )
     assert gpu.device == "cuda" and cpu.device in ("cpu", "auto")
 
 
@@ -47,31 +50,50 @@ def test_sweep_studies_sweep_what_they_say(compose_cfg):
         return yaml.safe_load((CONF / f"{name}.yaml").read_text())["hydra"]
 
     pw = hydra("placement_warmup")
-    assert pw["mode"] == "MULTIRUN" and to_train_config(compose_cfg(["experiment=placement_warmup"])).diag_interval
-    assert pw["sweeper"]["params"] == {"norm.placement": "pre,post", "optim.warmup_steps": "0,150", "seed": "0,1"}
+    assert (
+        pw["mode"] == "MULTIRUN"
+        and to_train_config(compose_cfg(["experiment=placement_warmup"])).diag_interval
+    )
+    assert pw["sweeper"]["params"] == {
+        "norm.placement": "pre,post",
+        "optim.warmup_steps": "0,150",
+        "seed": "0,1",
+    }
     eps = hydra("eps_sweep")["sweeper"]["params"]
     assert eps["norm"] == "layer,rms"
     assert [float(v) for v in eps["norm.eps"].split(",")] == [1e-8, 1e-6, 1e-5, 1e-4, 1e-2]
     fp16 = to_train_config(compose_cfg(["experiment=fp16_statistics"]))
-    assert fp16.norm.impl == NormImpl.reference and fp16.norm.upcast is False and fp16.norm.kind == NormKind.rms
+    assert (
+        fp16.norm.impl == NormImpl.reference
+        and fp16.norm.upcast is False
+        and fp16.norm.kind == NormKind.rms
+    )
 
 
 # --- report: diagnostics and swept-value sections --------------------------------------------------
+
 
 def diag_row(step: int, n: int, growth: float, gain: float) -> dict:
     row = {f"diag/block{i}/resid_rms": 0.05 * growth**i for i in range(n)}
     row |= {f"diag/block{i}/resid_mean": 0.0 for i in range(n)}
     row["diag/final/resid_rms"] = 0.05 * growth**n
     for name in [f"block{i}/{m}" for i in range(n) for m in ("norm1", "norm2")] + ["final/norm_f"]:
-        row |= {f"diag/{name}_gain_mean": gain, f"diag/{name}_gain_min": gain - 0.2, f"diag/{name}_gain_max": gain + 0.3}
+        row |= {
+            f"diag/{name}_gain_mean": gain,
+            f"diag/{name}_gain_min": gain - 0.2,
+            f"diag/{name}_gain_max": gain + 0.3,
+        }
     return row | {"diag/max_logit": 4.0, "diag/block0/grad_norm": 0.1}
 
 
 def add_diag(run_dir: Path, n: int = 2, growth: float = 2.0, upto: int = 20) -> None:
     """Add diag/ keys to every 5th row of a synthetic run's metrics.jsonl (rows after ``upto`` dropped)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    rows = [r | (diag_row(r["step"], n, growth, 1 + r["step"] / 100) if r["step"] % 5 == 0 else {})
-            for r in rows if r["step"] <= upto]
+    rows = [
+        r | (diag_row(r["step"], n, growth, 1 + r["step"] / 100) if r["step"] % 5 == 0 else {})
+        for r in rows
+        if r["step"] <= upto
+    ]
     if upto < 20:
         rows[-1]["diag/block1/resid_rms"] = float("nan")  # a diverging run's last statistics
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -92,8 +114,12 @@ def test_report_draws_residual_rms_vs_depth_and_gains_when_diag_keys_exist(tmp_p
         assert f"]({name})" in md
     diag = md.split("## Diagnostics")[1]
     # layer: 0.05 entering block 0, 0.05 * 2^2 = 0.2 entering the final norm: growth 4
-    assert "| `norm=layer` | 3 | 5–20 | 0.2 | 0.05 | 0.2 | 4.00 | 1.000–1.500 | 4 |" in diag  # gain 1.2 at step 20
-    assert "| `norm=rms (excluded)` | 1 | 5–10 |" in diag  # the diverged run's diagnostics, kept apart
+    assert (
+        "| `norm=layer` | 3 | 5–20 | 0.2 | 0.05 | 0.2 | 4.00 | 1.000–1.500 | 4 |" in diag
+    )  # gain 1.2 at step 20
+    assert (
+        "| `norm=rms (excluded)` | 1 | 5–10 |" in diag
+    )  # the diverged run's diagnostics, kept apart
     assert "## Outcome per variant" in md and "seed 3: diverged at step 7" in md
 
 
@@ -102,33 +128,56 @@ def test_no_diagnostics_section_or_figures_without_diag_keys(tmp_path):
     assert report_main([str(sweep)]) == 0
     md = (sweep / "report" / "report.md").read_text()
     assert "## Diagnostics" not in md and not (sweep / "report" / "resid_depth.png").exists()
-    assert write_diag_figures({"a": [[{"step": 1, "train/loss": 3.0}]]}, tmp_path) == {"resid_depth": None, "gains": None}
+    assert write_diag_figures({"a": [[{"step": 1, "train/loss": 3.0}]]}, tmp_path) == {
+        "resid_depth": None,
+        "gains": None,
+    }
 
 
 def test_swept_numeric_override_gets_a_pivot_table_and_figure(tmp_path):
     eps = {"1e-08": 3.00, "1e-05": 3.01, "0.01": 3.20}
     for norm in ("layer", "rms"):
         for i, (e, loss) in enumerate(eps.items()):
-            write_run(tmp_path, norm, 0, loss + (0.05 if norm == "rms" else 0), name=f"{norm}-{i}",
-                      edits={"norm.eps": float(e)}, overrides=[f"norm={norm}", f"norm.eps={e}", "seed=0"])
+            write_run(
+                tmp_path,
+                norm,
+                0,
+                loss + (0.05 if norm == "rms" else 0),
+                name=f"{norm}-{i}",
+                edits={"norm.eps": float(e)},
+                overrides=[f"norm={norm}", f"norm.eps={e}", "seed=0"],
+            )
     assert report_main([str(tmp_path), "--baseline", "norm=layer,norm.eps=1e-05"]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
     assert "Baseline: `norm.eps=1e-05,norm=layer`" in md
     section = md.split("## Final validation loss vs `norm.eps`")[1]
     assert "| 0.01 | 3.2000 (n = 1) | 3.2500 (n = 1) |" in section
     assert (tmp_path / "report" / "swept.png").stat().st_size > 5000
-    assert "one seed paired with the baseline (0): difference +0.1900" in md  # n = 1 reads as one sentence
+    assert (
+        "one seed paired with the baseline (0): difference +0.1900" in md
+    )  # n = 1 reads as one sentence
     assert swept_numeric(["norm=layer", "norm=rms"]) is None
-    key, where = swept_numeric(["norm.placement=pre,optim.warmup_steps=0", "norm.placement=post,optim.warmup_steps=50"])
-    assert key == "optim.warmup_steps" and where["norm.placement=post,optim.warmup_steps=50"] == (50.0, "norm.placement=post")
+    key, where = swept_numeric(
+        ["norm.placement=pre,optim.warmup_steps=0", "norm.placement=post,optim.warmup_steps=50"]
+    )
+    assert key == "optim.warmup_steps" and where["norm.placement=post,optim.warmup_steps=50"] == (
+        50.0,
+        "norm.placement=post",
+    )
 
 
 # --- fp16 statistics ------------------------------------------------------------------------------
 
+
 def tiny_gpt(upcast: bool) -> GPT:
     torch.manual_seed(0)
     cfg = ModelConfig(name="t", n_layer=2, n_head=2, d_model=16, context_length=8, vocab_size=32)
-    return GPT(cfg, resolve_norm(NormConfig(kind=NormKind.rms, impl=NormImpl.reference, bias=False, upcast=upcast), "cpu")).eval()
+    return GPT(
+        cfg,
+        resolve_norm(
+            NormConfig(kind=NormKind.rms, impl=NormImpl.reference, bias=False, upcast=upcast), "cpu"
+        ),
+    ).eval()
 
 
 def test_fp16_detector_names_the_first_overflowing_norm_only_without_fp32_statistics():
@@ -141,52 +190,115 @@ def test_fp16_detector_names_the_first_overflowing_norm_only_without_fp32_statis
         res = model_check(model.half(), ref, x, y, target_rms=300.0)
         assert res["max_abs"] > 255.9
         if not upcast:
-            assert res["first_module"] == "blocks.0.norm1" and "statistics of blocks.0.norm1" in res["first_nonfinite"]
-            assert res["overflowed_norms"][0] == "blocks.0.norm1" and res["logit_err_median"] > 0.5  # rows zeroed
+            assert (
+                res["first_module"] == "blocks.0.norm1"
+                and "statistics of blocks.0.norm1" in res["first_nonfinite"]
+            )
+            assert (
+                res["overflowed_norms"][0] == "blocks.0.norm1" and res["logit_err_median"] > 0.5
+            )  # rows zeroed
         else:
-            assert res["first_nonfinite"] is None and res["overflowed_norms"] == [] and res["logit_err_max"] < 0.05
+            assert (
+                res["first_nonfinite"] is None
+                and res["overflowed_norms"] == []
+                and res["logit_err_max"] < 0.05
+            )
     # fp16 autocast keeps the residual stream fp32: the norms never see fp16 inputs
-    res = model_check(tiny_gpt(False), tiny_gpt(False).double(), x, y, target_rms=300.0, autocast=True)
+    res = model_check(
+        tiny_gpt(False), tiny_gpt(False).double(), x, y, target_rms=300.0, autocast=True
+    )
     assert res["first_nonfinite"] is None and res["overflowed_norms"] == []
     # below the threshold the fp16 model is fine either way
-    assert model_check(tiny_gpt(False).half(), tiny_gpt(False).double(), x, y, target_rms=10.0)["first_nonfinite"] is None
+    assert (
+        model_check(tiny_gpt(False).half(), tiny_gpt(False).double(), x, y, target_rms=10.0)[
+            "first_nonfinite"
+        ]
+        is None
+    )
 
 
 def test_fp16_norm_sweep_breaks_only_without_upcast_and_above_the_threshold():
     cases = norm_cases("cpu", ["reference"])
-    assert [c for c, _ in cases] == ["rms/reference upcast=true", "rms/reference upcast=false",
-                                     "layer/reference upcast=true", "layer/reference upcast=false"]
-    sweep = norm_error_sweep(cases, ["fp16", "bf16"], [1.0, 50.0, 300.0], rows=16, d=64, device=torch.device("cpu"))
+    assert [c for c, _ in cases] == [
+        "rms/reference upcast=true",
+        "rms/reference upcast=false",
+        "layer/reference upcast=true",
+        "layer/reference upcast=false",
+    ]
+    sweep = norm_error_sweep(
+        cases, ["fp16", "bf16"], [1.0, 50.0, 300.0], rows=16, d=64, device=torch.device("cpu")
+    )
     assert first_broken(sweep, "rms/reference upcast=false", "fp16") == 300.0
     assert first_broken(sweep, "layer/reference upcast=false", "fp16") == 300.0
     assert first_broken(sweep, "rms/reference upcast=true", "fp16") is None
-    assert first_broken(sweep, "rms/reference upcast=false", "bf16") is None  # bf16 has fp32's range
-    r = next(r for r in sweep if r["case"] == "rms/reference upcast=false" and r["dtype"] == "fp16" and r["rms"] == 300.0)
-    assert r["stats_overflow_frac"] == 1.0 and r["err_median"] == pytest.approx(1.0)  # zeroed, not NaN
+    assert (
+        first_broken(sweep, "rms/reference upcast=false", "bf16") is None
+    )  # bf16 has fp32's range
+    r = next(
+        r
+        for r in sweep
+        if r["case"] == "rms/reference upcast=false" and r["dtype"] == "fp16" and r["rms"] == 300.0
+    )
+    assert r["stats_overflow_frac"] == 1.0 and r["err_median"] == pytest.approx(
+        1.0
+    )  # zeroed, not NaN
 
 
 # --- norm_cost ------------------------------------------------------------------------------------
 
+
 def test_breakdown_sums_to_the_step_time():
-    ms = {("norm", "fwd"): 1.0, ("norm", "bwd"): 2.0, ("attention", "fwd"): 3.0, ("mlp", "bwd"): 4.0}
+    ms = {
+        ("norm", "fwd"): 1.0,
+        ("norm", "bwd"): 2.0,
+        ("attention", "fwd"): 3.0,
+        ("mlp", "bwd"): 4.0,
+    }
     b = breakdown(ms, fwd_ms=10.0, bwd_ms=20.0, total_ms=35.0)
-    assert (b["norm"], b["attention"], b["mlp"], b["other"], b["optimizer"]) == (3.0, 3.0, 4.0, 20.0, 5.0)
+    assert (b["norm"], b["attention"], b["mlp"], b["other"], b["optimizer"]) == (
+        3.0,
+        3.0,
+        4.0,
+        20.0,
+        5.0,
+    )
     assert sum(b[c] for c in CATEGORIES) == 35.0
 
 
 def test_norm_cost_aggregation_sums_to_the_total_on_a_tiny_model():
     model = tiny_gpt(True).train()
     x = torch.randint(0, 32, (2, 8))
-    setup = SimpleNamespace(cfg=TrainConfig(), device=torch.device("cpu"), model=model, fwd=model, step=0,
-                            optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
-                            scaler=torch.amp.GradScaler("cpu", enabled=False),
-                            sampler=SimpleNamespace(train_batch=lambda step, micro: (x, (x + 1) % 32)))
+    setup = SimpleNamespace(
+        cfg=TrainConfig(),
+        device=torch.device("cpu"),
+        model=model,
+        fwd=model,
+        step=0,
+        optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+        scaler=torch.amp.GradScaler("cpu", enabled=False),
+        sampler=SimpleNamespace(train_batch=lambda step, micro: (x, (x + 1) % 32)),
+    )
     timer = ModuleTimer(model, setup.device)
     b = hooked_step(setup, timer)
-    assert setup.step == 1 and model.blocks[0].attn.qkv.weight.grad is None  # a full step, zero_grad done
+    assert (
+        setup.step == 1 and model.blocks[0].attn.qkv.weight.grad is None
+    )  # a full step, zero_grad done
     assert math.isclose(sum(b[c] for c in CATEGORIES), b["total"], rel_tol=1e-9)
-    assert all(b[c] >= 0 for c in CATEGORIES) and b["norm"] > 0 and b["other_fwd"] >= 0 and b["other_bwd"] >= 0
+    assert (
+        all(b[c] >= 0 for c in CATEGORIES)
+        and b["norm"] > 0
+        and b["other_fwd"] >= 0
+        and b["other_bwd"] >= 0
+    )
     # every norm (2 per block + final), attention and MLP timed once forward and once backward
-    assert dict(timer.calls) == {("norm", "fwd"): 5, ("norm", "bwd"): 5, ("attention", "fwd"): 2,
-                                 ("attention", "bwd"): 2, ("mlp", "fwd"): 2, ("mlp", "bwd"): 2}
-    assert all(not m._forward_hooks and not m._backward_hooks for m in model.modules())  # hooks removed
+    assert dict(timer.calls) == {
+        ("norm", "fwd"): 5,
+        ("norm", "bwd"): 5,
+        ("attention", "fwd"): 2,
+        ("attention", "bwd"): 2,
+        ("mlp", "fwd"): 2,
+        ("mlp", "bwd"): 2,
+    }
+    assert all(
+        not m._forward_hooks and not m._backward_hooks for m in model.modules()
+    )  # hooks removed

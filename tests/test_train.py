@@ -48,7 +48,9 @@ def test_a_tiny_run_writes_metrics_and_summary(compose_cfg, tmp_path):
     assert summary["status"] == "completed" and summary["steps_completed"] == 6
     assert summary["final_val_loss"] == rows[-1]["val/loss"]
     assert summary["norm_impl"] == "reference" and summary["norm"]["eps"] == 1e-5
-    assert summary["params"] > 0 and summary["step_time_ms_p90"] >= summary["step_time_ms_median"] > 0
+    assert (
+        summary["params"] > 0 and summary["step_time_ms_p90"] >= summary["step_time_ms_median"] > 0
+    )
     assert len(summary["step_times_ms"]) == 5  # 6 steps minus 1 warm-up step
     assert summary["config"]["norm"]["kind"] == "rms"
 
@@ -57,16 +59,33 @@ def test_gradient_accumulation_consumes_every_micro_batch(compose_cfg, tmp_path)
     cfg = to_train_config(compose_cfg([*TINY, "logger=none", "optim.grad_accum=3", "max_steps=2"]))
     summary = train(cfg, tmp_path)
     assert summary["status"] == "completed"
-    assert summary["tokens_per_s"] == pytest.approx(4 * 3 * 32 / (summary["step_time_ms_median"] / 1e3))
+    assert summary["tokens_per_s"] == pytest.approx(
+        4 * 3 * 32 / (summary["step_time_ms_median"] / 1e3)
+    )
 
 
 def test_bf16_autocast_run_trains_on_cpu(compose_cfg, tmp_path):
-    summary = train(to_train_config(compose_cfg([*TINY, "logger=none", "precision=bf16"])), tmp_path)
+    summary = train(
+        to_train_config(compose_cfg([*TINY, "logger=none", "precision=bf16"])), tmp_path
+    )
     assert summary["status"] == "completed" and math.isfinite(summary["final_val_loss"])
 
 
-def test_a_non_finite_loss_ends_the_run_as_diverged_with_the_last_finite_loss(compose_cfg, tmp_path):
-    cfg = to_train_config(compose_cfg([*TINY, "logger=none", "optim.lr=1e30", "optim.min_lr=0", "optim.warmup_steps=0", "optim.grad_clip=0"]))
+def test_a_non_finite_loss_ends_the_run_as_diverged_with_the_last_finite_loss(
+    compose_cfg, tmp_path
+):
+    cfg = to_train_config(
+        compose_cfg(
+            [
+                *TINY,
+                "logger=none",
+                "optim.lr=1e30",
+                "optim.min_lr=0",
+                "optim.warmup_steps=0",
+                "optim.grad_clip=0",
+            ]
+        )
+    )
     summary = train(cfg, tmp_path)
     assert summary["status"] == "diverged"
     assert 1 < summary["diverged_at_step"] <= 6

@@ -97,7 +97,9 @@ class ModelConfig:
             self.d_model,
             f"must be divisible by model.n_head={self.n_head}",
         )
-        _require(self.context_length >= 2, "model.context_length", self.context_length, "must be >= 2")
+        _require(
+            self.context_length >= 2, "model.context_length", self.context_length, "must be >= 2"
+        )
         _require(
             self.vocab_size is None or self.vocab_size >= 2,
             "model.vocab_size",
@@ -175,7 +177,9 @@ class Tokenizer(Enum):
 
     byte = "byte"  # UTF-8 bytes, vocabulary 256
     gpt2 = "gpt2"  # tiktoken's GPT-2 BPE: 50257 ids, reported padded to 50304 for the embedding
-    bpe = "bpe"  # byte-level BPE trained on the train split (HF tokenizers), data.bpe_vocab_size ids
+    bpe = (
+        "bpe"  # byte-level BPE trained on the train split (HF tokenizers), data.bpe_vocab_size ids
+    )
 
 
 class DataFormat(Enum):
@@ -192,7 +196,12 @@ def _as_enum(enum: type[Enum], value: object, key: str) -> Enum:
     """Accept a member or its name (``DataConfig(tokenizer="bpe")`` from Python)."""
     if isinstance(value, enum):
         return value
-    _require(isinstance(value, str) and value in enum.__members__, key, value, f"allowed: {', '.join(enum.__members__)}")
+    _require(
+        isinstance(value, str) and value in enum.__members__,
+        key,
+        value,
+        f"allowed: {', '.join(enum.__members__)}",
+    )
     return enum[value]
 
 
@@ -225,7 +234,9 @@ class DataConfig:
     doc_separator: bool = True  # an end-of-text separator between documents; false: rows are lines
     tokenizer: Tokenizer = Tokenizer.byte
     bpe_vocab_size: int = 4096
-    bpe_train_chars: int = 100_000_000  # BPE training reads at most this many characters of train text
+    bpe_train_chars: int = (
+        100_000_000  # BPE training reads at most this many characters of train text
+    )
     max_documents: int | None = None
     max_tokens: int | None = None
     shard_tokens: int = 50_000_000
@@ -238,7 +249,12 @@ class DataConfig:
     def __post_init__(self) -> None:
         self.tokenizer = _as_enum(Tokenizer, self.tokenizer, "data.tokenizer")
         self.format = _as_enum(DataFormat, self.format, "data.format")
-        _require(bool(self.name) and "/" not in self.name, "data.name", self.name, "must be a non-empty name without '/'")
+        _require(
+            bool(self.name) and "/" not in self.name,
+            "data.name",
+            self.name,
+            "must be a non-empty name without '/'",
+        )
         _require(
             self.format != DataFormat.hub or bool(self.hf_path),
             "data.hf_path",
@@ -252,12 +268,19 @@ class DataConfig:
             self.bpe_vocab_size,
             "must be in [257, 65536] (256 bytes + at least one merge; ids are stored as uint16)",
         )
-        _require(self.bpe_train_chars >= 1, "data.bpe_train_chars", self.bpe_train_chars, "must be >= 1")
+        _require(
+            self.bpe_train_chars >= 1, "data.bpe_train_chars", self.bpe_train_chars, "must be >= 1"
+        )
         for key in ("max_documents", "max_tokens", "num_proc"):
             value = getattr(self, key)
             _require(value is None or value >= 1, f"data.{key}", value, "must be null or >= 1")
         _require(self.shard_tokens >= 1, "data.shard_tokens", self.shard_tokens, "must be >= 1")
-        _require(0.0 < self.val_fraction < 0.5, "data.val_fraction", self.val_fraction, "must be in (0, 0.5)")
+        _require(
+            0.0 < self.val_fraction < 0.5,
+            "data.val_fraction",
+            self.val_fraction,
+            "must be in (0, 0.5)",
+        )
         _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
 
 
@@ -278,8 +301,18 @@ class OptimConfig:
     grad_accum: int = 1
 
     def __post_init__(self) -> None:
-        _require(math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be a finite number > 0")
-        _require(0 <= self.min_lr <= self.lr, "optim.min_lr", self.min_lr, f"must be in [0, optim.lr={self.lr}]")
+        _require(
+            math.isfinite(self.lr) and self.lr > 0,
+            "optim.lr",
+            self.lr,
+            "must be a finite number > 0",
+        )
+        _require(
+            0 <= self.min_lr <= self.lr,
+            "optim.min_lr",
+            self.min_lr,
+            f"must be in [0, optim.lr={self.lr}]",
+        )
         _require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
         _require(0 <= self.beta1 < 1, "optim.beta1", self.beta1, "must be in [0, 1)")
         _require(0 <= self.beta2 < 1, "optim.beta2", self.beta2, "must be in [0, 1)")
@@ -324,7 +357,9 @@ class TrainConfig:
     compile: bool = False
     peak_tflops: float = 312.0
     progress: bool = True
-    diag_interval: int | None = None  # per-block diagnostics every N steps (diag/ keys); null: off, no hooks
+    diag_interval: int | None = (
+        None  # per-block diagnostics every N steps (diag/ keys); null: off, no hooks
+    )
     debug: bool = False  # show tracebacks for user errors instead of one line
 
     def __post_init__(self) -> None:
@@ -332,9 +367,19 @@ class TrainConfig:
         _require(self.eval_interval >= 1, "eval_interval", self.eval_interval, "must be >= 1")
         _require(self.eval_batches >= 1, "eval_batches", self.eval_batches, "must be >= 1")
         _require(self.log_interval >= 1, "log_interval", self.log_interval, "must be >= 1")
-        _require(self.timing_warmup_steps >= 0, "timing_warmup_steps", self.timing_warmup_steps, "must be >= 0")
+        _require(
+            self.timing_warmup_steps >= 0,
+            "timing_warmup_steps",
+            self.timing_warmup_steps,
+            "must be >= 0",
+        )
         _require(self.seed >= 0, "seed", self.seed, "must be >= 0")
-        _require(bool(_DEVICE.match(self.device)), "device", self.device, "allowed: auto, cpu, cuda, cuda:N")
+        _require(
+            bool(_DEVICE.match(self.device)),
+            "device",
+            self.device,
+            "allowed: auto, cpu, cuda, cuda:N",
+        )
         _require(self.peak_tflops > 0, "peak_tflops", self.peak_tflops, "must be > 0")
         _require(
             self.diag_interval is None or self.diag_interval >= 1,
@@ -381,8 +426,12 @@ class RunOptions:
     force: bool = False
 
     def __post_init__(self) -> None:
-        _require(self.resume in (None, "auto", "required"), "resume", self.resume,
-                 "null, auto or required")
+        _require(
+            self.resume in (None, "auto", "required"),
+            "resume",
+            self.resume,
+            "null, auto or required",
+        )
 
 
 @dataclass
@@ -393,22 +442,36 @@ class CliConfig(TrainConfig):
     when a run is resumed.
     """
 
-    ckpt_interval: int = 200  # checkpoint every N steps (also at the end and on a signal); 0: only those
+    ckpt_interval: int = (
+        200  # checkpoint every N steps (also at the end and on a signal); 0: only those
+    )
     ckpt_keep: int = 2  # keep the newest K checkpoints
     max_loss: float | None = None  # a training loss above it ends the run as diverged; null: off
-    resume: str | None = None  # null: new run; auto: continue the run dir's newest checkpoint; <dir>
+    resume: str | None = (
+        None  # null: new run; auto: continue the run dir's newest checkpoint; <dir>
+    )
     force: bool = False  # resume even if the config differs from the checkpoint's
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _require(self.ckpt_interval >= 0, "ckpt_interval", self.ckpt_interval,
-                 "must be >= 0 (0: only at the end)")
+        _require(
+            self.ckpt_interval >= 0,
+            "ckpt_interval",
+            self.ckpt_interval,
+            "must be >= 0 (0: only at the end)",
+        )
         _require(self.ckpt_keep >= 1, "ckpt_keep", self.ckpt_keep, "must be >= 1")
-        _require(self.max_loss is None or (math.isfinite(self.max_loss) and self.max_loss > 0),
-                 "max_loss", self.max_loss, "must be null or a finite number > 0")
+        _require(
+            self.max_loss is None or (math.isfinite(self.max_loss) and self.max_loss > 0),
+            "max_loss",
+            self.max_loss,
+            "must be null or a finite number > 0",
+        )
 
     def train_config(self) -> TrainConfig:
         """The :class:`TrainConfig` part (what the run trains; hashed)."""
         import dataclasses
 
-        return TrainConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)})
+        return TrainConfig(
+            **{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)}
+        )

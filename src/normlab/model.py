@@ -112,7 +112,11 @@ class GPT(nn.Module):
         # Only Linear and Embedding draw random numbers, so variants whose norms differ (a bias or
         # not) consume the RNG identically and start from the same shared weights for one seed.
         if isinstance(module, nn.Linear):
-            std = 0.02 / math.sqrt(2 * self.cfg.n_layer) if getattr(module, "residual_proj", False) else 0.02
+            std = (
+                0.02 / math.sqrt(2 * self.cfg.n_layer)
+                if getattr(module, "residual_proj", False)
+                else 0.02
+            )
             nn.init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
@@ -134,7 +138,9 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T = idx.shape
         if T > self.cfg.context_length:
-            raise ValueError(f"sequence length {T} exceeds model.context_length={self.cfg.context_length}")
+            raise ValueError(
+                f"sequence length {T} exceeds model.context_length={self.cfg.context_length}"
+            )
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
         for block in self.blocks:

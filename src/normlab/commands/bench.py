@@ -49,29 +49,122 @@ each and the median B/A ratio with its spread. The norm-kernel mode: normlab-ben
 def _parser(step: bool) -> argparse.ArgumentParser:
     raw = argparse.RawDescriptionHelpFormatter
     if step:
-        p = argparse.ArgumentParser(prog="normlab-bench step", description=STEP_DESCRIPTION, formatter_class=raw)
-        p.add_argument("overrides", nargs="*", help="Hydra overrides of both setups (model=small data.batch_size=8)")
-        p.add_argument("--a", action="append", default=[], help="overrides of setup A, space separated (--a norm=layer)")
-        p.add_argument("--b", action="append", default=[], help="overrides of setup B (--b norm=fused)")
-        p.add_argument("--pairs", type=int, default=10, help="timed step pairs, A B then B A alternating (default: 10)")
-        p.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps per setup before timing: compilation, allocator (default: 3)")
+        p = argparse.ArgumentParser(
+            prog="normlab-bench step", description=STEP_DESCRIPTION, formatter_class=raw
+        )
+        p.add_argument(
+            "overrides",
+            nargs="*",
+            help="Hydra overrides of both setups (model=small data.batch_size=8)",
+        )
+        p.add_argument(
+            "--a",
+            action="append",
+            default=[],
+            help="overrides of setup A, space separated (--a norm=layer)",
+        )
+        p.add_argument(
+            "--b", action="append", default=[], help="overrides of setup B (--b norm=fused)"
+        )
+        p.add_argument(
+            "--pairs",
+            type=int,
+            default=10,
+            help="timed step pairs, A B then B A alternating (default: 10)",
+        )
+        p.add_argument(
+            "--warmup",
+            type=int,
+            default=3,
+            help="untimed optimizer steps per setup before timing: compilation, allocator (default: 3)",
+        )
     else:
-        p = argparse.ArgumentParser(prog="normlab-bench", usage=NORM_USAGE, description=NORM_DESCRIPTION, epilog="normlab-bench step --help: options of the training-step benchmark", formatter_class=raw)
-        p.add_argument("--kinds", type=_csv, default=["layer", "rms"], help="norm kinds, comma separated (default: layer,rms)")
-        p.add_argument("--impls", type=_csv, default=None, help=f"concrete implementations, comma separated, of {','.join(m for m in NormImpl.__members__ if m != 'auto')}; auto is not accepted (default: every one the device runs: torch,reference,compiled, +triton on CUDA, +cpp on CPU)")
-        p.add_argument("--dtypes", type=_csv, default=["fp32", "bf16"], help=f"input dtypes, comma separated, of {','.join(DTYPES)} (default: fp32,bf16)")
-        p.add_argument("--shapes", type=_csv, default=["8192x768"], help="input shapes ROWSxHIDDEN in elements, comma separated (default: 8192x768)")
-        p.add_argument("--model", help="also time (rows of the first shape) x d_model of conf/model/<name>.yaml")
-        p.add_argument("--param-dtype", choices=sorted(DTYPES), help="weight/bias dtype (default: the input dtype)")
-        p.add_argument("--repeats", type=int, default=20, help="interleaved timing rounds, one sample of every case each; the median is reported. With --cache cold each sample is a single call and noisier: use 10 or more (default: 20)")
-        p.add_argument("--warmup", type=int, default=3, help="untimed calls per case before the rounds (compilation), + --settle more with --cache warm; the fastest sets the calls per sample (default: 3)")
-        p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto, CUDA when available)")
-        p.add_argument("--cache", choices=CACHE_REGIMES, default="warm", help="cache state of each sample: warm = after >= --settle untimed calls of the same case, several calls timed together; cold = after a --flush-mb write that evicts the caches, one call timed; cold samples are single calls and noisier, so use --repeats 10 or more (default: warm)")
-        p.add_argument("--settle", type=int, default=4, metavar="CALLS", help="--cache warm: minimum number of untimed calls of a case before each of its samples (default: 4)")
-        p.add_argument("--flush-mb", type=int, default=512, metavar="MIB", help="--cache cold: size in MiB of the buffer written before each sample (default: 512)")
-    p.add_argument("--threads", type=int, help="CPU threads, torch.set_num_threads (default: torch's)")
+        p = argparse.ArgumentParser(
+            prog="normlab-bench",
+            usage=NORM_USAGE,
+            description=NORM_DESCRIPTION,
+            epilog="normlab-bench step --help: options of the training-step benchmark",
+            formatter_class=raw,
+        )
+        p.add_argument(
+            "--kinds",
+            type=_csv,
+            default=["layer", "rms"],
+            help="norm kinds, comma separated (default: layer,rms)",
+        )
+        p.add_argument(
+            "--impls",
+            type=_csv,
+            default=None,
+            help=f"concrete implementations, comma separated, of {','.join(m for m in NormImpl.__members__ if m != 'auto')}; auto is not accepted (default: every one the device runs: torch,reference,compiled, +triton on CUDA, +cpp on CPU)",
+        )
+        p.add_argument(
+            "--dtypes",
+            type=_csv,
+            default=["fp32", "bf16"],
+            help=f"input dtypes, comma separated, of {','.join(DTYPES)} (default: fp32,bf16)",
+        )
+        p.add_argument(
+            "--shapes",
+            type=_csv,
+            default=["8192x768"],
+            help="input shapes ROWSxHIDDEN in elements, comma separated (default: 8192x768)",
+        )
+        p.add_argument(
+            "--model",
+            help="also time (rows of the first shape) x d_model of conf/model/<name>.yaml",
+        )
+        p.add_argument(
+            "--param-dtype",
+            choices=sorted(DTYPES),
+            help="weight/bias dtype (default: the input dtype)",
+        )
+        p.add_argument(
+            "--repeats",
+            type=int,
+            default=20,
+            help="interleaved timing rounds, one sample of every case each; the median is reported. With --cache cold each sample is a single call and noisier: use 10 or more (default: 20)",
+        )
+        p.add_argument(
+            "--warmup",
+            type=int,
+            default=3,
+            help="untimed calls per case before the rounds (compilation), + --settle more with --cache warm; the fastest sets the calls per sample (default: 3)",
+        )
+        p.add_argument(
+            "--device",
+            default="auto",
+            help="cpu, cuda, cuda:N or auto (default: auto, CUDA when available)",
+        )
+        p.add_argument(
+            "--cache",
+            choices=CACHE_REGIMES,
+            default="warm",
+            help="cache state of each sample: warm = after >= --settle untimed calls of the same case, several calls timed together; cold = after a --flush-mb write that evicts the caches, one call timed; cold samples are single calls and noisier, so use --repeats 10 or more (default: warm)",
+        )
+        p.add_argument(
+            "--settle",
+            type=int,
+            default=4,
+            metavar="CALLS",
+            help="--cache warm: minimum number of untimed calls of a case before each of its samples (default: 4)",
+        )
+        p.add_argument(
+            "--flush-mb",
+            type=int,
+            default=512,
+            metavar="MIB",
+            help="--cache cold: size in MiB of the buffer written before each sample (default: 512)",
+        )
+    p.add_argument(
+        "--threads", type=int, help="CPU threads, torch.set_num_threads (default: torch's)"
+    )
     json_default = "bench_step.json" if step else "bench.json"
-    p.add_argument("--json", default=json_default, help=f"where to write all results (default: ./{json_default})")
+    p.add_argument(
+        "--json",
+        default=json_default,
+        help=f"where to write all results (default: ./{json_default})",
+    )
     return p
 
 
@@ -86,22 +179,45 @@ def main(argv: list[str] | None = None) -> int:
     malloc = keep_freed_memory()
     if not step:
         impls = args.impls or available_impls(resolve_device(args.device).type)
-        for name, given, allowed in (("kind", args.kinds, NormKind.__members__), ("impl", impls, NormImpl.__members__), ("dtype", args.dtypes, DTYPES)):
+        for name, given, allowed in (
+            ("kind", args.kinds, NormKind.__members__),
+            ("impl", impls, NormImpl.__members__),
+            ("dtype", args.dtypes, DTYPES),
+        ):
             if bad := [v for v in given if v not in allowed or v == "auto"]:
-                p.error(f"unknown {name} {', '.join(bad)}; allowed: {', '.join(a for a in allowed if a != 'auto')}")
+                p.error(
+                    f"unknown {name} {', '.join(bad)}; allowed: {', '.join(a for a in allowed if a != 'auto')}"
+                )
         try:
             shapes = [parse_shape(s) for s in args.shapes]
         except ValueError:
             p.error(f"--shapes {','.join(args.shapes)}: expected ROWSxHIDDEN, e.g. 8192x768")
         if args.settle < 0 or args.flush_mb <= 0:
-            p.error(f"--settle {args.settle} --flush-mb {args.flush_mb}: expected --settle >= 0 and --flush-mb > 0")
+            p.error(
+                f"--settle {args.settle} --flush-mb {args.flush_mb}: expected --settle >= 0 and --flush-mb > 0"
+            )
     try:
         if step:
             a, b = ([t for s in given for t in shlex.split(s)] for given in (args.a, args.b))
-            result, text = bench_step(a, b, args.overrides, pairs=args.pairs, warmup=args.warmup), format_step
+            result, text = (
+                bench_step(a, b, args.overrides, pairs=args.pairs, warmup=args.warmup),
+                format_step,
+            )
         else:
             shapes += [(shapes[0][0], model_width(args.model))] if args.model else []
-            result = bench_norms(args.kinds, impls, args.dtypes, list(dict.fromkeys(shapes)), repeats=args.repeats, warmup=args.warmup, device=args.device, param_dtype=args.param_dtype, cache=args.cache, settle_calls=args.settle, flush_mb=args.flush_mb)
+            result = bench_norms(
+                args.kinds,
+                impls,
+                args.dtypes,
+                list(dict.fromkeys(shapes)),
+                repeats=args.repeats,
+                warmup=args.warmup,
+                device=args.device,
+                param_dtype=args.param_dtype,
+                cache=args.cache,
+                settle_calls=args.settle,
+                flush_mb=args.flush_mb,
+            )
             text = format_norm_table
     except (ConfigError, DataError, FileNotFoundError) as e:  # user errors: one line
         print(f"normlab-bench: {e}", file=sys.stderr)

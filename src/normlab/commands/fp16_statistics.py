@@ -22,11 +22,21 @@ from normlab.studies.fp16_statistics import (
 
 def main(argv: list[str] | None = None) -> int:
     """CLI; 0 on success, 2 on a bad config (one line on stderr)."""
-    p = argparse.ArgumentParser(prog="python -m normlab.commands.fp16_statistics", description=__doc__.split("\n\n")[0])
-    p.add_argument("overrides", nargs="*", help="Hydra overrides (default experiment=fp16_statistics)")
-    p.add_argument("--out", default=None, help="output dir (default outputs/studies/fp16_statistics/<time>)")
-    p.add_argument("--scales", default=None, help="input RMS values of the norm sweep, comma separated")
-    p.add_argument("--model-rms", default=None, help="residual RMS values of the model check, comma separated")
+    p = argparse.ArgumentParser(
+        prog="python -m normlab.commands.fp16_statistics", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "overrides", nargs="*", help="Hydra overrides (default experiment=fp16_statistics)"
+    )
+    p.add_argument(
+        "--out", default=None, help="output dir (default outputs/studies/fp16_statistics/<time>)"
+    )
+    p.add_argument(
+        "--scales", default=None, help="input RMS values of the norm sweep, comma separated"
+    )
+    p.add_argument(
+        "--model-rms", default=None, help="residual RMS values of the model check, comma separated"
+    )
     p.add_argument("--rows", type=int, default=256, help="rows per input of the norm sweep")
     p.add_argument("--impls", default=None, help="implementations (default: all the device runs)")
     args = p.parse_args(argv)
@@ -40,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     scales = [float(v) for v in args.scales.split(",")] if args.scales else DEFAULT_SCALES
     targets = [float(v) for v in args.model_rms.split(",")] if args.model_rms else DEFAULT_MODEL_RMS
     out = output_dir("fp16_statistics", args.out)
-    sweep = norm_error_sweep(cases, list(DTYPES), scales, args.rows, inputs.cfg.model.d_model, inputs.device)
+    sweep = norm_error_sweep(
+        cases, list(DTYPES), scales, args.rows, inputs.cfg.model.d_model, inputs.device
+    )
     checks = model_study(inputs, targets)
     fig = plot_sweep(sweep, out / "fp16_statistics.png", inputs.cfg.model.d_model)
     path = write_report(out, inputs, sweep, checks, fig, args.rows)

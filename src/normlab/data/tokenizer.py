@@ -50,7 +50,9 @@ def reachable(url: str, timeout: float = 3.0) -> bool:
         return True  # the proxy decides; a direct probe would say nothing
     u = urlparse(url)
     try:
-        socket.create_connection((u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout).close()
+        socket.create_connection(
+            (u.hostname, u.port or (443 if u.scheme == "https" else 80)), timeout=timeout
+        ).close()
         return True
     except OSError:
         return False
@@ -67,7 +69,9 @@ def tiktoken_cache_dir() -> Path | None:
 def gpt2_cached() -> bool:
     """Whether tiktoken's GPT-2 files are in its cache (tiktoken names them by the URL's SHA-1)."""
     cache = tiktoken_cache_dir()
-    return cache is not None and all((cache / hashlib.sha1(u.encode()).hexdigest()).is_file() for u in GPT2_URLS)
+    return cache is not None and all(
+        (cache / hashlib.sha1(u.encode()).hexdigest()).is_file() for u in GPT2_URLS
+    )
 
 
 class ByteTokenizer:
@@ -91,7 +95,10 @@ class GPT2Tokenizer:
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
         # encode_ordinary: "<|endoftext|>" inside a document is text, not the separator
-        return [np.asarray(ids, dtype=np.uint16) for ids in self.enc.encode_ordinary_batch(list(texts), num_threads=1)]
+        return [
+            np.asarray(ids, dtype=np.uint16)
+            for ids in self.enc.encode_ordinary_batch(list(texts), num_threads=1)
+        ]
 
 
 class BPETokenizer:
@@ -101,12 +108,17 @@ class BPETokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         self.tok = HFTokenizer.from_file(str(path))
-        self.tok.encode_special_tokens = True  # "<|endoftext|>" inside a document is text, not the separator
+        self.tok.encode_special_tokens = (
+            True  # "<|endoftext|>" inside a document is text, not the separator
+        )
         self.n_vocab = self.tok.get_vocab_size()
         self.separator = np.array([self.tok.token_to_id(EOT)], dtype=np.uint16)
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
-        return [np.asarray(e.ids, dtype=np.uint16) for e in self.tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+        return [
+            np.asarray(e.ids, dtype=np.uint16)
+            for e in self.tok.encode_batch_fast(list(texts), add_special_tokens=False)
+        ]
 
 
 def load(kind: Tokenizer, directory: Path | None = None):
@@ -120,7 +132,9 @@ def load(kind: Tokenizer, directory: Path | None = None):
     if kind == Tokenizer.bpe:
         path = Path(directory or ".") / BPE_FILE
         if not path.is_file():
-            raise TokenizerError(f"data.tokenizer=bpe needs {path}: rerun `normlab-prepare` with the same data settings to train it")
+            raise TokenizerError(
+                f"data.tokenizer=bpe needs {path}: rerun `normlab-prepare` with the same data settings to train it"
+            )
         return BPETokenizer(path)
     if not gpt2_cached() and not reachable(GPT2_URLS[0]):
         raise TokenizerError(
@@ -133,7 +147,9 @@ def load(kind: Tokenizer, directory: Path | None = None):
         return GPT2Tokenizer()
     except Exception as e:  # a failed download, a corrupt cache
         first = (str(e).splitlines() or [type(e).__name__])[0]
-        raise TokenizerError(f"data.tokenizer=gpt2: tiktoken could not load the GPT-2 BPE ({first}); set TIKTOKEN_CACHE_DIR to a folder holding its cached files") from None
+        raise TokenizerError(
+            f"data.tokenizer=gpt2: tiktoken could not load the GPT-2 BPE ({first}); set TIKTOKEN_CACHE_DIR to a folder holding its cached files"
+        ) from None
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, path: Path) -> BPETokenizer:

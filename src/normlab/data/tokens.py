@@ -40,8 +40,17 @@ from normlab.data.corpus import (
 from normlab.data.shards import META, SPLITS, build
 
 __all__ = [
-    "BatchSampler", "DataError", "TokenData", "cache_root", "corpus_files", "encode_bytes",
-    "fingerprint", "held_out", "prepare", "split_by_work", "token_dir",
+    "BatchSampler",
+    "DataError",
+    "TokenData",
+    "cache_root",
+    "corpus_files",
+    "encode_bytes",
+    "fingerprint",
+    "held_out",
+    "prepare",
+    "split_by_work",
+    "token_dir",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,7 +76,9 @@ def token_dir(cfg: DataConfig) -> Path:
     """Where the shards of ``cfg`` live: ``data.token_dir``, else the fingerprinted cache folder."""
     if cfg.token_dir is not None:
         return Path(cfg.token_dir).expanduser()
-    return cache_root(cfg) / f"{cfg.name}-{cfg.tokenizer.name}-{fingerprint(cfg, source_files(cfg))}"
+    return (
+        cache_root(cfg) / f"{cfg.name}-{cfg.tokenizer.name}-{fingerprint(cfg, source_files(cfg))}"
+    )
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,11 @@ class TokenData:
 
     @property
     def train(self) -> np.ndarray:
-        return self.train_shards[0] if len(self.train_shards) == 1 else np.concatenate(self.train_shards)
+        return (
+            self.train_shards[0]
+            if len(self.train_shards) == 1
+            else np.concatenate(self.train_shards)
+        )
 
     @property
     def val(self) -> np.ndarray:
@@ -100,7 +115,9 @@ def _open_shards(directory: Path, meta: dict) -> TokenData:
         for s in meta["splits"][split]["shards"]:
             path = directory / s["file"]
             if not path.is_file() or path.stat().st_size != 2 * s["tokens"]:
-                raise DataError(f"shard {path} is missing or truncated: delete {directory} and prepare again")
+                raise DataError(
+                    f"shard {path} is missing or truncated: delete {directory} and prepare again"
+                )
             maps.append(np.memmap(path, dtype=np.uint16, mode="r"))
         shards[split] = tuple(maps)
     return TokenData(shards["train"], shards["val"], int(meta["vocab_size"]), meta, directory)
@@ -163,10 +180,14 @@ def prepare(cfg: DataConfig) -> TokenData:
             meta = _read_meta(directory)  # another process may have finished it meanwhile
             if meta is None or not meta.get("complete"):
                 if meta is not None and meta.get("fingerprint") != fp:
-                    raise DataError(f"{directory} holds an unfinished prepare of other data settings: delete it or choose another data.token_dir")
+                    raise DataError(
+                        f"{directory} holds an unfinished prepare of other data settings: delete it or choose another data.token_dir"
+                    )
                 meta = build(cfg, directory, meta, fp)
     except DataError:
-        if not (directory / META).exists():  # failed before anything was written: leave no empty folder
+        if not (
+            directory / META
+        ).exists():  # failed before anything was written: leave no empty folder
             with contextlib.suppress(OSError):
                 (directory / ".lock").unlink()
                 directory.rmdir()
@@ -185,15 +206,21 @@ class _Windows:
         starts = np.array([max(0, len(s) - seq_len - 1) for s in shards], dtype=np.int64)
         if starts.sum() == 0:
             longest = max((len(s) for s in shards), default=0)
-            raise DataError(f"the {split} split has {longest} tokens in its longest shard, fewer than one sequence of {seq_len + 1}")
+            raise DataError(
+                f"the {split} split has {longest} tokens in its longest shard, fewer than one sequence of {seq_len + 1}"
+            )
         self.cum = np.cumsum(starts)  # window starts before the end of each shard
         self.base = self.cum - starts  # ... and before its beginning
 
     def sample(self, rng: np.random.Generator, batch: int) -> np.ndarray:
-        g = rng.integers(0, self.cum[-1], size=batch)  # one shard: exactly rng.integers(0, N - T - 1)
+        g = rng.integers(
+            0, self.cum[-1], size=batch
+        )  # one shard: exactly rng.integers(0, N - T - 1)
         k = np.searchsorted(self.cum, g, side="right")
         offsets = g - self.base[k]
-        return np.stack([self.shards[j][o : o + self.T + 1] for j, o in zip(k, offsets, strict=True)]).astype(np.int64)
+        return np.stack(
+            [self.shards[j][o : o + self.T + 1] for j, o in zip(k, offsets, strict=True)]
+        ).astype(np.int64)
 
 
 class BatchSampler:
@@ -206,12 +233,16 @@ class BatchSampler:
         DataError: no shard of a split holds ``seq_len + 2`` tokens.
     """
 
-    def __init__(self, data: TokenData, batch_size: int, seq_len: int, seed: int, device: torch.device):
+    def __init__(
+        self, data: TokenData, batch_size: int, seq_len: int, seed: int, device: torch.device
+    ):
         self.train = _Windows(data.train_shards, seq_len, "train")
         self.val = _Windows(data.val_shards, seq_len, "val")
         self.B, self.T, self.seed, self.device = batch_size, seq_len, seed, device
 
-    def _batch(self, windows: _Windows, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def _batch(
+        self, windows: _Windows, rng: np.random.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         w = torch.from_numpy(windows.sample(rng, self.B)).to(self.device, non_blocking=True)
         return w[:, :-1], w[:, 1:]
 

@@ -91,7 +91,9 @@ def norm_class(kind: NormKind, impl: NormImpl) -> type[nn.Module]:
         target = NORM_VARIANTS[(kind, impl)]
     except KeyError:
         allowed = ", ".join(sorted({i.name for _, i in NORM_VARIANTS}))
-        raise ConfigError(f"norm.impl={impl.name!r} is not a concrete implementation; allowed: {allowed}") from None
+        raise ConfigError(
+            f"norm.impl={impl.name!r} is not a concrete implementation; allowed: {allowed}"
+        ) from None
     module, attr = target.split(":")
     return getattr(importlib.import_module(module), attr)
 

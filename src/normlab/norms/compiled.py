@@ -96,14 +96,18 @@ def _layer_forward(x, weight, bias, eps: float):
     return y, sum_x, sum_sq
 
 
-def _layer_backward(dy, x, weight, sum_x, sum_sq, eps: float, need_dw: bool, bias_dtype: torch.dtype | None):
+def _layer_backward(
+    dy, x, weight, sum_x, sum_sq, eps: float, need_dw: bool, bias_dtype: torch.dtype | None
+):
     """dx = rstd (g - mean(g) - x_hat mean(g x_hat)); dweight = sum dy x_hat; dbias = sum dy."""
     ct = sum_sq.dtype
     d = x.shape[-1]
     rstd = torch.rsqrt(sum_sq / d + eps)
     x_hat = (x.to(ct) - sum_x / d) * rstd
     g = dy.to(ct) if weight is None else dy.to(ct) * weight.to(ct)
-    dx = (rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))).to(x.dtype)
+    dx = (rstd * (g - g.mean(-1, keepdim=True) - x_hat * (g * x_hat).mean(-1, keepdim=True))).to(
+        x.dtype
+    )
     dw = _col_sum(dy.to(ct) * x_hat).to(weight.dtype) if need_dw else None
     db = _col_sum(dy.to(ct)).to(bias_dtype) if bias_dtype is not None else None
     return dx, dw, db
@@ -164,7 +168,9 @@ class _LayerNormFn(torch.autograd.Function):
         x, weight, sum_x, sum_sq = ctx.saved_tensors
         need_dw = weight is not None and ctx.needs_input_grad[1]
         bias_dtype = ctx.bias_dtype if ctx.needs_input_grad[2] else None
-        dx, dw, db = _layer_backward_c(_rows(dy), x, weight, sum_x, sum_sq, ctx.eps, need_dw, bias_dtype)
+        dx, dw, db = _layer_backward_c(
+            _rows(dy), x, weight, sum_x, sum_sq, ctx.eps, need_dw, bias_dtype
+        )
         return dx.view(dy.shape), dw, db, None
 
 

@@ -68,7 +68,11 @@ def _isa_flags() -> tuple[str, list[str]]:
         isa = pick_vec_isa()
         if isa:
             flags = isa.build_arch_flags().split() + [f"-D{m}" for m in isa.build_macro() if m]
-            if "-mavx512f" in flags and "-mavx512bf16" not in flags and torch.cpu._is_avx512_bf16_supported():
+            if (
+                "-mavx512f" in flags
+                and "-mavx512bf16" not in flags
+                and torch.cpu._is_avx512_bf16_supported()
+            ):
                 flags.append("-mavx512bf16")  # vdpbf16ps for bf16 row sums (cpu_kernels.cpp)
             return re.sub(r"\W+", "_", str(isa)), flags
     except Exception:  # noqa: BLE001  (an older torch without this module: portable scalar code)
@@ -85,17 +89,30 @@ def build(name: str, source: Path, flags: list[str]) -> None:
     from torch.utils import cpp_extension
 
     if shutil.which("ninja") is None and not _ninja_module():
-        raise ConfigError("norm.impl=cpp needs ninja to build its kernels: pip install ninja (or choose norm.impl=torch)")
+        raise ConfigError(
+            "norm.impl=cpp needs ninja to build its kernels: pip install ninja (or choose norm.impl=torch)"
+        )
     try:
         built = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
     except Exception:  # noqa: BLE001  (a private helper of torch: only the notice depends on it)
         built = None
     if built is not None and not built.exists():
-        print(f"normlab: building the C++ norm kernels for this machine (norm.impl=cpp, once; about 10 s) in {built.parent}", file=sys.stderr, flush=True)
+        print(
+            f"normlab: building the C++ norm kernels for this machine (norm.impl=cpp, once; about 10 s) in {built.parent}",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         # -fopenmp: at::parallel_for is OpenMP compiled into this library (serial without it); the
         # process already holds torch's libgomp.so.1, so the kernels share torch's thread pool.
-        cpp_extension.load(name=name, sources=[str(source)], extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        cpp_extension.load(
+            name=name,
+            sources=[str(source)],
+            extra_cflags=["-O3", "-fopenmp", *flags],
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
     except Exception as e:  # noqa: BLE001
         first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(": [")[0][:200]
         raise ConfigError(
@@ -119,7 +136,11 @@ def _register_fakes() -> None:
     @torch.library.register_fake("normlab_cpu::norm_fwd")
     def _fwd(x, weight, bias, eps, rms):
         acc = torch.promote_types(x.dtype, torch.float32)
-        return torch.empty_like(x), x.new_empty(x.shape[0], dtype=acc), x.new_empty(x.shape[0], dtype=acc)
+        return (
+            torch.empty_like(x),
+            x.new_empty(x.shape[0], dtype=acc),
+            x.new_empty(x.shape[0], dtype=acc),
+        )
 
     @torch.library.register_fake("normlab_cpu::norm_bwd")
     def _bwd(dy, x, weight, mean, rstd, rms):
@@ -146,16 +167,22 @@ def _forward(x, weight, bias, eps: float, is_rms: bool):
     """``(x (rows, d) contiguous, weight as the kernel takes it, y (..., d), mean, rstd)``."""
     d = x.shape[-1]
     x2d = x.reshape(-1, d).contiguous()
-    acc = torch.promote_types(x.dtype, torch.float32)  # weight and bias: rounded to x's dtype, held in fp32
+    acc = torch.promote_types(
+        x.dtype, torch.float32
+    )  # weight and bias: rounded to x's dtype, held in fp32
     w = (torch.ones(d, dtype=acc) if weight is None else weight.to(x.dtype).to(acc)).contiguous()
     b = None if bias is None else bias.to(x.dtype).to(acc).contiguous()
-    y, mean, rstd = torch.ops.normlab_cpu.norm_fwd(x2d, w, b, eps, is_rms)  # loaded by ops() in __init__
+    y, mean, rstd = torch.ops.normlab_cpu.norm_fwd(
+        x2d, w, b, eps, is_rms
+    )  # loaded by ops() in __init__
     return x2d, w, y.view(x.shape), mean, rstd
 
 
 def _apply(x, weight, bias, eps: float, is_rms: bool) -> torch.Tensor:
     """The norm; without autograd (no_grad, or nothing requires grad) the kernel is called directly."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias)
+    ):
         return _CppNormFn.apply(x, weight, bias, eps, is_rms)
     return _forward(x, weight, bias, eps, is_rms)[2]
 
@@ -180,9 +207,19 @@ class _CppNormFn(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x2d, w, mean, rstd = ctx.saved_tensors
-        dx, dw_part, db_part = torch.ops.normlab_cpu.norm_bwd(dy.reshape(x2d.shape).contiguous(), x2d, w, mean, rstd, ctx.is_rms)
-        dw = dw_part.sum(0).to(ctx.w_dtype) if ctx.w_dtype is not None and ctx.needs_input_grad[1] else None
-        db = db_part.sum(0).to(ctx.b_dtype) if ctx.b_dtype is not None and ctx.needs_input_grad[2] else None
+        dx, dw_part, db_part = torch.ops.normlab_cpu.norm_bwd(
+            dy.reshape(x2d.shape).contiguous(), x2d, w, mean, rstd, ctx.is_rms
+        )
+        dw = (
+            dw_part.sum(0).to(ctx.w_dtype)
+            if ctx.w_dtype is not None and ctx.needs_input_grad[1]
+            else None
+        )
+        db = (
+            db_part.sum(0).to(ctx.b_dtype)
+            if ctx.b_dtype is not None and ctx.needs_input_grad[2]
+            else None
+        )
         return dx.view(dy.shape) if ctx.needs_input_grad[0] else None, dw, db, None, None
 
 
@@ -192,7 +229,9 @@ class _CppNorm(NormBase):
 
     is_rms: ClassVar[bool]
 
-    def __init__(self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True):
+    def __init__(
+        self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True
+    ):
         super().__init__(d, eps, affine, bias, upcast)
         ops()
 

@@ -43,7 +43,12 @@ TOLERANCES: dict[torch.dtype, float] = {
     torch.bfloat16: 3e-2,
     torch.float16: 1e-2,
 }
-_NAMES = {torch.float64: "fp64", torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+_NAMES = {
+    torch.float64: "fp64",
+    torch.float32: "fp32",
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+}
 ROWS = 64
 
 
@@ -56,7 +61,9 @@ def _rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def preflight(norm_cfg: NormConfig, d_model: int, device: torch.device, dtype: torch.dtype, seed: int = 0) -> dict:
+def preflight(
+    norm_cfg: NormConfig, d_model: int, device: torch.device, dtype: torch.dtype, seed: int = 0
+) -> dict:
     """Check ``norm_cfg``'s implementation against the reference, forward and backward.
 
     Args:
@@ -74,7 +81,9 @@ def preflight(norm_cfg: NormConfig, d_model: int, device: torch.device, dtype: t
             tolerance TOL for DTYPE (...)``; also for an ``auto`` impl (resolve first).
     """
     if norm_cfg.impl == NormImpl.auto:
-        raise ConfigError("norm.impl=auto: preflight needs the resolved implementation (norms.resolve_norm)")
+        raise ConfigError(
+            "norm.impl=auto: preflight needs the resolved implementation (norms.resolve_norm)"
+        )
     tol = TOLERANCES.get(dtype, 1e-2)
     impl = build_norm(norm_cfg, d_model).to(device)
     ref = build_norm(dataclasses.replace(norm_cfg, impl=NormImpl.reference), d_model).to(device)

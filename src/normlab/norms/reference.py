@@ -89,7 +89,9 @@ class NormBase(nn.Module):
 
     takes_bias: ClassVar[bool] = True
 
-    def __init__(self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True):
+    def __init__(
+        self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True
+    ):
         if bias and not self.takes_bias:
             raise ValueError("RMSNorm has no bias")
         super().__init__()

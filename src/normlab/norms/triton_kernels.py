@@ -54,9 +54,25 @@ def _round_to(x, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _norm_fwd(X, Y, W, B, Mean, Rstd, stride_x, stride_y, n_rows, N, eps,
-              IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-              ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _norm_fwd(
+    X,
+    Y,
+    W,
+    B,
+    Mean,
+    Rstd,
+    stride_x,
+    stride_y,
+    n_rows,
+    N,
+    eps,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """One program normalises BLOCK_M rows of X (n_rows, N); stores Y, Rstd (and Mean)."""
     IO: tl.constexpr = Y.dtype.element_ty
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -64,7 +80,9 @@ def _norm_fwd(X, Y, W, B, Mean, Rstd, stride_x, stride_y, n_rows, N, eps,
     row_ok = rows < n_rows
     col_ok = cols < N
     mask = row_ok[:, None] & col_ok[None, :]
-    x = tl.load(X + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask, other=0.0).to(ACC)
+    x = tl.load(X + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask, other=0.0).to(
+        ACC
+    )
     if IS_RMS:
         xc = x
     else:
@@ -84,10 +102,28 @@ def _norm_fwd(X, Y, W, B, Mean, Rstd, stride_x, stride_y, n_rows, N, eps,
 
 
 @triton.jit
-def _norm_bwd(X, DY, DX, W, Mean, Rstd, DW, DB, stride_x, stride_dy, stride_dx, n_rows, N,
-              tiles_per_program,
-              IS_RMS: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
-              ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _norm_bwd(
+    X,
+    DY,
+    DX,
+    W,
+    Mean,
+    Rstd,
+    DW,
+    DB,
+    stride_x,
+    stride_dy,
+    stride_dx,
+    n_rows,
+    N,
+    tiles_per_program,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Program p handles row tiles p, p + P, p + 2P, ... (P programs); stores DX and its fp32
     (ACC) partial column sums DW[p, :], DB[p, :]."""
     IO: tl.constexpr = DX.dtype.element_ty
@@ -173,10 +209,25 @@ def norm_fwd(x, weight, bias, eps: float, is_rms: bool):
     block_m, block_n, num_warps = _launch_config(n_rows, d, x)
     with _device(x):
         _norm_fwd[(triton.cdiv(n_rows, block_m),)](
-            x, y, x if weight is None else weight, x if bias is None else bias,
-            rstd if mean is None else mean, rstd, x.stride(0), y.stride(0), n_rows, d, eps,
-            IS_RMS=is_rms, HAS_W=weight is not None, HAS_B=bias is not None, ACC=_acc(x),
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+            x,
+            y,
+            x if weight is None else weight,
+            x if bias is None else bias,
+            rstd if mean is None else mean,
+            rstd,
+            x.stride(0),
+            y.stride(0),
+            n_rows,
+            d,
+            eps,
+            IS_RMS=is_rms,
+            HAS_W=weight is not None,
+            HAS_B=bias is not None,
+            ACC=_acc(x),
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=num_warps,
+        )
     return y, mean, rstd
 
 
@@ -193,15 +244,34 @@ def norm_bwd(dy, x, weight, has_bias: bool, mean, rstd, is_rms: bool):
     n_tiles = triton.cdiv(n_rows, block_m)
     n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
     programs = min(n_tiles, 4 * n_sm)
-    partial_dw = torch.empty(programs, d, dtype=acc_dtype, device=x.device) if weight is not None else None
+    partial_dw = (
+        torch.empty(programs, d, dtype=acc_dtype, device=x.device) if weight is not None else None
+    )
     partial_db = torch.empty(programs, d, dtype=acc_dtype, device=x.device) if has_bias else None
     with _device(x):
         _norm_bwd[(programs,)](
-            x, dy, dx, x if weight is None else weight, rstd if mean is None else mean, rstd,
-            rstd if partial_dw is None else partial_dw, rstd if partial_db is None else partial_db,
-            x.stride(0), dy.stride(0), dx.stride(0), n_rows, d, triton.cdiv(n_tiles, programs),
-            IS_RMS=is_rms, HAS_W=weight is not None, HAS_B=has_bias, ACC=_acc(x),
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps)
+            x,
+            dy,
+            dx,
+            x if weight is None else weight,
+            rstd if mean is None else mean,
+            rstd,
+            rstd if partial_dw is None else partial_dw,
+            rstd if partial_db is None else partial_db,
+            x.stride(0),
+            dy.stride(0),
+            dx.stride(0),
+            n_rows,
+            d,
+            triton.cdiv(n_tiles, programs),
+            IS_RMS=is_rms,
+            HAS_W=weight is not None,
+            HAS_B=has_bias,
+            ACC=_acc(x),
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            num_warps=num_warps,
+        )
     dw = None if partial_dw is None else partial_dw.sum(0)
     db = None if partial_db is None else partial_db.sum(0)
     return dx, dw, db
@@ -229,8 +299,9 @@ class _TritonNormFn(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
         x2d, w, mean, rstd = ctx.saved_tensors
-        dx, dw, db = norm_bwd(_rows(dy, x2d.shape[1]), x2d, w, ctx.bias_dtype is not None,
-                              mean, rstd, ctx.is_rms)
+        dx, dw, db = norm_bwd(
+            _rows(dy, x2d.shape[1]), x2d, w, ctx.bias_dtype is not None, mean, rstd, ctx.is_rms
+        )
         dx = dx.view(dy.shape)
         dw = None if dw is None or not ctx.needs_input_grad[1] else dw.to(w.dtype)
         db = None if db is None or not ctx.needs_input_grad[2] else db.to(ctx.bias_dtype)

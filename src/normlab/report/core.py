@@ -106,7 +106,9 @@ def find_run_dirs(sweep_dir: Path) -> list[Path]:
         return any((d / m).exists() for m in RUN_MARKERS)
 
     def subdirs(d: Path) -> list[Path]:
-        return sorted((p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")), key=_natural)
+        return sorted(
+            (p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")), key=_natural
+        )
 
     found: list[Path] = []
     for child in subdirs(sweep_dir):
@@ -117,14 +119,22 @@ def find_run_dirs(sweep_dir: Path) -> list[Path]:
 def load_run(path: Path) -> Run:
     """Read one run dir. Config: ``.hydra/config.yaml``, else ``summary.json``'s ``config``."""
     hydra = path / ".hydra"
-    overrides = yaml.safe_load((hydra / "overrides.yaml").read_text()) if (hydra / "overrides.yaml").exists() else []
+    overrides = (
+        yaml.safe_load((hydra / "overrides.yaml").read_text())
+        if (hydra / "overrides.yaml").exists()
+        else []
+    )
     summary = None
     if (path / "summary.json").exists():
         try:
             summary = json.loads((path / "summary.json").read_text())
         except json.JSONDecodeError:
             summary = None  # a run killed while writing it did not finish
-    config = yaml.safe_load((hydra / "config.yaml").read_text()) if (hydra / "config.yaml").exists() else None
+    config = (
+        yaml.safe_load((hydra / "config.yaml").read_text())
+        if (hydra / "config.yaml").exists()
+        else None
+    )
     if config is None and summary is not None:
         config = summary.get("config")
     metrics = []
@@ -134,8 +144,14 @@ def load_run(path: Path) -> Run:
                 metrics.append(json.loads(line))
             except json.JSONDecodeError:
                 pass  # blank or truncated last line of a killed run
-    return Run(path, [str(o) for o in overrides or []], flatten(config or {}), metrics, summary,
-               excluded=exclusion_reason(summary))
+    return Run(
+        path,
+        [str(o) for o in overrides or []],
+        flatten(config or {}),
+        metrics,
+        summary,
+        excluded=exclusion_reason(summary),
+    )
 
 
 def load_sweep(sweep_dir: str | Path) -> tuple[list[Run], list[str]]:
@@ -149,9 +165,17 @@ def load_sweep(sweep_dir: str | Path) -> tuple[list[Run], list[str]]:
         raise ReportError(f"not a directory: {sweep_dir}")
     runs = [load_run(p) for p in find_run_dirs(sweep_dir)]
     if not runs:
-        raise ReportError(f"no run dirs (with .hydra/, summary.json or metrics.jsonl) under {sweep_dir}")
-    own = [[o for o in r.overrides if override_key(o) != "seed" and not override_key(o).startswith("hydra")]
-           for r in runs]
+        raise ReportError(
+            f"no run dirs (with .hydra/, summary.json or metrics.jsonl) under {sweep_dir}"
+        )
+    own = [
+        [
+            o
+            for o in r.overrides
+            if override_key(o) != "seed" and not override_key(o).startswith("hydra")
+        ]
+        for r in runs
+    ]
     common = sorted(set.intersection(*(set(o) for o in own)))
     for run, ovr in zip(runs, own, strict=True):
         fallback = f"{run.config.get('norm.kind')}/{run.config.get('norm.impl')}"
@@ -169,7 +193,9 @@ def _differences(a: Run, b: Run) -> list[str]:
         if any(k == s or k.startswith(s + ".") for s in swept):
             continue
         va, vb = a.config.get(k, "<missing>"), b.config.get(k, "<missing>")
-        same = va == vb or (isinstance(va, float) and isinstance(vb, float) and math.isnan(va) and math.isnan(vb))
+        same = va == vb or (
+            isinstance(va, float) and isinstance(vb, float) and math.isnan(va) and math.isnan(vb)
+        )
         if not same:
             out.append(f"{k} ({va} vs {vb})")
     return out
@@ -202,7 +228,9 @@ def choose_baseline(runs: list[Run], requested: str | None = None) -> str:
     if requested is not None:
         match = [lab for lab in labels if set(lab.split(",")) == set(requested.split(","))]
         if not match:
-            raise ReportError(f"baseline {requested!r} is not a variant of this sweep: {', '.join(labels)}")
+            raise ReportError(
+                f"baseline {requested!r} is not a variant of this sweep: {', '.join(labels)}"
+            )
         return match[0]
     layer = sorted({r.label for r in runs if r.config.get("norm.kind") == "layer"})
     return layer[0] if len(layer) == 1 else labels[0]
@@ -213,8 +241,13 @@ def describe(values: list[float]) -> dict[str, float]:
     x = np.asarray(values, float)
     if x.size == 0:
         return {"n": 0, "mean": NAN, "std": NAN, "min": NAN, "max": NAN}
-    return {"n": int(x.size), "mean": float(x.mean()), "std": float(x.std(ddof=1)) if x.size > 1 else NAN,
-            "min": float(x.min()), "max": float(x.max())}
+    return {
+        "n": int(x.size),
+        "mean": float(x.mean()),
+        "std": float(x.std(ddof=1)) if x.size > 1 else NAN,
+        "min": float(x.min()),
+        "max": float(x.max()),
+    }
 
 
 def t_interval(values: list[float], confidence: float) -> tuple[float, float]:
@@ -259,8 +292,11 @@ def ratio_interval(ratios: list[float], alpha: float = 0.05) -> dict[str, Any]:
     and its 1−alpha Student t interval computed on log r and exponentiated."""
     logs = np.log(np.asarray(ratios, float))
     lo, hi = t_interval(list(logs), 1 - alpha)
-    return {"n": int(logs.size), "gmean": float(np.exp(logs.mean())) if logs.size else NAN,
-            "ci": (math.exp(lo), math.exp(hi)) if logs.size > 1 else (NAN, NAN)}
+    return {
+        "n": int(logs.size),
+        "gmean": float(np.exp(logs.mean())) if logs.size else NAN,
+        "ci": (math.exp(lo), math.exp(hi)) if logs.size > 1 else (NAN, NAN),
+    }
 
 
 @dataclass
@@ -287,8 +323,9 @@ def _median_of(runs: list[Run], key: str) -> float:
     return float(np.median(vals)) if vals else NAN
 
 
-def build_report(sweep_dir: str | Path, margin: float = 0.02, alpha: float = 0.05,
-                 baseline: str | None = None) -> Report:
+def build_report(
+    sweep_dir: str | Path, margin: float = 0.02, alpha: float = 0.05, baseline: str | None = None
+) -> Report:
     """Load, check and compare a sweep (no files written); ``margin`` in nats/token.
 
     Raises :class:`ReportError` on a refusal (see :func:`check_comparable`, :func:`choose_baseline`)
@@ -304,21 +341,37 @@ def build_report(sweep_dir: str | Path, margin: float = 0.02, alpha: float = 0.0
         seeds = [r.seed for r in inc]
         dup = [s for s in seeds if seeds.count(s) > 1]
         if dup:
-            raise ReportError(f"variant {lab} has two completed runs with seed {dup[0]}; cannot pair by seed")
+            raise ReportError(
+                f"variant {lab} has two completed runs with seed {dup[0]}; cannot pair by seed"
+            )
         by_seed[lab] = {r.seed: r for r in inc if r.seed is not None}
-        rep.variants.append({"label": lab, **describe([r.final_val_loss for r in inc]),
-                             "excluded": sum(r.label == lab and r.excluded is not None for r in runs),
-                             "step_time_ms": _median_of(inc, "step_time_ms_median"),
-                             "tokens_per_s": _median_of(inc, "tokens_per_s")})
+        rep.variants.append(
+            {
+                "label": lab,
+                **describe([r.final_val_loss for r in inc]),
+                "excluded": sum(r.label == lab and r.excluded is not None for r in runs),
+                "step_time_ms": _median_of(inc, "step_time_ms_median"),
+                "tokens_per_s": _median_of(inc, "tokens_per_s"),
+            }
+        )
     b = by_seed[base]
     for lab, v in list(by_seed.items())[1:]:
         seeds = sorted(set(v) & set(b))
         diffs = [v[s].final_val_loss - b[s].final_val_loss for s in seeds]
-        ratios = {s: v[s].summary_float("step_time_ms_median") / b[s].summary_float("step_time_ms_median")
-                  for s in seeds}
+        ratios = {
+            s: v[s].summary_float("step_time_ms_median") / b[s].summary_float("step_time_ms_median")
+            for s in seeds
+        }
         ratios = {s: x for s, x in ratios.items() if math.isfinite(x) and x > 0}
-        rep.comparisons.append({"label": lab, "seeds": seeds, "diffs": diffs, **paired_difference(diffs, margin, alpha),
-                                "ratio": {**ratio_interval(list(ratios.values()), alpha), "seeds": list(ratios)}})
+        rep.comparisons.append(
+            {
+                "label": lab,
+                "seeds": seeds,
+                "diffs": diffs,
+                **paired_difference(diffs, margin, alpha),
+                "ratio": {**ratio_interval(list(ratios.values()), alpha), "seeds": list(ratios)},
+            }
+        )
     return rep
 
 
@@ -331,8 +384,15 @@ def write_report(rep: Report, out_dir: str | Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     labels = [v["label"] for v in rep.variants]
     metrics = {lab: [r.metrics for r in rep.included(lab)] for lab in labels}
-    times = {lab: [t for r in rep.included(lab) for t in (r.summary or {}).get("step_times_ms") or [] if t is not None]
-             for lab in labels}
+    times = {
+        lab: [
+            t
+            for r in rep.included(lab)
+            for t in (r.summary or {}).get("step_times_ms") or []
+            if t is not None
+        ]
+        for lab in labels
+    }
     rep.figures = write_figures(metrics, times, out, EMA_BETA)
     rep.figures.update(write_study_figures(rep, out))
     path = out / "report.md"
@@ -341,7 +401,9 @@ def write_report(rep: Report, out_dir: str | Path) -> Path:
 
 
 def _f(x: Any, spec: str = ".4f") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+    return (
+        "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+    )
 
 
 def _ci(ci: tuple[float, float], spec: str = "+.4f") -> str:
@@ -359,56 +421,142 @@ def render_markdown(rep: Report) -> str:
     conf, tconf = f"{100 * (1 - a):g}% CI", f"{100 * (1 - 2 * a):g}% CI"
     n_exc = sum(r.excluded is not None for r in rep.runs)
     shared = ", ".join(f"`{o}`" for o in rep.common_overrides) or "none"
-    L = ["# normlab sweep report", "", f"- Sweep: `{rep.sweep_dir}`",
-         f"- Equivalence margin: ±{m:g} nats/token; alpha = {a:g}", f"- Baseline: `{rep.baseline}`",
-         f"- Runs: {len(rep.runs)} found, {len(rep.runs) - n_exc} included, {n_exc} excluded",
-         f"- Overrides shared by every run (left out of the labels): {shared}", "",
-         "## Final validation loss per variant", "",
-         "Loss in nats/token; std is the sample std (ddof=1); step time and tokens/s are medians over runs "
-         "of each run's median.", ""]
-    L += _table(["variant", "n", "excluded", "mean", "std", "min", "max", "step time (ms)", "tokens/s"],
-                [[f"`{v['label']}`", v["n"], v["excluded"], *(_f(v[k]) for k in ("mean", "std", "min", "max")),
-                  _f(v["step_time_ms"], ".1f"), _f(v["tokens_per_s"], ",.0f")] for v in rep.variants])
+    L = [
+        "# normlab sweep report",
+        "",
+        f"- Sweep: `{rep.sweep_dir}`",
+        f"- Equivalence margin: ±{m:g} nats/token; alpha = {a:g}",
+        f"- Baseline: `{rep.baseline}`",
+        f"- Runs: {len(rep.runs)} found, {len(rep.runs) - n_exc} included, {n_exc} excluded",
+        f"- Overrides shared by every run (left out of the labels): {shared}",
+        "",
+        "## Final validation loss per variant",
+        "",
+        "Loss in nats/token; std is the sample std (ddof=1); step time and tokens/s are medians over runs "
+        "of each run's median.",
+        "",
+    ]
+    L += _table(
+        ["variant", "n", "excluded", "mean", "std", "min", "max", "step time (ms)", "tokens/s"],
+        [
+            [
+                f"`{v['label']}`",
+                v["n"],
+                v["excluded"],
+                *(_f(v[k]) for k in ("mean", "std", "min", "max")),
+                _f(v["step_time_ms"], ".1f"),
+                _f(v["tokens_per_s"], ",.0f"),
+            ]
+            for v in rep.variants
+        ],
+    )
     L += render_outcome(rep)
     L += ["", f"## Paired difference vs `{rep.baseline}` (variant − baseline, paired by seed)", ""]
     if not rep.comparisons:
         L.append("Only one variant: nothing to compare.")
     else:
-        L += [f"Student t intervals; equivalence by TOST (Schuirmann 1987): equivalent iff the {tconf} lies within "
-              f"±{m:g} nats, i.e. both one-sided t-tests reject at alpha = {a:g}.", ""]
-        L += _table(["variant", "n", "mean diff", "std", conf, tconf, "p (H0: ≤ −margin)", "p (H0: ≥ +margin)", "verdict"],
-                    [[f"`{c['label']}`", c["n"], _f(c["mean"], "+.4f"), _f(c["std"]), _ci(c["ci"]), _ci(c["ci_tost"]),
-                      _f(c["p_lower"], ".3g"), _f(c["p_upper"], ".3g"), c["verdict"]] for c in rep.comparisons])
+        L += [
+            f"Student t intervals; equivalence by TOST (Schuirmann 1987): equivalent iff the {tconf} lies within "
+            f"±{m:g} nats, i.e. both one-sided t-tests reject at alpha = {a:g}.",
+            "",
+        ]
+        L += _table(
+            [
+                "variant",
+                "n",
+                "mean diff",
+                "std",
+                conf,
+                tconf,
+                "p (H0: ≤ −margin)",
+                "p (H0: ≥ +margin)",
+                "verdict",
+            ],
+            [
+                [
+                    f"`{c['label']}`",
+                    c["n"],
+                    _f(c["mean"], "+.4f"),
+                    _f(c["std"]),
+                    _ci(c["ci"]),
+                    _ci(c["ci_tost"]),
+                    _f(c["p_lower"], ".3g"),
+                    _f(c["p_upper"], ".3g"),
+                    c["verdict"],
+                ]
+                for c in rep.comparisons
+            ],
+        )
     for c in rep.comparisons:
         seeds = ", ".join(map(str, c["seeds"])) or "none"
         if c["n"] < 2:
-            what = (f"one seed paired with the baseline ({seeds}): difference {_f(c['mean'], '+.4f')} nats/token"
-                    if c["n"] else "no seed where both completed: nothing to pair")
-            L += ["", f"**`{c['label']}` − `{rep.baseline}`**: {what}; an interval and a verdict need at least "
-                  f"2 paired seeds. Verdict: **{c['verdict']}**."]
+            what = (
+                f"one seed paired with the baseline ({seeds}): difference {_f(c['mean'], '+.4f')} nats/token"
+                if c["n"]
+                else "no seed where both completed: nothing to pair"
+            )
+            L += [
+                "",
+                f"**`{c['label']}` − `{rep.baseline}`**: {what}; an interval and a verdict need at least "
+                f"2 paired seeds. Verdict: **{c['verdict']}**.",
+            ]
             continue
-        L += ["", f"**`{c['label']}` − `{rep.baseline}`**: over n = {c['n']} seeds paired with the baseline ({seeds}), "
-              f"the final validation loss differs by {_f(c['mean'], '+.4f')} nats/token on average (std {_f(c['std'])}); "
-              f"{conf} {_ci(c['ci'])}, {tconf} {_ci(c['ci_tost'])}; TOST at ±{m:g} nats: one-sided "
-              f"p = {_f(c['p_lower'], '.3g')} for H0 difference ≤ −{m:g} and p = {_f(c['p_upper'], '.3g')} for H0 "
-              f"difference ≥ +{m:g}. Verdict: **{c['verdict']}**."]
+        L += [
+            "",
+            f"**`{c['label']}` − `{rep.baseline}`**: over n = {c['n']} seeds paired with the baseline ({seeds}), "
+            f"the final validation loss differs by {_f(c['mean'], '+.4f')} nats/token on average (std {_f(c['std'])}); "
+            f"{conf} {_ci(c['ci'])}, {tconf} {_ci(c['ci_tost'])}; TOST at ±{m:g} nats: one-sided "
+            f"p = {_f(c['p_lower'], '.3g')} for H0 difference ≤ −{m:g} and p = {_f(c['p_upper'], '.3g')} for H0 "
+            f"difference ≥ +{m:g}. Verdict: **{c['verdict']}**.",
+        ]
     if rep.comparisons:
-        L += ["", "## Step-time ratio (variant / baseline median step time, paired by seed)", "",
-              f"Geometric mean of the per-seed ratios; the {conf} (Student t) is computed on the log-ratios and "
-              "exponentiated.", ""]
-        L += _table(["variant", "n", "geometric mean ratio", conf],
-                    [[f"`{c['label']}`", c["ratio"]["n"], _f(c["ratio"]["gmean"], ".3f"), _ci(c["ratio"]["ci"], ".3f")]
-                     for c in rep.comparisons])
+        L += [
+            "",
+            "## Step-time ratio (variant / baseline median step time, paired by seed)",
+            "",
+            f"Geometric mean of the per-seed ratios; the {conf} (Student t) is computed on the log-ratios and "
+            "exponentiated.",
+            "",
+        ]
+        L += _table(
+            ["variant", "n", "geometric mean ratio", conf],
+            [
+                [
+                    f"`{c['label']}`",
+                    c["ratio"]["n"],
+                    _f(c["ratio"]["gmean"], ".3f"),
+                    _ci(c["ratio"]["ci"], ".3f"),
+                ]
+                for c in rep.comparisons
+            ],
+        )
     exc = [r for r in rep.runs if r.excluded is not None]
     L += ["", "## Excluded runs", ""]
-    L += _table(["run dir", "variant", "seed", "reason"], [[f"`{r.path.name}`", f"`{r.label}`", r.seed, r.excluded]
-                                                           for r in exc]) if exc else \
-        ["None: every run completed with a finite final validation loss."]
-    L += ["", "## Figures", "", "Curves and step times use included runs only. Training loss is smoothed per run by a "
-          f"bias-corrected EMA (beta = {EMA_BETA:g}, per logged step), then averaged over seeds.", ""]
-    titles = {"val_loss": "Validation loss vs step", "train_loss": "Training loss (EMA) vs step",
-              "step_time": "Step-time distribution"}
-    L += [f"![{t}]({rep.figures[k].name})\n" if rep.figures.get(k) else f"- {t}: no data\n" for k, t in titles.items()]
+    L += (
+        _table(
+            ["run dir", "variant", "seed", "reason"],
+            [[f"`{r.path.name}`", f"`{r.label}`", r.seed, r.excluded] for r in exc],
+        )
+        if exc
+        else ["None: every run completed with a finite final validation loss."]
+    )
+    L += [
+        "",
+        "## Figures",
+        "",
+        "Curves and step times use included runs only. Training loss is smoothed per run by a "
+        f"bias-corrected EMA (beta = {EMA_BETA:g}, per logged step), then averaged over seeds.",
+        "",
+    ]
+    titles = {
+        "val_loss": "Validation loss vs step",
+        "train_loss": "Training loss (EMA) vs step",
+        "step_time": "Step-time distribution",
+    }
+    L += [
+        f"![{t}]({rep.figures[k].name})\n" if rep.figures.get(k) else f"- {t}: no data\n"
+        for k, t in titles.items()
+    ]
     L += render_swept(rep) + render_diagnostics(rep)
     return "\n".join(L).rstrip("\n") + "\n"
 
@@ -423,11 +571,26 @@ def log_report_to_wandb(rep: Report, run: Any = None) -> bool:
         return False
     cols = ["n", "mean", "std", "min", "max", "step_time_ms", "tokens_per_s"]
     variants = [[v["label"], *(v[k] for k in cols)] for v in rep.variants]
-    comparisons = [[c["label"], c["n"], c["mean"], *c["ci"], c["p_lower"], c["p_upper"], c["verdict"]]
-                   for c in rep.comparisons]
-    data = {"report/variants": wandb.Table(columns=["variant", *cols], data=variants),
-            "report/comparisons": wandb.Table(columns=["variant", "n", "mean_diff", "ci_lo", "ci_hi", "p_lower",
-                                                       "p_upper", "verdict"], data=comparisons)}
+    comparisons = [
+        [c["label"], c["n"], c["mean"], *c["ci"], c["p_lower"], c["p_upper"], c["verdict"]]
+        for c in rep.comparisons
+    ]
+    data = {
+        "report/variants": wandb.Table(columns=["variant", *cols], data=variants),
+        "report/comparisons": wandb.Table(
+            columns=[
+                "variant",
+                "n",
+                "mean_diff",
+                "ci_lo",
+                "ci_hi",
+                "p_lower",
+                "p_upper",
+                "verdict",
+            ],
+            data=comparisons,
+        ),
+    }
     data.update({f"report/{k}": wandb.Image(str(p)) for k, p in rep.figures.items() if p})
     run.log(data)
     return True

@@ -18,8 +18,12 @@ from matplotlib.figure import Figure
 
 from normlab.report.sections import diag_rows, n_blocks, num, resid_profile
 
-Metrics = dict[str, list[list[dict[str, Any]]]]  # variant label -> one list of metrics.jsonl rows per run
-Curves = dict[str, list[tuple[np.ndarray, np.ndarray]]]  # variant label -> one (steps, values) per run
+Metrics = dict[
+    str, list[list[dict[str, Any]]]
+]  # variant label -> one list of metrics.jsonl rows per run
+Curves = dict[
+    str, list[tuple[np.ndarray, np.ndarray]]
+]  # variant label -> one (steps, values) per run
 
 
 def ema(values: np.ndarray, beta: float) -> np.ndarray:
@@ -79,8 +83,10 @@ def plot_val_loss(metrics: Metrics, path: Path) -> Path | None:
 
 def plot_train_loss(metrics: Metrics, path: Path, beta: float = 0.95) -> Path | None:
     """Training loss (nats/token) vs step, each run smoothed by :func:`ema`, then mean and min–max over runs."""
-    curves = {lab: [(s, ema(v, beta)) for s, v in (series(rows, "train/loss") for rows in runs)]
-              for lab, runs in metrics.items()}
+    curves = {
+        lab: [(s, ema(v, beta)) for s, v in (series(rows, "train/loss") for rows in runs)]
+        for lab, runs in metrics.items()
+    }
     title = f"Training loss, EMA beta={beta:g} (mean over seeds, band: min–max)"
     return _band_plot(curves, path, title, "training loss (nats/token)")
 
@@ -95,14 +101,17 @@ def plot_step_times(times: dict[str, list[float]], path: Path) -> Path | None:
     ax.boxplot(list(times.values()), flierprops={"markersize": 2})
     ticks = [f"{lab}\n({len(t)} steps)" for lab, t in times.items()]
     ax.set_xticks(range(1, len(times) + 1), ticks, fontsize="small")
-    ax.set(title="Step time per variant (post-warm-up steps, seeds pooled)", ylabel="step time (ms)")
+    ax.set(
+        title="Step time per variant (post-warm-up steps, seeds pooled)", ylabel="step time (ms)"
+    )
     ax.grid(axis="y", alpha=0.3)
     fig.savefig(path, dpi=120)
     return path
 
 
-def write_figures(metrics: Metrics, times: dict[str, list[float]], out_dir: Path,
-                  beta: float = 0.95) -> dict[str, Path | None]:
+def write_figures(
+    metrics: Metrics, times: dict[str, list[float]], out_dir: Path, beta: float = 0.95
+) -> dict[str, Path | None]:
     """Write ``val_loss.png``, ``train_loss.png``, ``step_time.png`` into ``out_dir``.
 
     ``metrics``: variant label -> one list of metrics rows per run; ``times``: label -> step times (ms);
@@ -118,13 +127,16 @@ def write_figures(metrics: Metrics, times: dict[str, list[float]], out_dir: Path
 
 # --- diagnostics (``diag/`` keys, see normlab.diagnostics) -------------------------------------------
 
+
 def panel_steps(diag: Metrics) -> list[int]:
     """First, middle and last diagnosed step over every run (duplicates dropped)."""
     steps = sorted({r["step"] for runs in diag.values() for rows in runs for r in diag_rows(rows)})
     return list(dict.fromkeys([steps[0], steps[len(steps) // 2], steps[-1]])) if steps else []
 
 
-def profile_at(runs: list[list[dict[str, Any]]], step: int, n: int) -> tuple[np.ndarray, int] | None:
+def profile_at(
+    runs: list[list[dict[str, Any]]], step: int, n: int
+) -> tuple[np.ndarray, int] | None:
     """Mean over runs of :func:`resid_profile` at each run's last diagnosed step <= ``step``, and the
     latest such step; None when no run was diagnosed by then."""
     picked = []
@@ -161,7 +173,9 @@ def plot_resid_depth(diag: Metrics, path: Path) -> Path | None:
             name = label if at == step else f"{label} (step {at})"
             ax.plot(np.arange(n + 1), prof, marker="o", ms=3, color=f"C{i % 10}", label=name)
         ax.set_xticks(np.arange(n + 1), [f"b{i}" for i in range(n)] + ["final"], fontsize="small")
-        ax.set(title=f"step {step}", xlabel="residual stream entering block (final: the final norm)")
+        ax.set(
+            title=f"step {step}", xlabel="residual stream entering block (final: the final norm)"
+        )
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small")
     axes[0].set_ylabel("residual RMS  sqrt(mean(x^2))")
@@ -175,7 +189,9 @@ def plot_resid_depth(diag: Metrics, path: Path) -> Path | None:
 def gain_names(rows: list[dict[str, Any]]) -> list[str]:
     """Norms with gain statistics, in depth order: ``block0/norm1``, ``block0/norm2``, ..., ``final/norm_f``."""
     keys = set().union(*(r.keys() for r in diag_rows(rows))) if diag_rows(rows) else set()
-    names = [f"block{i}/{m}" for i in range(n_blocks(rows)) for m in ("norm1", "norm2")] + ["final/norm_f"]
+    names = [f"block{i}/{m}" for i in range(n_blocks(rows)) for m in ("norm1", "norm2")] + [
+        "final/norm_f"
+    ]
     return [nm for nm in names if f"diag/{nm}_gain_mean" in keys]
 
 
@@ -224,9 +240,11 @@ def plot_gains(diag: Metrics, path: Path) -> Path | None:
         ax.set(title=label, xlabel="optimizer step", ylabel="gain (weight)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="x-small", ncol=2)
-    for ax in axes[len(panels):]:
+    for ax in axes[len(panels) :]:
         ax.set_visible(False)
-    fig.suptitle("Norm gains over training: mean per norm, band min–max of its elements (over runs)")
+    fig.suptitle(
+        "Norm gains over training: mean per norm, band min–max of its elements (over runs)"
+    )
     fig.savefig(path, dpi=120)
     return path
 
@@ -236,11 +254,15 @@ def write_diag_figures(diag: Metrics, out_dir: Path) -> dict[str, Path | None]:
     per run); both None when no row has ``diag/`` keys."""
     if not any(diag_rows(rows) for runs in diag.values() for rows in runs):
         return {"resid_depth": None, "gains": None}
-    return {"resid_depth": plot_resid_depth(diag, out_dir / "resid_depth.png"),
-            "gains": plot_gains(diag, out_dir / "gains.png")}
+    return {
+        "resid_depth": plot_resid_depth(diag, out_dir / "resid_depth.png"),
+        "gains": plot_gains(diag, out_dir / "gains.png"),
+    }
 
 
-def plot_swept_value(points: dict[str, list[tuple[float, list[float]]]], key: str, path: Path) -> Path | None:
+def plot_swept_value(
+    points: dict[str, list[tuple[float, list[float]]]], key: str, path: Path
+) -> Path | None:
     """Final validation loss (nats/token) against a swept numeric override ``key``: one line per group
     of the other overrides, mean over seeds with a min–max bar. ``points``: line label -> ``(value,
     final losses of its completed runs)``. Log x axis when every value is > 0 and they span >= 100x."""
@@ -257,11 +279,23 @@ def plot_swept_value(points: dict[str, list[tuple[float, list[float]]]], key: st
         err = np.array([[m - min(p[1]), max(p[1]) - m] for m, p in zip(mean, pts, strict=True)]).T
         ns = sorted({len(p[1]) for p in pts})
         n = f"n={ns[0]}" if len(ns) == 1 else f"n={ns[0]}–{ns[-1]}"
-        ax.errorbar(x, mean, yerr=err, marker="o", ms=4, capsize=3, color=f"C{i % 10}", label=f"{label} ({n})")
+        ax.errorbar(
+            x,
+            mean,
+            yerr=err,
+            marker="o",
+            ms=4,
+            capsize=3,
+            color=f"C{i % 10}",
+            label=f"{label} ({n})",
+        )
     if min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 100:
         ax.set_xscale("log")
-    ax.set(title=f"Final validation loss vs {key} (mean over seeds, bar: min–max)", xlabel=key,
-           ylabel="final validation loss (nats/token)")
+    ax.set(
+        title=f"Final validation loss vs {key} (mean over seeds, bar: min–max)",
+        xlabel=key,
+        ylabel="final validation loss (nats/token)",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     fig.savefig(path, dpi=120)

@@ -26,7 +26,9 @@ RESID_KEY = "diag/block{}/resid_rms"
 
 def diag_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The metrics rows of diagnosed steps (those with ``diag/block0/resid_rms``), by step."""
-    return sorted((r for r in rows if RESID_KEY.format(0) in r and "step" in r), key=lambda r: r["step"])
+    return sorted(
+        (r for r in rows if RESID_KEY.format(0) in r and "step" in r), key=lambda r: r["step"]
+    )
 
 
 def n_blocks(rows: list[dict[str, Any]]) -> int:
@@ -44,11 +46,16 @@ def num(v: Any) -> float:
 
 def resid_profile(row: dict[str, Any], n: int) -> np.ndarray:
     """Residual RMS entering blocks 0..n-1 and the final norm (n+1 values; nan where missing)."""
-    return np.array([num(row.get(RESID_KEY.format(i))) for i in range(n)] + [num(row.get("diag/final/resid_rms"))])
+    return np.array(
+        [num(row.get(RESID_KEY.format(i))) for i in range(n)]
+        + [num(row.get("diag/final/resid_rms"))]
+    )
 
 
 def _f(x: Any, spec: str = ".4f") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+    return (
+        "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+    )
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -58,6 +65,7 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 # --- outcome per variant -------------------------------------------------------------------------
 
+
 def _what_happened(run: Run) -> str:
     s = run.summary or {}
     if run.excluded is None:
@@ -65,8 +73,17 @@ def _what_happened(run: Run) -> str:
     if s.get("status") == "diverged":
         reason = s.get("diverged_reason")
         last = s.get("last_finite_loss")
-        extra = "; ".join(x for x in (reason, f"last finite train loss {_f(last, '.3f')}" if last is not None else None) if x)
-        return f"diverged at step {s.get('diverged_at_step', '?')}" + (f" ({extra})" if extra else "")
+        extra = "; ".join(
+            x
+            for x in (
+                reason,
+                f"last finite train loss {_f(last, '.3f')}" if last is not None else None,
+            )
+            if x
+        )
+        return f"diverged at step {s.get('diverged_at_step', '?')}" + (
+            f" ({extra})" if extra else ""
+        )
     return run.excluded
 
 
@@ -79,24 +96,41 @@ def outcome_rows(rep: Report) -> list[list[Any]]:
         runs = [r for r in rep.runs if r.label == v["label"]]
         others = [f"seed {r.seed}: {_what_happened(r)}" for r in runs if r.excluded is not None]
         c = comp.get(v["label"])
-        vs = "baseline" if v["label"] == rep.baseline else (
-            f"{_f(c['mean'], '+.4f')} (n = {c['n']})" if c and c["n"] else "n/a (no seed completed in both)")
-        rows.append([f"`{v['label']}`", len(runs), v["n"], "; ".join(others) or "-", _f(v["mean"]), vs])
+        vs = (
+            "baseline"
+            if v["label"] == rep.baseline
+            else (
+                f"{_f(c['mean'], '+.4f')} (n = {c['n']})"
+                if c and c["n"]
+                else "n/a (no seed completed in both)"
+            )
+        )
+        rows.append(
+            [f"`{v['label']}`", len(runs), v["n"], "; ".join(others) or "-", _f(v["mean"]), vs]
+        )
     return rows
 
 
 def render_outcome(rep: Report) -> list[str]:
-    """"## Outcome per variant", shown when the sweep has more than two variants or excluded runs."""
+    """ "## Outcome per variant", shown when the sweep has more than two variants or excluded runs."""
     if len(rep.variants) <= 2 and all(r.excluded is None for r in rep.runs):
         return []
-    L = ["", "## Outcome per variant", "",
-         "What happened to every run, by variant. Final validation loss is the mean over completed runs; "
-         f"the difference to `{rep.baseline}` is the mean of the per-seed differences (variant − baseline).", ""]
-    return L + _table(["variant", "runs", "completed", "not completed", "final val loss", "vs baseline"],
-                      outcome_rows(rep))
+    L = [
+        "",
+        "## Outcome per variant",
+        "",
+        "What happened to every run, by variant. Final validation loss is the mean over completed runs; "
+        f"the difference to `{rep.baseline}` is the mean of the per-seed differences (variant − baseline).",
+        "",
+    ]
+    return L + _table(
+        ["variant", "runs", "completed", "not completed", "final val loss", "vs baseline"],
+        outcome_rows(rep),
+    )
 
 
 # --- diagnostics ------------------------------------------------------------------------------------
+
 
 def diag_entries(rep: Report) -> dict[str, list[list[dict[str, Any]]]]:
     """Display label -> metrics rows of each run with ``diag/`` keys. Excluded runs (diverged ones
@@ -104,8 +138,13 @@ def diag_entries(rep: Report) -> dict[str, list[list[dict[str, Any]]]]:
     out: dict[str, list[list[dict[str, Any]]]] = {}
     for v in rep.variants:
         for excluded in (False, True):
-            runs = [r.metrics for r in rep.runs if r.label == v["label"] and (r.excluded is not None) == excluded
-                    and diag_rows(r.metrics)]
+            runs = [
+                r.metrics
+                for r in rep.runs
+                if r.label == v["label"]
+                and (r.excluded is not None) == excluded
+                and diag_rows(r.metrics)
+            ]
             if runs:
                 out[v["label"] + (" (excluded)" if excluded else "")] = runs
     return out
@@ -134,41 +173,87 @@ def diag_summary(entries: dict[str, list[list[dict[str, Any]]]]) -> list[dict[st
         n = n_blocks(runs[0])
 
         g = [_gain_range(r) for r in lasts]
-        logits = [r.get("diag/max_logit") for r in lasts if isinstance(r.get("diag/max_logit"), (int, float))]
+        logits = [
+            r.get("diag/max_logit")
+            for r in lasts
+            if isinstance(r.get("diag/max_logit"), (int, float))
+        ]
         b0, fin = _mean_at(lasts, n, 0), _mean_at(lasts, n, n)
-        out.append({"label": label, "runs": len(runs), "blocks": n,
-                    "first_step": min(r["step"] for r in firsts), "last_step": max(r["step"] for r in lasts),
-                    "final_first": _mean_at(firsts, n, n), "block0_last": b0, "final_last": fin,
-                    "growth_last": fin / b0 if b0 and math.isfinite(b0) and b0 > 0 else NAN,
-                    "gain_min": min(x[0] for x in g), "gain_max": max(x[1] for x in g),
-                    "max_logit": max(logits) if logits else NAN})
+        out.append(
+            {
+                "label": label,
+                "runs": len(runs),
+                "blocks": n,
+                "first_step": min(r["step"] for r in firsts),
+                "last_step": max(r["step"] for r in lasts),
+                "final_first": _mean_at(firsts, n, n),
+                "block0_last": b0,
+                "final_last": fin,
+                "growth_last": fin / b0 if b0 and math.isfinite(b0) and b0 > 0 else NAN,
+                "gain_min": min(x[0] for x in g),
+                "gain_max": max(x[1] for x in g),
+                "max_logit": max(logits) if logits else NAN,
+            }
+        )
     return out
 
 
 def render_diagnostics(rep: Report) -> list[str]:
-    """"## Diagnostics" with the figures and :func:`diag_summary`; nothing without ``diag/`` keys."""
+    """ "## Diagnostics" with the figures and :func:`diag_summary`; nothing without ``diag/`` keys."""
     summary = diag_summary(diag_entries(rep))
     if not summary:
         return []
-    L = ["", "## Diagnostics (per-block statistics, `diag/` keys)", "",
-         "Every `diag_interval` steps the trainer records the RMS of the residual stream entering each block "
-         "and the final norm, and each norm's gain (see `normlab.diagnostics`). Excluded runs are shown apart, "
-         "as `(excluded)`: for a diverged run these are the last statistics before it stopped. Values below are "
-         "means over runs; growth = RMS entering the final norm / RMS entering block 0.", ""]
-    L += _table(["variant", "runs", "diag steps", "RMS into final norm (first step)", "RMS into block 0 (last)",
-                 "RMS into final norm (last)", "growth (last)", "gain min–max (last)", "max abs logit (last)"],
-                [[f"`{s['label']}`", s["runs"], f"{s['first_step']}–{s['last_step']}", _f(s["final_first"], ".3g"),
-                  _f(s["block0_last"], ".3g"), _f(s["final_last"], ".3g"), _f(s["growth_last"], ".2f"),
-                  f"{_f(s['gain_min'], '.3f')}–{_f(s['gain_max'], '.3f')}", _f(s["max_logit"], ".3g")]
-                 for s in summary])
-    titles = {"resid_depth": "Residual-stream RMS vs depth (first, middle, last diagnosed step)",
-              "gains": "Norm gains over training (mean per norm, band min–max)"}
+    L = [
+        "",
+        "## Diagnostics (per-block statistics, `diag/` keys)",
+        "",
+        "Every `diag_interval` steps the trainer records the RMS of the residual stream entering each block "
+        "and the final norm, and each norm's gain (see `normlab.diagnostics`). Excluded runs are shown apart, "
+        "as `(excluded)`: for a diverged run these are the last statistics before it stopped. Values below are "
+        "means over runs; growth = RMS entering the final norm / RMS entering block 0.",
+        "",
+    ]
+    L += _table(
+        [
+            "variant",
+            "runs",
+            "diag steps",
+            "RMS into final norm (first step)",
+            "RMS into block 0 (last)",
+            "RMS into final norm (last)",
+            "growth (last)",
+            "gain min–max (last)",
+            "max abs logit (last)",
+        ],
+        [
+            [
+                f"`{s['label']}`",
+                s["runs"],
+                f"{s['first_step']}–{s['last_step']}",
+                _f(s["final_first"], ".3g"),
+                _f(s["block0_last"], ".3g"),
+                _f(s["final_last"], ".3g"),
+                _f(s["growth_last"], ".2f"),
+                f"{_f(s['gain_min'], '.3f')}–{_f(s['gain_max'], '.3f')}",
+                _f(s["max_logit"], ".3g"),
+            ]
+            for s in summary
+        ],
+    )
+    titles = {
+        "resid_depth": "Residual-stream RMS vs depth (first, middle, last diagnosed step)",
+        "gains": "Norm gains over training (mean per norm, band min–max)",
+    }
     L.append("")
-    L += [f"![{t}]({rep.figures[k].name})\n" if rep.figures.get(k) else f"- {t}: no data\n" for k, t in titles.items()]
+    L += [
+        f"![{t}]({rep.figures[k].name})\n" if rep.figures.get(k) else f"- {t}: no data\n"
+        for k, t in titles.items()
+    ]
     return L
 
 
 # --- final loss vs a swept numeric override -----------------------------------------------------------
+
 
 def _number(text: str) -> float | None:
     try:
@@ -195,9 +280,16 @@ def swept_numeric(labels: list[str]) -> tuple[str, dict[str, tuple[float, str]]]
     numeric = [k for k in numeric if len({_number(p[k]) for p in parsed.values()}) >= 2]
     if not numeric:
         return None
-    key = max(numeric, key=lambda k: (len({_number(p[k]) for p in parsed.values()}), -keys.index(k)))
-    return key, {lab: (_number(p[key]), ",".join(f"{k}={v}" for k, v in sorted(p.items()) if k != key) or "all")
-                 for lab, p in parsed.items()}
+    key = max(
+        numeric, key=lambda k: (len({_number(p[k]) for p in parsed.values()}), -keys.index(k))
+    )
+    return key, {
+        lab: (
+            _number(p[key]),
+            ",".join(f"{k}={v}" for k, v in sorted(p.items()) if k != key) or "all",
+        )
+        for lab, p in parsed.items()
+    }
 
 
 def swept_points(rep: Report) -> tuple[str, dict[str, list[tuple[float, list[float]]]]] | None:
@@ -213,7 +305,7 @@ def swept_points(rep: Report) -> tuple[str, dict[str, list[tuple[float, list[flo
 
 
 def render_swept(rep: Report) -> list[str]:
-    """"## Final validation loss vs <key>": a value x group table and the figure, or nothing."""
+    """ "## Final validation loss vs <key>": a value x group table and the figure, or nothing."""
     found = swept_points(rep)
     if found is None:
         return []
@@ -227,13 +319,25 @@ def render_swept(rep: Report) -> list[str]:
             return "-"
         return f"{np.mean(v):.4f} (n = {len(v)})" if v else "no completed run"
 
-    L = ["", f"## Final validation loss vs `{key}`", "",
-         f"Mean final validation loss (nats/token) of the completed runs, by `{key}` (rows) and the other "
-         "overrides (columns).", ""]
-    L += _table([f"`{key}`", *(f"`{ln}`" for ln in lines)], [[f"{x:g}", *(fmt(cell.get((ln, x))) for ln in lines)]
-                                                           for x in values])
+    L = [
+        "",
+        f"## Final validation loss vs `{key}`",
+        "",
+        f"Mean final validation loss (nats/token) of the completed runs, by `{key}` (rows) and the other "
+        "overrides (columns).",
+        "",
+    ]
+    L += _table(
+        [f"`{key}`", *(f"`{ln}`" for ln in lines)],
+        [[f"{x:g}", *(fmt(cell.get((ln, x))) for ln in lines)] for x in values],
+    )
     fig = rep.figures.get("swept")
-    L += ["", f"![Final validation loss vs {key}]({fig.name})" if fig else f"- Final validation loss vs {key}: no data"]
+    L += [
+        "",
+        f"![Final validation loss vs {key}]({fig.name})"
+        if fig
+        else f"- Final validation loss vs {key}: no data",
+    ]
     return L
 
 

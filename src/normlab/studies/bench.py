@@ -115,7 +115,9 @@ def sample_ms(fn: Callable[[], object], device: torch.device, inner: int = 1) ->
     return (time.perf_counter() - t0) * 1e3 / inner
 
 
-def settle(fn: Callable[[], object], device: torch.device, calls: int, ref_ms: float = math.inf) -> tuple[int, float]:
+def settle(
+    fn: Callable[[], object], device: torch.device, calls: int, ref_ms: float = math.inf
+) -> tuple[int, float]:
     """Untimed calls of ``fn`` before a warm sample: at least ``calls``, then more, up to
     ``2 * calls``, while the last one took over ``SETTLE_TOL`` x the fastest single call seen
     (``ref_ms`` or these). Returns ``(calls made, fastest of them in ms)``."""
@@ -132,7 +134,9 @@ def make_flush(device: torch.device, mb: int) -> Callable[[], object]:
     return lambda: buf.add_(1)
 
 
-def cold_sample_ms(fn: Callable[[], object], device: torch.device, flush: Callable[[], object]) -> float:
+def cold_sample_ms(
+    fn: Callable[[], object], device: torch.device, flush: Callable[[], object]
+) -> float:
     """Wall ms of one call of ``fn`` with cold caches: one untimed call (so its allocations reuse
     memory instead of page-faulting fresh pages), ``flush()``, then the timed call; ``sample_ms``
     synchronizes before reading the clock, so the flush is not timed."""
@@ -141,7 +145,9 @@ def cold_sample_ms(fn: Callable[[], object], device: torch.device, flush: Callab
     return sample_ms(fn, device, 1)
 
 
-def norm_bytes(shape: tuple[int, int], dtype: torch.dtype, param_dtype: torch.dtype, bias: bool) -> tuple[int, int]:
+def norm_bytes(
+    shape: tuple[int, int], dtype: torch.dtype, param_dtype: torch.dtype, bias: bool
+) -> tuple[int, int]:
     """``(forward bytes, forward+backward bytes)`` under the bytes model of the module docstring."""
     n = shape[0] * shape[1] * dtype.itemsize
     p = shape[1] * param_dtype.itemsize * (2 if bias else 1)
@@ -156,8 +162,12 @@ class _Case:
     bytes: dict[str, int]
     inner: dict[str, int] = dataclasses.field(default_factory=dict)
     ms: dict[str, list[float]] = dataclasses.field(default_factory=dict)
-    untimed: dict[str, list[int]] = dataclasses.field(default_factory=dict)  # untimed calls before each sample
-    fastest: dict[str, float] = dataclasses.field(default_factory=dict)  # fastest single call seen (ms)
+    untimed: dict[str, list[int]] = dataclasses.field(
+        default_factory=dict
+    )  # untimed calls before each sample
+    fastest: dict[str, float] = dataclasses.field(
+        default_factory=dict
+    )  # fastest single call seen (ms)
 
 
 def _norm_case(kind: NormKind, impl: NormImpl, dtype: str, x, dy, device, param_dtype) -> _Case:
@@ -176,15 +186,38 @@ def _norm_case(kind: NormKind, impl: NormImpl, dtype: str, x, dy, device, param_
     def fwdbwd():
         return torch.autograd.grad(norm(x), inputs, dy)
 
-    fwd_bytes, fb_bytes = norm_bytes(tuple(x.shape), x.dtype, norm.weight.dtype, norm.bias is not None)
-    name = {"kind": kind.name, "impl": impl.name, "dtype": dtype, "shape": list(x.shape), "param_dtype": str(norm.weight.dtype).removeprefix("torch.")}
+    fwd_bytes, fb_bytes = norm_bytes(
+        tuple(x.shape), x.dtype, norm.weight.dtype, norm.bias is not None
+    )
+    name = {
+        "kind": kind.name,
+        "impl": impl.name,
+        "dtype": dtype,
+        "shape": list(x.shape),
+        "param_dtype": str(norm.weight.dtype).removeprefix("torch."),
+    }
     return _Case(name, {"fwd": fwd, "fwdbwd": fwdbwd}, {"fwd": fwd_bytes, "fwdbwd": fb_bytes})
 
 
 CACHE_REGIMES = ("warm", "cold")
 
 
-def bench_norms(kinds: list[str], impls: list[str], dtypes: list[str], shapes: list[tuple[int, int]], *, repeats: int = 20, warmup: int = 3, device: str = "auto", param_dtype: str | None = None, min_sample_ms: float = 2.0, cache: str = "warm", settle_calls: int = 4, flush_mb: int = 512, flush: Callable[[], object] | None = None) -> dict:
+def bench_norms(
+    kinds: list[str],
+    impls: list[str],
+    dtypes: list[str],
+    shapes: list[tuple[int, int]],
+    *,
+    repeats: int = 20,
+    warmup: int = 3,
+    device: str = "auto",
+    param_dtype: str | None = None,
+    min_sample_ms: float = 2.0,
+    cache: str = "warm",
+    settle_calls: int = 4,
+    flush_mb: int = 512,
+    flush: Callable[[], object] | None = None,
+) -> dict:
     """Time every norm case and the copy baseline; returns the JSON-ready result.
 
     ``rows``: per (kind, impl, dtype, shape) ``fwd_ms`` / ``fwdbwd_ms`` (median ms per call),
@@ -201,7 +234,9 @@ def bench_norms(kinds: list[str], impls: list[str], dtypes: list[str], shapes: l
     if cache not in CACHE_REGIMES:
         raise ValueError(f"cache={cache!r}: expected one of {', '.join(CACHE_REGIMES)}")
     if settle_calls < 0 or flush_mb <= 0:
-        raise ValueError(f"settle_calls={settle_calls}, flush_mb={flush_mb}: expected settle_calls >= 0 and flush_mb > 0")
+        raise ValueError(
+            f"settle_calls={settle_calls}, flush_mb={flush_mb}: expected settle_calls >= 0 and flush_mb > 0"
+        )
     warm = cache == "warm"
     dev = resolve_device(device)
     cases, copies, skipped = [], {}, []
@@ -211,26 +246,65 @@ def bench_norms(kinds: list[str], impls: list[str], dtypes: list[str], shapes: l
             x = torch.randn(shape, generator=g).to(device=dev, dtype=DTYPES[dtype]).requires_grad_()
             dy = torch.randn(shape, generator=g).to(device=dev, dtype=DTYPES[dtype])
             src, dst = x.detach().clone(), torch.empty_like(x)
-            copies[(dtype, shape)] = c = _Case({"dtype": dtype, "shape": list(shape)}, {"copy": lambda s=src, d=dst: d.copy_(s)}, {"copy": 2 * x.numel() * x.element_size()})
+            copies[(dtype, shape)] = c = _Case(
+                {"dtype": dtype, "shape": list(shape)},
+                {"copy": lambda s=src, d=dst: d.copy_(s)},
+                {"copy": 2 * x.numel() * x.element_size()},
+            )
             cases.append(c)
             for kind in kinds:
                 for impl in impls:
                     try:
-                        cases.append(_norm_case(NormKind[kind], NormImpl[impl], dtype, x, dy, dev, DTYPES.get(param_dtype)))
+                        cases.append(
+                            _norm_case(
+                                NormKind[kind],
+                                NormImpl[impl],
+                                dtype,
+                                x,
+                                dy,
+                                dev,
+                                DTYPES.get(param_dtype),
+                            )
+                        )
                     except (ConfigError, RuntimeError, ImportError) as e:
-                        skipped.append({"kind": kind, "impl": impl, "dtype": dtype, "shape": list(shape), "reason": str(e).splitlines()[0]})
+                        skipped.append(
+                            {
+                                "kind": kind,
+                                "impl": impl,
+                                "dtype": dtype,
+                                "shape": list(shape),
+                                "reason": str(e).splitlines()[0],
+                            }
+                        )
     if not warm and flush is None:
         flush = make_flush(dev, flush_mb)
     with _recompile_limit():
         for case in list(cases):  # warm-up (compilation), then the calls per sample
             try:
-                for key, fn in case.calls.items():  # warm: + settle_calls, so the fastest is a steady-state call
-                    case.fastest[key] = est = min(sample_ms(fn, dev) for _ in range(max(1, warmup) + (settle_calls if warm else 0)))
-                    case.inner[key] = max(1, math.ceil(min_sample_ms / max(est, 1e-6))) if warm else 1
+                for (
+                    key,
+                    fn,
+                ) in (
+                    case.calls.items()
+                ):  # warm: + settle_calls, so the fastest is a steady-state call
+                    case.fastest[key] = est = min(
+                        sample_ms(fn, dev)
+                        for _ in range(max(1, warmup) + (settle_calls if warm else 0))
+                    )
+                    case.inner[key] = (
+                        max(1, math.ceil(min_sample_ms / max(est, 1e-6))) if warm else 1
+                    )
                     case.ms[key], case.untimed[key] = [], []
-            except Exception as e:  # a kernel that cannot run this dtype / shape: reported, not fatal
+            except (
+                Exception
+            ) as e:  # a kernel that cannot run this dtype / shape: reported, not fatal
                 cases.remove(case)
-                skipped.append({**case.name, "reason": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"})
+                skipped.append(
+                    {
+                        **case.name,
+                        "reason": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}",
+                    }
+                )
         for _ in range(repeats):  # interleaved rounds
             for case in cases:
                 for key, fn in case.calls.items():
@@ -246,16 +320,57 @@ def bench_norms(kinds: list[str], impls: list[str], dtypes: list[str], shapes: l
     for case in cases:
         med = {k: float(np.median(v)) for k, v in case.ms.items()}
         if "copy" in case.calls:
-            copy_rows.append({**case.name, "ms": med["copy"], "bytes": case.bytes["copy"], "gbps": case.bytes["copy"] / med["copy"] / 1e6, "inner": case.inner["copy"], "samples_ms": case.ms["copy"], "untimed_calls": case.untimed["copy"]})
+            copy_rows.append(
+                {
+                    **case.name,
+                    "ms": med["copy"],
+                    "bytes": case.bytes["copy"],
+                    "gbps": case.bytes["copy"] / med["copy"] / 1e6,
+                    "inner": case.inner["copy"],
+                    "samples_ms": case.ms["copy"],
+                    "untimed_calls": case.untimed["copy"],
+                }
+            )
             continue
         copy = copies[(case.name["dtype"], tuple(case.name["shape"]))]
-        row = {**case.name, "inner": case.inner, "copy_gbps": copy.bytes["copy"] / float(np.median(copy.ms["copy"])) / 1e6}
+        row = {
+            **case.name,
+            "inner": case.inner,
+            "copy_gbps": copy.bytes["copy"] / float(np.median(copy.ms["copy"])) / 1e6,
+        }
         for key in ("fwd", "fwdbwd"):
             gbps = case.bytes[key] / med[key] / 1e6  # bytes / ms / 1e6 = GB/s
-            row.update({f"{key}_ms": med[key], f"{key}_min_ms": min(case.ms[key]), f"{key}_bytes": case.bytes[key], f"{key}_gbps": gbps, f"{key}_copy_frac": gbps / row["copy_gbps"], f"{key}_samples_ms": case.ms[key], f"{key}_untimed_calls": case.untimed[key]})
+            row.update(
+                {
+                    f"{key}_ms": med[key],
+                    f"{key}_min_ms": min(case.ms[key]),
+                    f"{key}_bytes": case.bytes[key],
+                    f"{key}_gbps": gbps,
+                    f"{key}_copy_frac": gbps / row["copy_gbps"],
+                    f"{key}_samples_ms": case.ms[key],
+                    f"{key}_untimed_calls": case.untimed[key],
+                }
+            )
         rows.append(row)
     bytes_model = " ".join(__doc__.split("Bytes model ")[1].split("\n\n")[0].split())
-    return {"mode": "norm", "device": str(dev), "host": platform.processor() or platform.machine(), "torch": torch.__version__, "threads": torch.get_num_threads(), "repeats": repeats, "warmup": warmup, "cache": cache, "settle_calls": settle_calls if warm else None, "flush_mb": None if warm else flush_mb, "min_sample_ms": min_sample_ms if warm else None, "bytes_model": bytes_model, "copy": copy_rows, "rows": rows, "summary": summarize(rows), "skipped": skipped}
+    return {
+        "mode": "norm",
+        "device": str(dev),
+        "host": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "warmup": warmup,
+        "cache": cache,
+        "settle_calls": settle_calls if warm else None,
+        "flush_mb": None if warm else flush_mb,
+        "min_sample_ms": min_sample_ms if warm else None,
+        "bytes_model": bytes_model,
+        "copy": copy_rows,
+        "rows": rows,
+        "summary": summarize(rows),
+        "skipped": skipped,
+    }
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -268,12 +383,27 @@ def summarize(rows: list[dict]) -> list[dict]:
     for dtype, shape in dict.fromkeys((r["dtype"], tuple(r["shape"])) for r in rows):
         best = {}
         for kind in ("rms", "layer"):
-            group = [r for r in rows if r["kind"] == kind and r["dtype"] == dtype and tuple(r["shape"]) == shape]
+            group = [
+                r
+                for r in rows
+                if r["kind"] == kind and r["dtype"] == dtype and tuple(r["shape"]) == shape
+            ]
             if group:
                 best[kind] = min(group, key=lambda r: r["fwdbwd_ms"])
         if len(best) == 2:
             rms, layer = best["rms"]["fwdbwd_ms"], best["layer"]["fwdbwd_ms"]
-            out.append({"dtype": dtype, "shape": list(shape), "rms_impl": best["rms"]["impl"], "rms_ms": rms, "layer_impl": best["layer"]["impl"], "layer_ms": layer, "rms_faster_pct": (layer / rms - 1) * 100, "time_saved_pct": (1 - rms / layer) * 100})
+            out.append(
+                {
+                    "dtype": dtype,
+                    "shape": list(shape),
+                    "rms_impl": best["rms"]["impl"],
+                    "rms_ms": rms,
+                    "layer_impl": best["layer"]["impl"],
+                    "layer_ms": layer,
+                    "rms_faster_pct": (layer / rms - 1) * 100,
+                    "time_saved_pct": (1 - rms / layer) * 100,
+                }
+            )
     return out
 
 
@@ -290,18 +420,68 @@ def summary_line(s: dict) -> str:
 
 def format_norm_table(result: dict) -> str:
     """The norm benchmark as plain-text aligned columns, then one summary line per dtype and shape."""
-    head = ["kind", "impl", "dtype", "shape", "fwd ms", "fwd GB/s", "fwd %copy", "f+b ms", "f+b GB/s", "f+b %copy"]
-    body = [[r["kind"], r["impl"], r["dtype"], "x".join(map(str, r["shape"])), f"{r['fwd_ms']:.3f}", f"{r['fwd_gbps']:.1f}", f"{100 * r['fwd_copy_frac']:.0f}%", f"{r['fwdbwd_ms']:.3f}", f"{r['fwdbwd_gbps']:.1f}", f"{100 * r['fwdbwd_copy_frac']:.0f}%"] for r in result["rows"]]
-    body += [["copy", "dst.copy_", c["dtype"], "x".join(map(str, c["shape"])), f"{c['ms']:.3f}", f"{c['gbps']:.1f}", "100%", "", "", ""] for c in result["copy"]]
+    head = [
+        "kind",
+        "impl",
+        "dtype",
+        "shape",
+        "fwd ms",
+        "fwd GB/s",
+        "fwd %copy",
+        "f+b ms",
+        "f+b GB/s",
+        "f+b %copy",
+    ]
+    body = [
+        [
+            r["kind"],
+            r["impl"],
+            r["dtype"],
+            "x".join(map(str, r["shape"])),
+            f"{r['fwd_ms']:.3f}",
+            f"{r['fwd_gbps']:.1f}",
+            f"{100 * r['fwd_copy_frac']:.0f}%",
+            f"{r['fwdbwd_ms']:.3f}",
+            f"{r['fwdbwd_gbps']:.1f}",
+            f"{100 * r['fwdbwd_copy_frac']:.0f}%",
+        ]
+        for r in result["rows"]
+    ]
+    body += [
+        [
+            "copy",
+            "dst.copy_",
+            c["dtype"],
+            "x".join(map(str, c["shape"])),
+            f"{c['ms']:.3f}",
+            f"{c['gbps']:.1f}",
+            "100%",
+            "",
+            "",
+            "",
+        ]
+        for c in result["copy"]
+    ]
     widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
     if result["cache"] == "warm":
         regime = f"cache warm (>= {_count(result['settle_calls'], 'untimed call')} of the case before each sample)"
     else:
         regime = f"cache cold ({result['flush_mb']} MiB flush before each one-call sample)"
-    lines = [f"normlab-bench on {result['device']} ({result['host']}, {_count(result['threads'], 'thread')}, torch {result['torch']}), median of {_count(result['repeats'], 'interleaved round')}, {regime}"]
-    lines += ["  ".join(c.rjust(w) if i > 3 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in [head, *body]]
+    lines = [
+        f"normlab-bench on {result['device']} ({result['host']}, {_count(result['threads'], 'thread')}, torch {result['torch']}), median of {_count(result['repeats'], 'interleaved round')}, {regime}"
+    ]
+    lines += [
+        "  ".join(
+            c.rjust(w) if i > 3 else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [head, *body]
+    ]
     lines += [summary_line(s) for s in result["summary"]]
-    lines += [f"skipped {s.get('kind', 'copy')}/{s.get('impl', '-')} {s['dtype']} {s['shape']}: {s['reason']}" for s in result["skipped"]]
+    lines += [
+        f"skipped {s.get('kind', 'copy')}/{s.get('impl', '-')} {s['dtype']} {s['shape']}: {s['reason']}"
+        for s in result["skipped"]
+    ]
     return "\n".join(lines)
 
 
@@ -335,7 +515,10 @@ class StepSetup:
                 _, loss = self.fwd(x, y)
             self.scaler.scale(loss / cfg.optim.grad_accum).backward()
         self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf"))
+        torch.nn.utils.clip_grad_norm_(
+            self.model.parameters(),
+            cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf"),
+        )
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -360,10 +543,21 @@ def build_setup(overrides: list[str]) -> StepSetup:
     model = GPT(cfg.model, cfg.norm).to(device)
     fwd = torch.compile(model) if cfg.compile else model
     sampler = BatchSampler(data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, device)
-    return StepSetup(list(overrides), cfg, device, model, fwd, make_optimizer(model, cfg.optim, device), grad_scaler(cfg.precision, device), sampler)
+    return StepSetup(
+        list(overrides),
+        cfg,
+        device,
+        model,
+        fwd,
+        make_optimizer(model, cfg.optim, device),
+        grad_scaler(cfg.precision, device),
+        sampler,
+    )
 
 
-def bench_step(a: list[str], b: list[str], common: list[str] = (), *, pairs: int = 10, warmup: int = 3) -> dict:
+def bench_step(
+    a: list[str], b: list[str], common: list[str] = (), *, pairs: int = 10, warmup: int = 3
+) -> dict:
     """Interleaved optimizer-step timing of the setups ``common + a`` and ``common + b``.
 
     Returns JSON-ready data: per setup ``median_ms`` and ``times_ms`` (ms per optimizer step), its
@@ -383,17 +577,50 @@ def bench_step(a: list[str], b: list[str], common: list[str] = (), *, pairs: int
     p10, p25, med, p75, p90 = (float(v) for v in np.percentile(ratios, [10, 25, 50, 75, 90]))
 
     def info(s: StepSetup, own: list[str], t: list[float]) -> dict:
-        return {"overrides": list(own), "composed_with": s.overrides, "norm": f"{s.cfg.norm.kind.name}/{s.cfg.norm.impl.name}", "precision": s.cfg.precision.dtype.name, "model": s.cfg.model.name, "tokens_per_step": s.cfg.tokens_per_step, "median_ms": float(np.median(t)), "times_ms": t}
+        return {
+            "overrides": list(own),
+            "composed_with": s.overrides,
+            "norm": f"{s.cfg.norm.kind.name}/{s.cfg.norm.impl.name}",
+            "precision": s.cfg.precision.dtype.name,
+            "model": s.cfg.model.name,
+            "tokens_per_step": s.cfg.tokens_per_step,
+            "median_ms": float(np.median(t)),
+            "times_ms": t,
+        }
 
-    return {"mode": "step", "device": str(setups[0].device), "torch": torch.__version__, "threads": torch.get_num_threads(), "pairs": pairs, "warmup": warmup, "common": list(common), "a": info(setups[0], a, times[0]), "b": info(setups[1], b, times[1]), "ratio": {"median": med, "p10": p10, "p25": p25, "p75": p75, "p90": p90, "per_pair": ratios.tolist()}}
+    return {
+        "mode": "step",
+        "device": str(setups[0].device),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "pairs": pairs,
+        "warmup": warmup,
+        "common": list(common),
+        "a": info(setups[0], a, times[0]),
+        "b": info(setups[1], b, times[1]),
+        "ratio": {
+            "median": med,
+            "p10": p10,
+            "p25": p25,
+            "p75": p75,
+            "p90": p90,
+            "per_pair": ratios.tolist(),
+        },
+    }
 
 
 def format_step(result: dict) -> str:
     """The step benchmark in four lines."""
     r = result["ratio"]
-    lines = [f"step benchmark on {result['device']} ({_count(result['threads'], 'thread')}): {_count(result['pairs'], 'interleaved pair')} after {_count(result['warmup'], 'warm-up step')} each; both: {' '.join(result['common']) or '-'}"]
+    lines = [
+        f"step benchmark on {result['device']} ({_count(result['threads'], 'thread')}): {_count(result['pairs'], 'interleaved pair')} after {_count(result['warmup'], 'warm-up step')} each; both: {' '.join(result['common']) or '-'}"
+    ]
     for key in ("a", "b"):
         s = result[key]
-        lines.append(f"{key.upper()} {' '.join(s['overrides']) or '(defaults)'} [{s['model']}, {s['norm']}, {s['precision']}, {s['tokens_per_step']} tokens/step]: median {s['median_ms']:.1f} ms/step")
-    lines.append(f"B/A step time: median {r['median']:.3f} (IQR {r['p25']:.3f}-{r['p75']:.3f}, 10-90% {r['p10']:.3f}-{r['p90']:.3f})")
+        lines.append(
+            f"{key.upper()} {' '.join(s['overrides']) or '(defaults)'} [{s['model']}, {s['norm']}, {s['precision']}, {s['tokens_per_step']} tokens/step]: median {s['median_ms']:.1f} ms/step"
+        )
+    lines.append(
+        f"B/A step time: median {r['median']:.3f} (IQR {r['p25']:.3f}-{r['p75']:.3f}, 10-90% {r['p10']:.3f}-{r['p90']:.3f})"
+    )
     return "\n".join(lines)

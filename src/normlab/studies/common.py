@@ -21,7 +21,11 @@ from normlab.config import TrainConfig
 
 def with_default_experiment(overrides: list[str], name: str) -> list[str]:
     """``overrides`` with ``experiment=<name>`` in front unless they already choose an experiment."""
-    return list(overrides) if any(o.startswith("experiment=") for o in overrides) else [f"experiment={name}", *overrides]
+    return (
+        list(overrides)
+        if any(o.startswith("experiment=") for o in overrides)
+        else [f"experiment={name}", *overrides]
+    )
 
 
 def compose_config(overrides: list[str]) -> TrainConfig:
@@ -53,9 +57,14 @@ def study_inputs(overrides: list[str]) -> StudyInputs:
     cfg = compose_config(overrides)
     device = resolve_device(cfg.device)
     data = prepare(cfg.data)
-    cfg = dataclasses.replace(cfg, norm=resolve_norm(cfg.norm, device.type),
-                              model=dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or data.vocab_size))
-    x, y = BatchSampler(data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, device).train_batch(0, 0)
+    cfg = dataclasses.replace(
+        cfg,
+        norm=resolve_norm(cfg.norm, device.type),
+        model=dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or data.vocab_size),
+    )
+    x, y = BatchSampler(
+        data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, device
+    ).train_batch(0, 0)
     return StudyInputs(cfg, device, x, y)
 
 

@@ -102,13 +102,18 @@ class ModuleTimer:
                 h.remove()
 
 
-def breakdown(module_ms: dict[tuple[str, str], float], fwd_ms: float, bwd_ms: float, total_ms: float) -> dict[str, float]:
+def breakdown(
+    module_ms: dict[tuple[str, str], float], fwd_ms: float, bwd_ms: float, total_ms: float
+) -> dict[str, float]:
     """Split one step into :data:`CATEGORIES` (ms): the hooked categories forward + backward,
     ``other`` = forward + backward not in them, ``optimizer`` = the rest of the step. The values sum
     to ``total_ms``; also returns ``<cat>_fwd`` / ``<cat>_bwd`` and ``total``."""
     out: dict[str, float] = {}
     for cat in HOOKED:
-        out[f"{cat}_fwd"], out[f"{cat}_bwd"] = module_ms.get((cat, "fwd"), 0.0), module_ms.get((cat, "bwd"), 0.0)
+        out[f"{cat}_fwd"], out[f"{cat}_bwd"] = (
+            module_ms.get((cat, "fwd"), 0.0),
+            module_ms.get((cat, "bwd"), 0.0),
+        )
         out[cat] = out[f"{cat}_fwd"] + out[f"{cat}_bwd"]
     out["other_fwd"] = fwd_ms - sum(out[f"{c}_fwd"] for c in HOOKED)
     out["other_bwd"] = bwd_ms - sum(out[f"{c}_bwd"] for c in HOOKED)
@@ -143,7 +148,9 @@ def hooked_step(setup, timer: ModuleTimer) -> dict[str, float]:
             tc = time.perf_counter()
             fwd, bwd = fwd + (tb - ta) * 1e3, bwd + (tc - tb) * 1e3
     setup.scaler.unscale_(setup.optimizer)
-    torch.nn.utils.clip_grad_norm_(setup.model.parameters(), cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf"))
+    torch.nn.utils.clip_grad_norm_(
+        setup.model.parameters(), cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
+    )
     setup.scaler.step(setup.optimizer)
     setup.scaler.update()
     setup.optimizer.zero_grad(set_to_none=True)
@@ -162,7 +169,9 @@ def variants(device_type: str, kinds: list[str], impls: list[str] | None) -> lis
     return [[f"norm={k}", f"norm.impl={i}"] for k in kinds for i in impls]
 
 
-def measure(common: list[str], variant_overrides: list[list[str]], steps: int = 10, warmup: int = 3) -> list[dict[str, Any]]:
+def measure(
+    common: list[str], variant_overrides: list[list[str]], steps: int = 10, warmup: int = 3
+) -> list[dict[str, Any]]:
     """Build every setup, warm each up (compilation), then ``steps`` interleaved rounds of one plain
     and one hooked step per setup. Per variant: ``plain_ms`` (median of plain steps), the mean
     (ms) of every :func:`breakdown` key over the hooked steps, and ``calls`` per hooked step."""
@@ -188,20 +197,46 @@ def measure(common: list[str], variant_overrides: list[list[str]], steps: int = 
     out = []
     for s, t, p, h in zip(setups, timers, plain, hooked, strict=True):
         mean = {k: float(np.mean([b[k] for b in h])) for k in h[0]}
-        out.append({"variant": f"{s.cfg.norm.kind.name}/{s.cfg.norm.impl.name}", "overrides": s.overrides,
-                    "device": str(s.device), "model": s.cfg.model.name, "precision": s.cfg.precision.dtype.name,
-                    "tokens_per_step": s.cfg.tokens_per_step, "plain_ms": float(np.median(p)), "plain_times_ms": p,
-                    **mean, "calls": {f"{c}/{ph}": n for (c, ph), n in t.calls.items()}, "steps": steps})
+        out.append(
+            {
+                "variant": f"{s.cfg.norm.kind.name}/{s.cfg.norm.impl.name}",
+                "overrides": s.overrides,
+                "device": str(s.device),
+                "model": s.cfg.model.name,
+                "precision": s.cfg.precision.dtype.name,
+                "tokens_per_step": s.cfg.tokens_per_step,
+                "plain_ms": float(np.median(p)),
+                "plain_times_ms": p,
+                **mean,
+                "calls": {f"{c}/{ph}": n for (c, ph), n in t.calls.items()},
+                "steps": steps,
+            }
+        )
     return out
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Markdown: per variant the plain and hooked step time and each category in ms and % of the hooked step."""
-    body = [[f"`{r['variant']}`", f"{r['plain_ms']:.1f}", f"{r['total']:.1f}",
-             *(f"{r[c]:.1f} ({100 * r[c] / r['total']:.0f}%)" for c in CATEGORIES),
-             f"{r['norm_fwd']:.1f} / {r['norm_bwd']:.1f}"] for r in rows]
-    return md_table(["variant", "step ms (no hooks, median)", "step ms (hooked, mean)", *CATEGORIES,
-                     "norm fwd / bwd ms"], body)
+    body = [
+        [
+            f"`{r['variant']}`",
+            f"{r['plain_ms']:.1f}",
+            f"{r['total']:.1f}",
+            *(f"{r[c]:.1f} ({100 * r[c] / r['total']:.0f}%)" for c in CATEGORIES),
+            f"{r['norm_fwd']:.1f} / {r['norm_bwd']:.1f}",
+        ]
+        for r in rows
+    ]
+    return md_table(
+        [
+            "variant",
+            "step ms (no hooks, median)",
+            "step ms (hooked, mean)",
+            *CATEGORIES,
+            "norm fwd / bwd ms",
+        ],
+        body,
+    )
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
@@ -216,9 +251,22 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
         vals = np.array([max(r[cat], 0.0) for r in rows])
         bars = ax.bar(x, vals, 0.6, bottom=bottom, label=cat, color=f"C{i}")
         if cat == "norm":
-            ax.bar_label(bars, [f"{100 * r['norm'] / r['total']:.0f}%" for r in rows], label_type="center", fontsize="x-small")
+            ax.bar_label(
+                bars,
+                [f"{100 * r['norm'] / r['total']:.0f}%" for r in rows],
+                label_type="center",
+                fontsize="x-small",
+            )
         bottom += vals
-    ax.scatter(x, [r["plain_ms"] for r in rows], marker="_", s=900, color="black", zorder=3, label="step without hooks (median)")
+    ax.scatter(
+        x,
+        [r["plain_ms"] for r in rows],
+        marker="_",
+        s=900,
+        color="black",
+        zorder=3,
+        label="step without hooks (median)",
+    )
     ax.set_xticks(x, [r["variant"] for r in rows], fontsize="small")
     ax.set(ylabel="ms per optimizer step", title=title)
     ax.grid(axis="y", alpha=0.3)

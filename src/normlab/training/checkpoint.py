@@ -79,7 +79,9 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _hashed_items(config: dict[str, Any]) -> dict[str, Any]:
     flat = _flatten(config)
     return {
-        k: v for k, v in flat.items() if not any(k == p or k.startswith(p + ".") for p in RESUME_MAY_DIFFER)
+        k: v
+        for k, v in flat.items()
+        if not any(k == p or k.startswith(p + ".") for p in RESUME_MAY_DIFFER)
     }
 
 
@@ -108,7 +110,13 @@ def rng_state() -> dict[str, Any]:
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "python": random.getstate(),
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
     }
@@ -122,9 +130,21 @@ def restore_rng(state: dict[str, Any]) -> None:
     """
     random.setstate(state["python"])
     n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    np.random.set_state(
+        (
+            n["name"],
+            n["keys"].numpy().astype(np.uint32),
+            n["pos"],
+            n["has_gauss"],
+            n["cached_gaussian"],
+        )
+    )
     torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+    if (
+        state["cuda"]
+        and torch.cuda.is_available()
+        and len(state["cuda"]) == torch.cuda.device_count()
+    ):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
@@ -220,7 +240,9 @@ def verify(path: Path) -> str | None:
     if m is None:
         return "not a checkpoint name (step-<step>-<digest>.pt)"
     if _sha256_prefix(path) != m.group(2):
-        return f"truncated or corrupted ({path.stat().st_size} bytes; SHA-256 does not match its name)"
+        return (
+            f"truncated or corrupted ({path.stat().st_size} bytes; SHA-256 does not match its name)"
+        )
     return None
 
 
@@ -238,7 +260,9 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     except Exception as e:
         raise ValueError(f"unreadable ({type(e).__name__}: {str(e).splitlines()[0]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise ValueError(f"format {state.get('format') if isinstance(state, dict) else '?'} is not {FORMAT}")
+        raise ValueError(
+            f"format {state.get('format') if isinstance(state, dict) else '?'} is not {FORMAT}"
+        )
     return state
 
 
@@ -298,7 +322,9 @@ def find_resume_point(run_dir: Path, resume: str | None) -> Loaded | None:
     return loaded
 
 
-def check_resumable(loaded: Loaded, config: dict[str, Any], model: torch.nn.Module, force: bool) -> list[str]:
+def check_resumable(
+    loaded: Loaded, config: dict[str, Any], model: torch.nn.Module, force: bool
+) -> list[str]:
     """Refuse to resume from a checkpoint of another config (unless ``force``) or model shape.
 
     Returns the config differences that ``force`` let through (empty when the hashes agree).
@@ -307,15 +333,23 @@ def check_resumable(loaded: Loaded, config: dict[str, Any], model: torch.nn.Modu
         ConfigError: one line naming the checkpoint and the differing keys or parameter shapes.
     """
     state, name = loaded.state, loaded.path.name
-    diff = [] if state["config_hash"] == config_hash(config) else config_diff(state["config"], config)
+    diff = (
+        [] if state["config_hash"] == config_hash(config) else config_diff(state["config"], config)
+    )
     if diff and not force:
-        raise ConfigError(f"cannot resume from {name}: the config differs in {'; '.join(diff)} (force=true resumes anyway)")
+        raise ConfigError(
+            f"cannot resume from {name}: the config differs in {'; '.join(diff)} (force=true resumes anyway)"
+        )
     shapes = shape_mismatches(model, state["model"])
     if shapes:
         more = f" (and {len(shapes) - 3} more)" if len(shapes) > 3 else ""
-        raise ConfigError(f"cannot resume from {name}: it holds a model of another shape: {'; '.join(shapes[:3])}{more}")
+        raise ConfigError(
+            f"cannot resume from {name}: it holds a model of another shape: {'; '.join(shapes[:3])}{more}"
+        )
     if diff:
-        log.warning("resuming from %s with a different config (force=true): %s", name, "; ".join(diff))
+        log.warning(
+            "resuming from %s with a different config (force=true): %s", name, "; ".join(diff)
+        )
     return diff
 
 
@@ -328,9 +362,17 @@ def check_free_space(run_dir: Path, model: torch.nn.Module, keep: int) -> None:
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     free = shutil.disk_usage(existing).free
     if free < need:
-        raise ConfigError(f"the run dir {run_dir} has {free / 2**20:.0f} MiB free; one checkpoint needs about {need / 2**20:.0f} MiB")
+        raise ConfigError(
+            f"the run dir {run_dir} has {free / 2**20:.0f} MiB free; one checkpoint needs about {need / 2**20:.0f} MiB"
+        )
     if free < need * (keep + 1):
-        log.warning("the run dir %s has %.0f MiB free, less than %d checkpoints of about %.0f MiB", run_dir, free / 2**20, keep + 1, need / 2**20)
+        log.warning(
+            "the run dir %s has %.0f MiB free, less than %d checkpoints of about %.0f MiB",
+            run_dir,
+            free / 2**20,
+            keep + 1,
+            need / 2**20,
+        )
 
 
 class StopSignals:

@@ -44,12 +44,28 @@ class ActivationRecorder:
         """Register the forward hooks for the duration of the ``with`` block, then remove them."""
         handles = []
         for i, block in enumerate(model.blocks):
-            handles.append(block.register_forward_pre_hook(lambda m, args, i=i: self._put(f"diag/block{i}/resid", args[0])))
+            handles.append(
+                block.register_forward_pre_hook(
+                    lambda m, args, i=i: self._put(f"diag/block{i}/resid", args[0])
+                )
+            )
             for name in ("norm1", "norm2"):
                 norm = getattr(block, name)
-                handles.append(norm.register_forward_hook(lambda m, a, out, i=i, n=name: self._put(f"diag/block{i}/{n}_out", out)))
-        handles.append(model.norm_f.register_forward_pre_hook(lambda m, args: self._put("diag/final/resid", args[0])))
-        handles.append(model.norm_f.register_forward_hook(lambda m, a, out: self._put("diag/final/norm_f_out", out)))
+                handles.append(
+                    norm.register_forward_hook(
+                        lambda m, a, out, i=i, n=name: self._put(f"diag/block{i}/{n}_out", out)
+                    )
+                )
+        handles.append(
+            model.norm_f.register_forward_pre_hook(
+                lambda m, args: self._put("diag/final/resid", args[0])
+            )
+        )
+        handles.append(
+            model.norm_f.register_forward_hook(
+                lambda m, a, out: self._put("diag/final/norm_f_out", out)
+            )
+        )
 
         def max_logit(m, a, out):
             self.stats["diag/max_logit"] = out.detach().abs().max().float().item()
@@ -65,7 +81,11 @@ class ActivationRecorder:
 def gain_stats(model: nn.Module) -> dict[str, float]:
     """Mean, min and max of every norm's gain (``weight``), keyed by block and norm name."""
     out: dict[str, float] = {}
-    named = [(f"block{i}/{n}", getattr(b, n)) for i, b in enumerate(model.blocks) for n in ("norm1", "norm2")]
+    named = [
+        (f"block{i}/{n}", getattr(b, n))
+        for i, b in enumerate(model.blocks)
+        for n in ("norm1", "norm2")
+    ]
     named.append(("final/norm_f", model.norm_f))
     for key, norm in named:
         w = getattr(norm, "weight", None)
@@ -82,7 +102,11 @@ def block_grad_norms(model: nn.Module) -> dict[str, float]:
     """L2 norm of the gradients of each block's parameters (call after backward, after unscaling)."""
     out = {}
     for i, block in enumerate(model.blocks):
-        sq = sum(p.grad.detach().float().pow(2).sum().item() for p in block.parameters() if p.grad is not None)
+        sq = sum(
+            p.grad.detach().float().pow(2).sum().item()
+            for p in block.parameters()
+            if p.grad is not None
+        )
         out[f"diag/block{i}/grad_norm"] = math.sqrt(sq)
     return out
 
@@ -98,7 +122,9 @@ class NonFinite:
 
     def __str__(self) -> str:
         origin = "made by this module" if self.input_finite else "already in its input"
-        return f"first non-finite values ({self.kind}) in the {self.where} of {self.module} ({origin})"
+        return (
+            f"first non-finite values ({self.kind}) in the {self.where} of {self.module} ({origin})"
+        )
 
 
 def _kind(t: torch.Tensor) -> str:
@@ -133,11 +159,20 @@ def first_nonfinite(model: nn.Module, *inputs: torch.Tensor) -> NonFinite | None
             if found or not isinstance(out, torch.Tensor) or not out.is_floating_point():
                 return
             x = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            if x is not None and hasattr(m, "eps") and hasattr(m, "upcast") and not norm_statistics_finite(m, x):
-                found.append(NonFinite(name, "inf", bool(torch.isfinite(x).all()), where="statistics"))
+            if (
+                x is not None
+                and hasattr(m, "eps")
+                and hasattr(m, "upcast")
+                and not norm_statistics_finite(m, x)
+            ):
+                found.append(
+                    NonFinite(name, "inf", bool(torch.isfinite(x).all()), where="statistics")
+                )
             elif not torch.isfinite(out).all():
                 ins = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
-                found.append(NonFinite(name, _kind(out), all(bool(torch.isfinite(a).all()) for a in ins)))
+                found.append(
+                    NonFinite(name, _kind(out), all(bool(torch.isfinite(a).all()) for a in ins))
+                )
 
         handles.append(module.register_forward_hook(hook))
     try:

@@ -160,7 +160,9 @@ def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return DistributedDataParallel(
+        model, device_ids=[device.index] if device.type == "cuda" else None
+    )
 
 
 def sync_gradients(module: torch.nn.Module, sync: bool):
@@ -183,14 +185,22 @@ def resolve_device(name: str) -> torch.device:
 
     Raises ConfigError for an absent CUDA device, or one ``cuda:N`` named for several processes.
     """
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
+    )
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} is not available on this machine (no CUDA); allowed here: auto, cpu")
+        raise ConfigError(
+            f"device={name!r} is not available on this machine (no CUDA); allowed here: auto, cpu"
+        )
     if device.type == "cuda" and world_size() > 1:
         if device.index is not None:
-            raise ConfigError(f"device={name} cannot be shared by {world_size()} processes: use device=cuda or auto (each process takes cuda:<LOCAL_RANK>)")
+            raise ConfigError(
+                f"device={name} cannot be shared by {world_size()} processes: use device=cuda or auto (each process takes cuda:<LOCAL_RANK>)"
+            )
         if local_rank() >= torch.cuda.device_count():
-            raise ConfigError(f"device={name}: process {local_rank()} of this node has no GPU of its own ({torch.cuda.device_count()} here): start at most one process per GPU")
+            raise ConfigError(
+                f"device={name}: process {local_rank()} of this node has no GPU of its own ({torch.cuda.device_count()} here): start at most one process per GPU"
+            )
         device = torch.device("cuda", local_rank())
     return device
 
@@ -224,10 +234,13 @@ def restore_rank_rng(states: list[dict[str, Any]], seed: int, step: int) -> None
 
 # --- signals ----------------------------------------------------------------------------------------
 
+
 def preempt_signal() -> signal.Signals:
     """The signal that warns of a time limit or pre-emption: submitit's (``$SUBMITIT_PREEMPT_SIGNAL``,
     default USR2; hydra-submitit-launcher asks SLURM for it ``signal_delay_s`` before the end)."""
-    return signal.Signals["SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").upper().removeprefix("SIG")]
+    return signal.Signals[
+        "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").upper().removeprefix("SIG")
+    ]
 
 
 class StopSignals(checkpoint.StopSignals):

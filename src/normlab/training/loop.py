@@ -82,11 +82,16 @@ def lr_at(step: int, max_steps: int, cfg: OptimConfig) -> float:
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))) * (cfg.lr - cfg.min_lr)
 
 
-def make_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+def make_optimizer(
+    model: torch.nn.Module, cfg: OptimConfig, device: torch.device
+) -> torch.optim.AdamW:
     """AdamW with decoupled weight decay on matrices (dim >= 2) and none on gains and biases."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(
         groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, fused=device.type == "cuda"
     )
@@ -105,7 +110,9 @@ def versions(device: torch.device, compiled: bool) -> dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton_version,
         "cuda": torch.version.cuda,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else platform.processor() or "cpu",
         "compile": compiled,
     }
 
@@ -129,7 +136,16 @@ def evaluate(model: GPT, sampler: BatchSampler, n_batches: int, ctx_factory) -> 
     return float(np.mean([losses[i] for i in range(n_batches)]))
 
 
-def accumulate(module: torch.nn.Module, eager: torch.nn.Module, sampler: BatchSampler, step: int, cfg: TrainConfig, scaler, ctx_factory, diag: ActivationRecorder | None) -> torch.Tensor:
+def accumulate(
+    module: torch.nn.Module,
+    eager: torch.nn.Module,
+    sampler: BatchSampler,
+    step: int,
+    cfg: TrainConfig,
+    scaler,
+    ctx_factory,
+    diag: ActivationRecorder | None,
+) -> torch.Tensor:
     """Forward and backward of this rank's micro-batches of ``step``; returns the sum of their losses.
 
     Rank r of N takes micro-batches r, r + N, ... of ``optim.grad_accum``. Each loss is divided by
@@ -143,7 +159,10 @@ def accumulate(module: torch.nn.Module, eager: torch.nn.Module, sampler: BatchSa
         x, y = sampler.train_batch(step, micro)
         with distributed.sync_gradients(eager, sync=n == len(micros) - 1):
             if diag is not None and micro == 0:  # hooks on the first micro-batch only, eager
-                with ctx_factory(), diag.hooks(getattr(eager, "module", eager)):  # the GPT inside DDP
+                with (
+                    ctx_factory(),
+                    diag.hooks(getattr(eager, "module", eager)),
+                ):  # the GPT inside DDP
                     _, loss = eager(x, y)
             else:
                 with ctx_factory():
@@ -175,7 +194,9 @@ def build_model(cfg: TrainConfig, device: torch.device) -> GPT:
     return GPT(cfg.model, cfg.norm).to(device)
 
 
-def divergence(loss: float, grad_norm: float, scaler_enabled: bool, max_loss: float | None) -> str | None:
+def divergence(
+    loss: float, grad_norm: float, scaler_enabled: bool, max_loss: float | None
+) -> str | None:
     """Why this step counts as divergence, or None. An fp16 scaler skips non-finite gradients itself."""
     if not math.isfinite(loss):
         return f"non-finite loss {loss}"
@@ -207,7 +228,9 @@ def _train(cfg: TrainConfig, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
     t_start = time.perf_counter()
     world, main = distributed.world_size(), distributed.is_main()
     if cfg.optim.grad_accum % world:
-        raise ConfigError(f"optim.grad_accum={cfg.optim.grad_accum} is not divisible by the {world} processes: the {cfg.optim.grad_accum} micro-batches of a step are shared out among them; use a multiple of {world}")
+        raise ConfigError(
+            f"optim.grad_accum={cfg.optim.grad_accum} is not divisible by the {world} processes: the {cfg.optim.grad_accum} micro-batches of a step are shared out among them; use a multiple of {world}"
+        )
     device = resolve_device(cfg.device)
     norm_cfg = resolve_norm(cfg.norm, device.type)
     check_precision(cfg.precision.dtype, device)
@@ -220,7 +243,9 @@ def _train(cfg: TrainConfig, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
         model=dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or data.vocab_size),
     )
     if cfg.model.vocab_size < data.vocab_size:
-        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {data.vocab_size}")
+        raise ConfigError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {data.vocab_size}"
+        )
     config_dict = to_plain(cfg)
     resume = find_resume_point(run_dir, opts.resume)  # every rank loads it
 
@@ -262,12 +287,35 @@ def _train(cfg: TrainConfig, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
         "run_options": dataclasses.asdict(opts),
     }
     if resume:
-        summary["resumed"] = {"from_step": start, "checkpoint": resume.path.name, "skipped": resume.skipped, "forced_config_diff": forced_diff}
+        summary["resumed"] = {
+            "from_step": start,
+            "checkpoint": resume.path.name,
+            "skipped": resume.skipped,
+            "forced_config_diff": forced_diff,
+        }
         log.info("resuming from %s at step %d", resume.path, start)
-    log.info("model %s: %.2fM parameters, norm %s/%s on %s%s", cfg.model.name, summary["params"] / 1e6, cfg.norm.kind.name, cfg.norm.impl.name, device, f" x {world} processes" if world > 1 else "")
+    log.info(
+        "model %s: %.2fM parameters, norm %s/%s on %s%s",
+        cfg.model.name,
+        summary["params"] / 1e6,
+        cfg.norm.kind.name,
+        cfg.norm.impl.name,
+        device,
+        f" x {world} processes" if world > 1 else "",
+    )
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    sink = MetricsLogger(run_dir, cfg, config_dict, resume_step=start if resume else None, wandb_run_id=ckpt.get("wandb_run_id")) if main else _NoSink()
+    sink = (
+        MetricsLogger(
+            run_dir,
+            cfg,
+            config_dict,
+            resume_step=start if resume else None,
+            wandb_run_id=ckpt.get("wandb_run_id"),
+        )
+        if main
+        else _NoSink()
+    )
     timer = StepTimer(device, cfg.timing_warmup_steps)
     timer.times_ms = list(ckpt.get("step_times_ms", []))
     tokens_per_step = cfg.tokens_per_step  # global: every rank's micro-batches
@@ -307,10 +355,20 @@ def _train(cfg: TrainConfig, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
             path = save_checkpoint(run_dir / CKPT_DIR, state, opts.ckpt_keep)
             log.info("checkpoint %s", path)
         except OSError as e:
-            log.error("could not save the checkpoint of step %d (%s); the previous one stays", done, e)
+            log.error(
+                "could not save the checkpoint of step %d (%s); the previous one stays", done, e
+            )
 
     step = done = start
-    bar = tqdm(total=cfg.max_steps, initial=start, desc=f"{cfg.norm.kind.name}/{cfg.norm.impl.name}", unit="step", disable=not (cfg.progress and main), dynamic_ncols=True, mininterval=1.0)
+    bar = tqdm(
+        total=cfg.max_steps,
+        initial=start,
+        desc=f"{cfg.norm.kind.name}/{cfg.norm.impl.name}",
+        unit="step",
+        disable=not (cfg.progress and main),
+        dynamic_ncols=True,
+        mininterval=1.0,
+    )
     stop = distributed.StopSignals()
     try:
         with stop:
@@ -318,7 +376,11 @@ def _train(cfg: TrainConfig, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
                 lr = lr_at(step, cfg.max_steps, cfg.optim)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                diag = ActivationRecorder() if cfg.diag_interval and (step + 1) % cfg.diag_interval == 0 else None
+                diag = (
+                    ActivationRecorder()
+                    if cfg.diag_interval and (step + 1) % cfg.diag_interval == 0
+                    else None
+                )
                 timer.start()
                 loss_sum = accumulate(fwd, ddp, sampler, step, cfg, scaler, ctx, diag)
                 scaler.unscale_(optimizer)
@@ -331,12 +393,24 @@ def _train(cfg: TrainConfig, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
                 optimizer.zero_grad(set_to_none=True)
                 # Every rank's loss sum and gradient norm, reduced in rank order: the same loss and
                 # the same divergence verdict on every rank.
-                rows = distributed.gather_rows(torch.stack([loss_sum, loss_sum.new_tensor(grad_norm)]))
-                train_loss, grad_norm = (rows[:, 0].sum() / cfg.optim.grad_accum).item(), rows[:, 1].max().item()
+                rows = distributed.gather_rows(
+                    torch.stack([loss_sum, loss_sum.new_tensor(grad_norm)])
+                )
+                train_loss, grad_norm = (
+                    (rows[:, 0].sum() / cfg.optim.grad_accum).item(),
+                    rows[:, 1].max().item(),
+                )
                 dt_ms = timer.stop(record=diag is None)  # diagnosed steps are slower: not timed
 
                 done = step + 1
-                row: dict[str, Any] = {"step": done, "train/loss": train_loss, "lr": lr, "grad_norm": grad_norm, "step_time_ms": dt_ms, "tokens_per_s": tokens_per_step / (dt_ms / 1e3)}
+                row: dict[str, Any] = {
+                    "step": done,
+                    "train/loss": train_loss,
+                    "lr": lr,
+                    "grad_norm": grad_norm,
+                    "step_time_ms": dt_ms,
+                    "tokens_per_s": tokens_per_step / (dt_ms / 1e3),
+                }
                 if diag is not None:
                     row.update(diag.stats, **gain_stats(model))
                 diverged = divergence(train_loss, grad_norm, scaler.is_enabled(), opts.max_loss)
@@ -348,19 +422,40 @@ def _train(cfg: TrainConfig, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
                 if diverged or done % cfg.log_interval == 0 or "val/loss" in row:
                     sink.log(row)
                 bar.update(1)
-                bar.set_postfix(loss=f"{train_loss:.3f}", val=f"{val_loss:.3f}" if val_loss is not None else "-", tok_s=f"{row['tokens_per_s']:.0f}")
+                bar.set_postfix(
+                    loss=f"{train_loss:.3f}",
+                    val=f"{val_loss:.3f}" if val_loss is not None else "-",
+                    tok_s=f"{row['tokens_per_s']:.0f}",
+                )
                 if diverged:
-                    summary.update(status="diverged", diverged_at_step=done, diverged_reason=diverged, last_finite_loss=last_finite_loss)
+                    summary.update(
+                        status="diverged",
+                        diverged_at_step=done,
+                        diverged_reason=diverged,
+                        last_finite_loss=last_finite_loss,
+                    )
                     log.error("run diverged at step %d: %s", done, diverged)
                     break
-                code = distributed.all_reduce_max(stop.code)  # a signal to any rank stops them all here
+                code = distributed.all_reduce_max(
+                    stop.code
+                )  # a signal to any rank stops them all here
                 stop_signal = signal.Signals(code).name if code else None
                 interrupted = stop_signal is not None and done < cfg.max_steps
-                if interrupted or done == cfg.max_steps or (opts.ckpt_interval and done % opts.ckpt_interval == 0):
+                if (
+                    interrupted
+                    or done == cfg.max_steps
+                    or (opts.ckpt_interval and done % opts.ckpt_interval == 0)
+                ):
                     save(done)
                 if interrupted:
-                    summary.update(status="interrupted", signal=stop_signal, interrupted_at_step=done)
-                    log.warning("%s received: stopped after step %d with a checkpoint; resume=auto continues", stop_signal, done)
+                    summary.update(
+                        status="interrupted", signal=stop_signal, interrupted_at_step=done
+                    )
+                    log.warning(
+                        "%s received: stopped after step %d with a checkpoint; resume=auto continues",
+                        stop_signal,
+                        done,
+                    )
                     break
             else:
                 summary["status"] = "completed"
@@ -369,7 +464,12 @@ def _train(cfg: TrainConfig, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
         summary.update(status="interrupted", signal="SIGINT", interrupted_at_step=done)
         raise
     except Exception as e:
-        summary.update(status="failed", error=f"{type(e).__name__}: {e}", failed_at_step=step + 1, traceback=traceback.format_exc())
+        summary.update(
+            status="failed",
+            error=f"{type(e).__name__}: {e}",
+            failed_at_step=step + 1,
+            traceback=traceback.format_exc(),
+        )
         raise
     finally:
         bar.close()
@@ -379,7 +479,9 @@ def _train(cfg: TrainConfig, run_dir: Path, opts: RunOptions) -> dict[str, Any]:
             last_val_loss=val_loss,
             wall_time_s=wall_before + time.perf_counter() - t_start,
             step_times_ms=timer.measured_ms,
-            **timer.summary(tokens_per_step, flops_per_step, cfg.peak_tflops * world),  # MFU per device
+            **timer.summary(
+                tokens_per_step, flops_per_step, cfg.peak_tflops * world
+            ),  # MFU per device
         )
         try:
             if main:

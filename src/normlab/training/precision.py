@@ -14,7 +14,11 @@ import torch
 
 from normlab.config import ConfigError, Precision, PrecisionConfig
 
-DTYPES = {Precision.fp32: torch.float32, Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
+DTYPES = {
+    Precision.fp32: torch.float32,
+    Precision.bf16: torch.bfloat16,
+    Precision.fp16: torch.float16,
+}
 
 
 def check_precision(precision: Precision, device: torch.device) -> None:
@@ -27,7 +31,9 @@ def check_precision(precision: Precision, device: torch.device) -> None:
         return
     dtype = DTYPES[precision]
     if device.type == "cuda" and precision == Precision.bf16 and not torch.cuda.is_bf16_supported():
-        raise ConfigError(f"precision={precision.name} is not supported by {torch.cuda.get_device_name(device)}; allowed here: fp32, fp16")
+        raise ConfigError(
+            f"precision={precision.name} is not supported by {torch.cuda.get_device_name(device)}; allowed here: fp32, fp16"
+        )
     try:
         a = torch.randn(8, 8, device=device, requires_grad=True)
         with torch.autocast(device_type=device.type, dtype=dtype):
@@ -35,9 +41,13 @@ def check_precision(precision: Precision, device: torch.device) -> None:
         out.float().sum().backward()
         ok = out.dtype == dtype
     except (RuntimeError, AssertionError) as e:
-        raise ConfigError(f"precision={precision.name} cannot run on device {device.type}: {str(e).splitlines()[0]}") from None
+        raise ConfigError(
+            f"precision={precision.name} cannot run on device {device.type}: {str(e).splitlines()[0]}"
+        ) from None
     if not ok:
-        raise ConfigError(f"precision={precision.name} cannot run on device {device.type}: autocast produced {out.dtype}")
+        raise ConfigError(
+            f"precision={precision.name} cannot run on device {device.type}: autocast produced {out.dtype}"
+        )
 
 
 def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager:
@@ -49,4 +59,6 @@ def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractC
 
 def grad_scaler(cfg: PrecisionConfig, device: torch.device) -> torch.amp.GradScaler:
     """A GradScaler, enabled only for fp16 (a disabled one passes calls straight through)."""
-    return torch.amp.GradScaler(device.type, init_scale=cfg.init_scale, enabled=cfg.dtype == Precision.fp16)
+    return torch.amp.GradScaler(
+        device.type, init_scale=cfg.init_scale, enabled=cfg.dtype == Precision.fp16
+    )

@@ -61,11 +61,18 @@ class StepTimer:
         """Step times after warm-up, in ms."""
         return self.times_ms[self.warmup_steps :]
 
-    def summary(self, tokens_per_step: int, flops_per_step: float, peak_tflops: float) -> dict[str, float | None]:
+    def summary(
+        self, tokens_per_step: int, flops_per_step: float, peak_tflops: float
+    ) -> dict[str, float | None]:
         """Median and p90 step time (ms), tokens/s and MFU (fraction of ``peak_tflops``) at the median."""
         t = self.measured_ms
         if not t:
-            return {"step_time_ms_median": None, "step_time_ms_p90": None, "tokens_per_s": None, "mfu": None}
+            return {
+                "step_time_ms_median": None,
+                "step_time_ms_p90": None,
+                "tokens_per_s": None,
+                "mfu": None,
+            }
         med = float(np.median(t))
         return {
             "step_time_ms_median": med,
@@ -102,7 +109,14 @@ class MetricsLogger:
         wandb_run_id: the wandb run to continue (``resume="allow"``); None starts a new one.
     """
 
-    def __init__(self, run_dir: Path, cfg: TrainConfig, config_dict: dict, resume_step: int | None = None, wandb_run_id: str | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: TrainConfig,
+        config_dict: dict,
+        resume_step: int | None = None,
+        wandb_run_id: str | None = None,
+    ):
         self.path = run_dir / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
             truncate_metrics(self.path, resume_step)
@@ -111,7 +125,9 @@ class MetricsLogger:
         self._wandb_run = None
         if cfg.logger.kind == LoggerKind.wandb:
             self._wandb_run = self._start_wandb(run_dir, cfg, config_dict, wandb_run_id)
-        self.wandb_run_id: str | None = self._wandb_run.id if self._wandb_run is not None else wandb_run_id
+        self.wandb_run_id: str | None = (
+            self._wandb_run.id if self._wandb_run is not None else wandb_run_id
+        )
 
     @staticmethod
     def _start_wandb(run_dir: Path, cfg: TrainConfig, config_dict: dict, run_id: str | None):
@@ -133,7 +149,11 @@ class MetricsLogger:
                 reinit="finish_previous",
             )
         except Exception as e:  # logging must never stop training
-            log.warning("wandb could not start (%s); metrics go to %s only", str(e).splitlines()[0] if str(e) else type(e).__name__, run_dir / "metrics.jsonl")
+            log.warning(
+                "wandb could not start (%s); metrics go to %s only",
+                str(e).splitlines()[0] if str(e) else type(e).__name__,
+                run_dir / "metrics.jsonl",
+            )
             return None
 
     def log(self, row: dict[str, Any]) -> None:
@@ -142,13 +162,17 @@ class MetricsLogger:
             try:
                 self._file.write(json.dumps({k: _finite_or_none(v) for k, v in row.items()}) + "\n")
             except OSError as e:
-                log.error("cannot write %s (%s); training goes on, later rows are lost", self.path, e)
+                log.error(
+                    "cannot write %s (%s); training goes on, later rows are lost", self.path, e
+                )
                 self._write_failed = True
         if self._wandb_run is not None:
             try:
                 self._wandb_run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
             except Exception as e:
-                log.warning("wandb stopped accepting metrics (%s); continuing with metrics.jsonl", e)
+                log.warning(
+                    "wandb stopped accepting metrics (%s); continuing with metrics.jsonl", e
+                )
                 self._wandb_run = None
 
     def finish(self, summary: dict[str, Any], exit_code: int = 0) -> None:

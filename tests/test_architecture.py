@@ -1,0 +1,180 @@
+"""The layout of DESIGN.md, checked: imports point one way, modules stay within their budgets, and
+only ``commands/`` holds entry points (``main()``, argparse, ``hydra.main``, ``print``, ``sys.exit``).
+
+Every import is walked, the ones inside functions too, so a cycle cannot hide behind a deferred import.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "normlab"
+
+#: Which layers each layer may import (besides itself). A layer is the first part of the module path
+#: below ``normlab``; the top-level ``__init__`` is not a layer.
+ALLOWED: dict[str, set[str]] = {
+    "config": set(),
+    "compose": {"config"},
+    "norms": {"config"},
+    "model": {"config", "norms"},
+    "data": {"config"},
+    "training": {"config", "norms", "model", "data"},
+    "report": {"config"},
+    "studies": {"config", "compose", "norms", "model", "data", "training"},
+    "commands": {"config", "compose", "norms", "model", "data", "training", "report", "studies"},
+}
+#: Line budgets (DESIGN.md); every other module: DEFAULT_BUDGET.
+BUDGETS = {"config.py": 400, "compose.py": 130, "model.py": 200}
+DEFAULT_BUDGET = 300
+#: Packages whose imports are confined to some layers: the heavy or entry-point ones.
+CONFINED = {
+    "torch": set(ALLOWED) - {"config", "compose", "report", "commands"} | {"commands"},
+    "hydra": {"compose", "commands"},
+    "argparse": {"commands"},
+}
+
+
+def modules() -> dict[str, Path]:
+    """``normlab.x.y`` -> its file, for every module of the package."""
+    out = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def imports(module: str, path: Path) -> list[tuple[str, int]]:
+    """Every module ``module`` imports (absolute names; relative ones resolved), with its line."""
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            found.append((base, node.lineno))
+            found += [
+                (f"{base}.{a.name}", node.lineno) for a in node.names
+            ]  # `from pkg import mod`
+    return found
+
+
+def internal_graph() -> dict[str, set[str]]:
+    mods = modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        graph[name] = {m for m, _ in imports(name, path) if m in mods and m != name}
+    return graph
+
+
+def test_every_import_points_down_the_layer_order():
+    bad = []
+    for name, path in modules().items():
+        here = layer(name)
+        if here is None:
+            continue
+        for target, line in imports(name, path):
+            there = layer(target) if target.startswith("normlab.") else None
+            if there and there != here and there not in ALLOWED[here]:
+                bad.append(f"{path.relative_to(SRC)}:{line} ({here}) imports {target} ({there})")
+    assert not bad, "imports against the layer order:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_between_modules():
+    graph = internal_graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            # a package's __init__ importing its own submodules is not a cycle of design
+            if node == nxt.rsplit(".", 1)[0] or nxt == node.rsplit(".", 1)[0]:
+                continue
+            if state.get(nxt) == 1:
+                cycles.append(
+                    " -> ".join(stack[stack.index(nxt) :] + [node, nxt])
+                    if nxt in stack
+                    else f"{node} -> {nxt}"
+                )
+            elif nxt not in state:
+                visit(nxt, [*stack, node])
+        state[node] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_heavy_and_entry_point_packages_are_imported_only_where_allowed():
+    bad = []
+    for name, path in modules().items():
+        here = layer(name)
+        for target, line in imports(name, path):
+            top = target.split(".")[0]
+            if top in CONFINED and here not in CONFINED[top]:
+                bad.append(f"{path.relative_to(SRC)}:{line} ({here}) imports {top}")
+    assert not bad, "\n".join(bad)
+
+
+def _calls(tree: ast.AST) -> list[tuple[str, int]]:
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Name):
+                out.append((f.id, node.lineno))
+            elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name):
+                out.append((f"{f.value.id}.{f.attr}", node.lineno))
+    return out
+
+
+def test_only_commands_print_exit_or_define_main():
+    bad = []
+    for name, path in modules().items():
+        if layer(name) == "commands":
+            continue
+        tree = ast.parse(path.read_text())
+        bad += [
+            f"{path.relative_to(SRC)}:{ln} calls {c}"
+            for c, ln in _calls(tree)
+            if c in ("print", "sys.exit")
+        ]
+        bad += [
+            f"{path.relative_to(SRC)}:{n.lineno} defines main()"
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef) and n.name == "main"
+        ]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("name", sorted(modules()))
+def test_module_is_within_its_line_budget(name):
+    path = modules()[name]
+    rel = str(path.relative_to(SRC))
+    budget = BUDGETS.get(rel, DEFAULT_BUDGET)
+    n = len(path.read_text().splitlines())
+    assert n <= budget, f"{rel} has {n} lines; its budget is {budget} (split it by job)"
+
+
+def test_the_checks_above_can_fail(tmp_path):
+    """The walker sees function-local and relative imports (what a cycle hides behind)."""
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from ..training import loop\n    import torch\n")
+    found = {m for m, _ in imports("normlab.report.m", f)}
+    assert "normlab.training.loop" in found and "torch" in found
