@@ -1,0 +1,105 @@
+"""The device's measured dense matmul peak, for MFU against what this machine can actually do.
+
+``peak_tflops: auto`` resolves through :func:`device_peak_tflops`: the best of a few timed square
+matmuls (``2 n^3`` FLOP each, PaLM appendix B counts a multiply-add as 2 FLOP) in the run's matmul
+dtype, cached per machine in ``$NORMLAB_CACHE/peak.json`` (or ``~/.cache/normlab``), keyed by the
+device name, dtype, thread count and torch version. ``normlab-bench peak`` prints and refreshes it.
+A published peak (an A100's 312 TF/s bf16 dense) is what a vendor promises; the measured one is what
+this build of torch reaches on this machine, so MFU against it says how much of the reachable
+throughput the training step uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+#: Square matmul sizes timed per device type: large enough to reach the plateau, small enough to
+#: finish in about a second (CPU: 2 n^3 = 17 GFLOP at n=2048).
+SIZES = {"cpu": (1024, 2048), "cuda": (4096, 8192)}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cache_file() -> Path:
+    """``$NORMLAB_CACHE/peak.json`` (default ``~/.cache/normlab/peak.json``)."""
+    return Path(os.environ.get("NORMLAB_CACHE", "~/.cache/normlab")).expanduser() / "peak.json"
+
+
+def device_name(device: torch.device) -> str:
+    """What identifies the hardware: the CUDA device name, or the CPU's model and core count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} ({os.cpu_count()} cores)"
+
+
+def cache_key(device: torch.device, dtype: str) -> str:
+    """One cache entry per device, matmul dtype, thread count and torch version."""
+    threads = torch.get_num_threads()
+    return f"{device_name(device)}|{dtype}|threads={threads}|torch={torch.__version__}"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_tflops(device: torch.device, dtype: str, repeats: int = 5) -> float:
+    """Best dense matmul throughput in TFLOP/s (``2 n^3`` FLOP per ``n x n @ n x n``) over the
+    sizes of :data:`SIZES` and ``repeats`` timed calls each, after one untimed call per size.
+
+    Raises:
+        ValueError: ``dtype`` is not one of fp32, bf16, fp16.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"peak dtype {dtype!r} is not allowed: one of {', '.join(DTYPES)}")
+    best = 0.0
+    for n in SIZES[device.type] if device.type in SIZES else SIZES["cuda"]:
+        a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+        b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
+        torch.mm(a, b)
+        for _ in range(repeats):
+            _sync(device)
+            t0 = time.perf_counter()
+            torch.mm(a, b)
+            _sync(device)
+            best = max(best, 2 * n**3 / (time.perf_counter() - t0) / 1e12)
+    return best
+
+
+def device_peak_tflops(device: torch.device, dtype: str, refresh: bool = False) -> dict:
+    """The cached (or, when absent or ``refresh``, newly measured) peak of ``device`` in ``dtype``.
+
+    Returns ``{"tflops": float, "key": str, "measured_at": str, "cached": bool}``; ``tflops`` is
+    TFLOP/s. A cache file that cannot be read is measured anew; one that cannot be written is left.
+    """
+    path, key = cache_file(), cache_key(device, dtype)
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if not refresh and key in table:
+        return {**table[key], "key": key, "cached": True}
+    now = time.strftime("%Y-%m-%d %H:%M")
+    entry = {"tflops": measure_tflops(device, dtype), "measured_at": now}
+    table[key] = entry
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(table, indent=1))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    return {**entry, "key": key, "cached": False}
