@@ -14,6 +14,7 @@ files, their names and contents: the cache folder's name, so nothing is ever reu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -61,29 +62,49 @@ def encode_bytes(text: str) -> np.ndarray:
     return tt.ByteTokenizer().encode([text])[0]
 
 
-def fingerprint(cfg: DataConfig, files: list[Path]) -> str:
-    """Hash of every setting that changes the tokens and of the files' names and contents.
+#: DataConfig fields that never change the tokens, each with the reason. Every other field of
+#: DataConfig (a new one included) is hashed by :func:`fingerprint`; tests/test_data_fingerprint.py
+#: checks each reason by preparing with two values and comparing the shards.
+NOT_IN_FINGERPRINT = {
+    "path": "the files it names are hashed instead, by relative name and contents",
+    "file_glob": "the files it selects are hashed instead, by relative name and contents",
+    "streaming": "datasets yields the same rows in the same order, streamed or downloaded",
+    "num_proc": "the pool returns chunks in the order they went out",
+    "cache_dir": "where the token folder goes, not what it holds",
+    "token_dir": "where the token folder goes, not what it holds",
+    "batch_size": "batches are drawn from the shards after they are written",
+}
+#: Fields that change the tokens only in some settings: hashed only when the rule holds.
+ONLY_WHEN = {
+    "bpe_vocab_size": lambda cfg, files: cfg.tokenizer == Tokenizer.bpe,
+    "bpe_train_chars": lambda cfg, files: cfg.tokenizer == Tokenizer.bpe,
+    "hf_path": lambda cfg, files: not files,  # a local Hub-like folder: its files are hashed
+}
 
-    Returns 16 hex digits. Files are named by :func:`~normlab.data.corpus.relative_names`, so the
-    hash never depends on where the corpus folder is.
-    """
-    keys = [
-        "format",
-        "text_field",
-        "doc_separator",
-        "tokenizer",
-        "max_documents",
-        "max_tokens",
-        "shard_tokens",
-        "val_fraction",
-    ]
-    keys += ["hf_name", "revision"] + ([] if files else ["hf_path"])
-    keys += ["bpe_vocab_size", "bpe_train_chars"] if cfg.tokenizer == Tokenizer.bpe else []
-    settings = {k: getattr(cfg, k) for k in keys}
+
+def fingerprint_settings(cfg: DataConfig, files: list[Path]) -> dict:
+    """The settings :func:`fingerprint` hashes: every field of ``type(cfg)`` (dataclass fields,
+    so a subclass's new field too) except :data:`NOT_IN_FINGERPRINT` and the :data:`ONLY_WHEN`
+    fields whose rule does not hold; ``format`` is resolved (``auto`` -> the files' format)."""
+    settings = {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(cfg)
+        if f.name not in NOT_IN_FINGERPRINT
+        and (f.name not in ONLY_WHEN or ONLY_WHEN[f.name](cfg, files))
+    }
     settings["format"] = file_format(cfg, files) if cfg.format != DataFormat.hub else "hub"
-    h = hashlib.sha256(
-        json.dumps(settings, default=lambda v: v.name, sort_keys=True).encode() + b"|v3"
-    )
+    return settings
+
+
+def fingerprint(cfg: DataConfig, files: list[Path]) -> str:
+    """Hash of :func:`fingerprint_settings` and of the files' names and contents: 16 hex digits.
+
+    Files are named by :func:`~normlab.data.corpus.relative_names`, so the hash never depends on
+    where the corpus folder is.
+    """
+    settings = fingerprint_settings(cfg, files)
+    blob = json.dumps(settings, default=lambda v: v.name, sort_keys=True).encode()
+    h = hashlib.sha256(blob + f"|v{FORMAT_VERSION}".encode())
     names = relative_names(files) if files else {}
     for f in files:  # by name, not by location
         h.update(names[f].encode() + b"\0")
