@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,33 @@ class TokenData:
             if len(self.train_shards) == 1
             else np.concatenate(self.train_shards)
         )
+
+    @property
+    def val_bytes_per_token(self) -> float | None:
+        """UTF-8 bytes per token of the validation split (``meta.json``'s ``bytes_per_token``:
+        ``val_bytes / val_tokens``, document boundaries counted as 2 bytes); None for shards
+        prepared before bytes were recorded (format_version < 3: prepare them again)."""
+        value = self.meta.get("bytes_per_token")
+        return float(value) if value is not None else None
+
+    def bits_per_byte(self, loss: float) -> float | None:
+        """Validation bits per byte of a mean loss in nats per token:
+        ``loss / ln 2 / bytes_per_token`` (= loss * tokens / bytes / ln 2; nanochat's val/bpb).
+        For byte tokens bytes == tokens, so this is ``loss / ln 2`` exactly. None: see
+        :attr:`val_bytes_per_token`."""
+        bpt = self.val_bytes_per_token
+        return None if bpt is None else loss / math.log(2) / bpt
+
+    def load_tokenizer(self):
+        """The tokenizer these shards were made with (``decode`` gives their text back).
+
+        Raises:
+            DataError: its files cannot be loaded (gpt2 offline and not cached).
+        """
+        try:
+            return tt.load(Tokenizer[self.meta["tokenizer"]], self.directory)
+        except tt.TokenizerError as e:
+            raise DataError(str(e)) from None
 
     @property
     def val(self) -> np.ndarray:
