@@ -32,10 +32,10 @@ def _where(cfg: DataConfig) -> str:
 def _hub_unreachable(cfg: DataConfig, why: str) -> DataError:
     return DataError(
         f"data={cfg.name} needs {_where(cfg)} from the Hugging Face Hub, which is unreachable "
-        f"({why}): run `normlab-prepare data={cfg.name}` where the Hub is reachable and copy its "
-        "token folder here (into $NORMLAB_CACHE, or point data.token_dir at it), or set "
-        "HF_DATASETS_CACHE/HF_HOME to a cache that holds the dataset and use HF_HUB_OFFLINE=1 "
-        "with data.streaming=false"
+        f"({why}): run `normlab-prepare data={cfg.name}` (with the same data overrides) where the "
+        "Hub is reachable and copy its token folder here (into $NORMLAB_CACHE, or point "
+        "data.token_dir at it), or set HF_DATASETS_CACHE/HF_HOME to a cache that holds the "
+        "dataset and use HF_HUB_OFFLINE=1 with data.streaming=false"
     )
 
 
