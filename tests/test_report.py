@@ -1,7 +1,9 @@
-"""normlab.report: statistics against hand-computed numbers, refusal, exclusion, figures and the CLI.
+"""normlab.report: statistics against hand-computed numbers, refusal, exclusion, figures, the CLI.
 
-Sweeps are synthetic: each test writes the run-dir files the trainer writes (``.hydra/overrides.yaml``,
-``.hydra/config.yaml``, ``metrics.jsonl``, ``summary.json``) with known final losses and step times.
+Sweeps are synthetic: each test writes the run-dir files the trainer writes
+(``.hydra/overrides.yaml``, ``.hydra/config.yaml``, ``metrics.jsonl``, ``summary.json``) with
+known final losses and step times; their metrics use the names written before the namespaced
+rename (``lr``, ``step_time_ms``), which the report still reads.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pytest
 import yaml
 
 from normlab.commands.report import main
-from normlab.report.core import (
+from normlab.report import (
     ReportError,
     build_report,
     describe,
@@ -121,7 +123,8 @@ def write_run(
     return d
 
 
-# layer vs rms, seeds 0-2: rms - layer final val loss = [0.01, 0.02, 0.03]; step-time ratios [1.1, 1.2, 1.0].
+# layer vs rms, seeds 0-2: rms - layer final val loss = [0.01, 0.02, 0.03];
+# step-time ratios [1.1, 1.2, 1.0].
 LAYER = {0: 3.00, 1: 3.10, 2: 3.05}
 RMS = {0: 3.01, 1: 3.12, 2: 3.08}
 RMS_MS = {0: 110.0, 1: 120.0, 2: 100.0}
@@ -148,7 +151,8 @@ def test_describe_uses_sample_std_ddof1():
 
 
 def test_t_interval_matches_student_t_by_hand():
-    # [0.01, 0.02, 0.03]: mean 0.02, s 0.01, se 0.01/sqrt(3) = 0.0057735 -> 0.02 +- 4.302653 * se = 0.02 +- 0.024841
+    # [0.01, 0.02, 0.03]: mean 0.02, s 0.01, se 0.01/sqrt(3) = 0.0057735
+    # -> 0.02 +- 4.302653 * se = 0.02 +- 0.024841
     lo, hi = t_interval([0.01, 0.02, 0.03], 0.95)
     assert (lo, hi) == (
         pytest.approx(0.02 - 0.024841, abs=1e-6),
@@ -171,7 +175,8 @@ def test_paired_difference_mean_std_ci_and_tost_p_values_by_hand():
         pytest.approx(0.02 - T95_2 * se, abs=1e-6),
         pytest.approx(0.02 + T95_2 * se, abs=1e-6),
     )
-    # H0: mu <= -0.05: t = 0.07/se = 12.124, p = 1 - F(t) = 0.003367; H0: mu >= 0.05: t = -0.03/se, p = F(t) = 0.017549
+    # H0: mu <= -0.05: t = 0.07/se = 12.124, p = 1 - F(t) = 0.003367;
+    # H0: mu >= 0.05: t = -0.03/se, p = F(t) = 0.017549
     assert (
         r["p_lower"]
         == pytest.approx(1 - t2_cdf(0.07 / se), rel=1e-9)
@@ -205,7 +210,10 @@ def test_tost_verdict_on_both_sides_of_the_margin(margin, verdict):
 
 def test_clearly_different_when_95ci_excludes_zero_and_tost_fails():
     r = paired_difference([0.10, 0.11, 0.12], margin=0.02)  # 95% CI 0.11 +- 0.024841, all > 0
-    assert r["verdict"] == "different" and r["ci"][0] > 0
+    assert r["verdict"] == (
+        "different: 95% CI [+0.0852, +0.1348] excludes 0; not shown equivalent within 0.02 nats"
+    )
+    assert r["detectable"] and not r["equivalent"] and r["ci"][0] > 0
     assert r["p_upper"] == pytest.approx(t2_cdf(0.09 / (0.01 / math.sqrt(3))), rel=1e-9)  # near 1
 
 
@@ -358,14 +366,14 @@ def test_cli_writes_report_with_tables_verdict_and_nonempty_figures(tmp_path, ca
     out = sweep / "report"
     md = (out / "report.md").read_text()
     assert (
-        f"Sweep: `{sweep}`" in md
+        f"Runs from: `{sweep}`" in md
         and "Baseline: `norm=layer`" in md
         and "±0.05 nats/token; alpha = 0.05" in md
     )
     assert "| `norm=layer` | 3 | 0 | 3.0500 | 0.0500 | 3.0000 | 3.1000 | 100.0 | 1,000 |" in md
     assert (
-        "| `norm=rms` | 3 | +0.0200 | 0.0100 | [-0.0048, +0.0448] | [+0.0031, +0.0369] | 0.00337 | 0.0175 "
-        "| equivalent within 0.05 nats |"
+        "| `norm=rms` | 3 | +0.0200 | 0.0100 | [-0.0048, +0.0448] | [+0.0031, +0.0369] | 0.00337 "
+        "| 0.0175 | equivalent within 0.05 nats |"
     ) in md
     assert "over n = 3 seeds" in md and "Verdict: **equivalent within 0.05 nats**" in md
     assert (
@@ -390,7 +398,8 @@ def test_cli_clearly_different_sweep(tmp_path):
         tmp_path / "sweep", rms={0: 3.10, 1: 3.21, 2: 3.17}
     )  # diffs [0.10, 0.11, 0.12]
     assert main([str(sweep)]) == 0
-    assert "Verdict: **different**" in (sweep / "report" / "report.md").read_text()
+    md = (sweep / "report" / "report.md").read_text()
+    assert "Verdict: **different: 95% CI [+0.0852, +0.1348] excludes 0; not shown equivalent" in md
 
 
 def test_cli_bad_arguments_and_empty_dir(tmp_path):

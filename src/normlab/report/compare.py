@@ -1,0 +1,172 @@
+"""Build a :class:`Report`: load runs, label and check them, then compare every variant with the
+baseline, paired by seed (final validation loss, TOST power, step-time ratio and its checks).
+
+No files are written here (see :func:`normlab.report.write_report`). Losses in nats/token, times
+in ms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from normlab.report.runs import ReportError, Run, load_runs
+from normlab.report.series import between_runs_problem, paired_curve, timing_check
+from normlab.report.stats import (
+    POWER,
+    describe,
+    paired_difference,
+    ratio_interval,
+    seeds_needed,
+    tost_power,
+)
+from normlab.report.variants import check_comparable, choose_baseline, confounds, label_runs
+
+NAN = float("nan")
+
+
+@dataclass
+class Report:
+    """Everything ``report.md`` says; ``variants`` and ``comparisons`` are lists of row dicts,
+    ``confounds`` warnings (text), ``timing`` per variant label the step-time checks of its runs."""
+
+    sources: list[Path]
+    margin: float
+    alpha: float
+    baseline: str
+    runs: list[Run]
+    common_overrides: list[str]
+    variants: list[dict[str, Any]] = field(default_factory=list)
+    comparisons: list[dict[str, Any]] = field(default_factory=list)
+    confounds: list[str] = field(default_factory=list)
+    timing: dict[str, dict[str, Any]] = field(default_factory=dict)
+    figures: dict[str, Path | None] = field(default_factory=dict)
+
+    def included(self, label: str) -> list[Run]:
+        """The runs of variant ``label`` that count in the statistics."""
+        return [r for r in self.runs if r.label == label and r.excluded is None]
+
+    @property
+    def labels(self) -> list[str]:
+        """Variant labels, baseline first."""
+        return [v["label"] for v in self.variants]
+
+
+def _median_of(runs: list[Run], key: str) -> float:
+    """Median over runs of a summary field (each run's median step time, tokens/s); nan if none."""
+    vals = [x for x in (r.summary_float(key) for r in runs) if math.isfinite(x)]
+    return float(np.median(vals)) if vals else NAN
+
+
+def _by_seed(rep: Report, label: str) -> dict[Any, Run]:
+    inc = rep.included(label)
+    seeds = [r.seed for r in inc]
+    dup = [s for s in seeds if seeds.count(s) > 1]
+    if dup:
+        raise ReportError(
+            f"variant {label} has two completed runs with seed {dup[0]}; cannot pair by seed"
+        )
+    return {r.seed: r for r in inc if r.seed is not None}
+
+
+def _timing(runs: list[Run]) -> dict[str, Any]:
+    """The step-time checks (:func:`timing_check`) of ``runs`` and the between-runs rule."""
+    checks = {r.name: timing_check((r.summary or {}).get("step_times_ms") or []) for r in runs}
+    between = between_runs_problem([r.summary_float("step_time_ms_median") for r in runs])
+    return {"runs": checks, "between": between}
+
+
+def _ratio(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str) -> dict[str, Any]:
+    seeds = sorted(set(var) & set(base), key=str)
+    key = "step_time_ms_median"
+    ratios = {s: var[s].summary_float(key) / base[s].summary_float(key) for s in seeds}
+    ratios = {s: x for s, x in ratios.items() if math.isfinite(x) and x > 0}
+    problems = []
+    for lab in (rep.baseline, label):
+        t = rep.timing[lab]
+        problems += [
+            f"{name}: {'; '.join(c['problems'])}" for name, c in t["runs"].items() if c["problems"]
+        ]
+        problems += [f"`{lab}`: {t['between']}"] if t["between"] else []
+    unchecked = [
+        n
+        for lab in (rep.baseline, label)
+        for n, c in rep.timing[lab]["runs"].items()
+        if not c["checked"]
+    ]
+    return {
+        **ratio_interval(list(ratios.values()), rep.alpha),
+        "seeds": list(ratios),
+        "comparable": not problems,
+        "problems": problems,
+        "unchecked": unchecked,
+    }
+
+
+def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str) -> dict[str, Any]:
+    seeds = sorted(set(var) & set(base), key=str)
+    diffs = [var[s].final_val_loss - base[s].final_val_loss for s in seeds]
+    pd = paired_difference(diffs, rep.margin, rep.alpha)
+    power = {
+        "at_n": tost_power(pd["n"], pd["std"], rep.margin, rep.alpha),
+        "seeds_needed": seeds_needed(pd["std"], rep.margin, rep.alpha, POWER),
+        "seeds_needed_observed": seeds_needed(pd["std"], rep.margin, rep.alpha, POWER, pd["mean"]),
+    }
+    curve = paired_curve(
+        {s: r.metrics for s, r in base.items()},
+        {s: r.metrics for s, r in var.items()},
+        alpha=rep.alpha,
+    )
+    return {
+        "label": label,
+        "seeds": seeds,
+        "diffs": diffs,
+        **pd,
+        "power": power,
+        "ratio": _ratio(rep, base, var, label),
+        "curve": curve,
+    }
+
+
+def build_report(
+    paths: str | Path | list[str | Path],
+    margin: float = 0.02,
+    alpha: float = 0.05,
+    baseline: str | None = None,
+) -> Report:
+    """Load, check and compare runs (no files written); ``paths``: a sweep dir, a run dir, or a
+    list of either, anywhere; ``margin`` in nats/token.
+
+    Raises:
+        ReportError: a refusal (see :func:`~normlab.report.runs.load_runs`,
+            :func:`~normlab.report.variants.check_comparable`,
+            :func:`~normlab.report.variants.choose_baseline`) or a variant with two completed runs
+            of one seed (pairing would be ambiguous).
+    """
+    sources = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
+    runs = load_runs(sources)
+    common = label_runs(runs)
+    check_comparable(runs)
+    base = choose_baseline(runs, baseline)
+    rep = Report(sources, margin, alpha, base, runs, common)
+    by_seed: dict[str, dict[Any, Run]] = {}
+    for lab in [base] + sorted({r.label for r in runs} - {base}):
+        inc = rep.included(lab)
+        by_seed[lab] = _by_seed(rep, lab)
+        rep.timing[lab] = _timing(inc)
+        rep.variants.append(
+            {
+                "label": lab,
+                **describe([r.final_val_loss for r in inc]),
+                "excluded": sum(r.label == lab and r.excluded is not None for r in runs),
+                "step_time_ms": _median_of(inc, "step_time_ms_median"),
+                "tokens_per_s": _median_of(inc, "tokens_per_s"),
+            }
+        )
+    rep.confounds = confounds([r for r in runs if r.excluded is None] or runs, rep.labels)
+    rep.comparisons = [_compare(rep, by_seed[base], v, lab) for lab, v in list(by_seed.items())[1:]]
+    return rep

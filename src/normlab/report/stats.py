@@ -1,0 +1,153 @@
+"""Statistics of the report: descriptive statistics, Student t intervals, the paired difference with
+its two one-sided tests (TOST, Schuirmann 1987), ratio intervals on logs, and the power of the TOST.
+
+Inputs are plain lists of floats in the caller's units (nats/token for losses; ratios are
+dimensionless). Nothing here reads files.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy import integrate, stats
+
+NAN = float("nan")
+POWER = 0.8  # the power that :func:`seeds_needed` plans for by default
+MAX_SEEDS = 100_000  # :func:`seeds_needed` gives up (returns None) beyond this
+
+
+def describe(values: list[float]) -> dict[str, float]:
+    """n, mean, sample std (ddof=1; nan when n < 2), min, max, in the units of ``values``."""
+    x = np.asarray(values, float)
+    if x.size == 0:
+        return {"n": 0, "mean": NAN, "std": NAN, "min": NAN, "max": NAN}
+    return {
+        "n": int(x.size),
+        "mean": float(x.mean()),
+        "std": float(x.std(ddof=1)) if x.size > 1 else NAN,
+        "min": float(x.min()),
+        "max": float(x.max()),
+    }
+
+
+def t_interval(values: list[float], confidence: float) -> tuple[float, float]:
+    """Two-sided Student t interval for the mean: mean ± t_{(1+confidence)/2, n-1} · s/√n (units of
+    ``values``; s the ddof=1 std). ``(nan, nan)`` when n < 2."""
+    x = np.asarray(values, float)
+    if x.size < 2:
+        return NAN, NAN
+    half = stats.t.ppf((1 + confidence) / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
+    return float(x.mean() - half), float(x.mean() + half)
+
+
+def _fmt_ci(ci: tuple[float, float]) -> str:
+    return f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
+def verdict_text(r: dict[str, Any], margin: float, alpha: float) -> str:
+    """The verdict of :func:`paired_difference`'s result ``r``, stating equivalence (TOST at
+    ``margin``) and a detectable difference (the 1−alpha CI excludes 0) separately when both
+    hold."""
+    if r["n"] < 2:
+        return "not shown equivalent (n < 2)"
+    conf = f"{100 * (1 - alpha):g}% CI {_fmt_ci(r['ci'])} excludes 0"
+    equivalent, detectable = r["equivalent"], r["detectable"]
+    if equivalent and detectable:
+        return f"equivalent within {margin:g} nats; the difference is detectable: {conf}"
+    if equivalent:
+        return f"equivalent within {margin:g} nats"
+    if detectable:
+        return f"different: {conf}; not shown equivalent within {margin:g} nats"
+    return "not shown equivalent"
+
+
+def paired_difference(diffs: list[float], margin: float, alpha: float = 0.05) -> dict[str, Any]:
+    """Per-seed differences (variant − baseline, nats/token): n, mean, std, ``ci`` (1−alpha
+    Student t), ``ci_tost`` (1−2·alpha), TOST p-values, ``equivalent``, ``detectable``, verdict.
+
+    TOST (Schuirmann 1987): H0₋: μ ≤ −margin, p_lower = P(T_{n−1} ≥ (mean+margin)/se); H0₊:
+    μ ≥ +margin, p_upper = P(T_{n−1} ≤ (mean−margin)/se), se = s/√n. ``equivalent`` iff both reject
+    at alpha, i.e. iff ``ci_tost`` lies within (−margin, +margin); ``detectable`` iff ``ci``
+    excludes 0. Both can hold; the verdict (:func:`verdict_text`) then says both.
+    """
+    d = describe(diffs)
+    out = {**d, "ci": (NAN, NAN), "ci_tost": (NAN, NAN), "p_lower": NAN, "p_upper": NAN}
+    out |= {"equivalent": False, "detectable": False}
+    if d["n"] < 2:
+        return {**out, "verdict": verdict_text(out, margin, alpha)}
+    df, se = d["n"] - 1, d["std"] / math.sqrt(d["n"])
+    with np.errstate(divide="ignore", invalid="ignore"):  # se = 0: t = ±inf, p = 0 or 1
+        out["p_lower"] = float(stats.t.sf(np.float64(d["mean"] + margin) / se, df))
+        out["p_upper"] = float(stats.t.cdf(np.float64(d["mean"] - margin) / se, df))
+    out["ci"], out["ci_tost"] = t_interval(diffs, 1 - alpha), t_interval(diffs, 1 - 2 * alpha)
+    out["equivalent"] = bool(-margin < out["ci_tost"][0] and out["ci_tost"][1] < margin)
+    out["detectable"] = bool(out["ci"][0] > 0 or out["ci"][1] < 0)
+    return {**out, "verdict": verdict_text(out, margin, alpha)}
+
+
+def ratio_interval(ratios: list[float], alpha: float = 0.05) -> dict[str, Any]:
+    """Per-seed ratios (e.g. step time variant/baseline, dimensionless): n, geometric mean
+    exp(mean log r) and its 1−alpha Student t interval computed on log r and exponentiated."""
+    logs = np.log(np.asarray(ratios, float))
+    lo, hi = t_interval(list(logs), 1 - alpha)
+    return {
+        "n": int(logs.size),
+        "gmean": float(np.exp(logs.mean())) if logs.size else NAN,
+        "ci": (math.exp(lo), math.exp(hi)) if logs.size > 1 else (NAN, NAN),
+    }
+
+
+def tost_power(n: int, std: float, margin: float, alpha: float = 0.05, delta: float = 0.0) -> float:
+    """Power of the paired TOST at ``margin`` with ``n`` pairs: the probability that the 1−2·alpha
+    CI lies within ±margin when the differences are normal with mean ``delta`` and std ``std``
+    (``std``, ``margin``, ``delta`` in one unit, e.g. nats/token).
+
+    Exact (Phillips 1990, J. Pharmacokinet. Biopharm. 18:137): with se = std/√n,
+    t = t_{1−alpha, n−1} and s the sample std, TOST rejects iff
+    −margin + t·s/√n < mean < margin − t·s/√n. Given s, mean is N(delta, se²), and
+    (n−1)s²/std² is χ²_{n−1}; the probability is integrated over s by quadrature in the χ²
+    quantile u ∈ (0, 1). nan when n < 2 or std is not finite; for std = 0, 1 when |delta| < margin
+    else 0.
+    """
+    if n < 2 or not math.isfinite(std) or std < 0 or not margin > 0:
+        return NAN
+    if std == 0:
+        return float(abs(delta) < margin)
+    df, se = n - 1, std / math.sqrt(n)
+    tc = stats.t.ppf(1 - alpha, df)
+    q_max = df * (margin * math.sqrt(n) / (tc * std)) ** 2  # beyond it the region is empty
+    u_max = float(stats.chi2.cdf(q_max, df))
+
+    def given_s(u: float) -> float:
+        s = std * math.sqrt(stats.chi2.ppf(u, df) / df)
+        h = margin - tc * s / math.sqrt(n)  # half-width of the region the mean must fall in
+        return float(stats.norm.cdf((h - delta) / se) - stats.norm.cdf((-h - delta) / se))
+
+    if u_max <= 0:
+        return 0.0
+    val, _ = integrate.quad(given_s, 0.0, u_max, limit=200)
+    return float(min(1.0, max(0.0, val)))
+
+
+def seeds_needed(
+    std: float, margin: float, alpha: float = 0.05, power: float = POWER, delta: float = 0.0
+) -> int | None:
+    """The smallest number of paired seeds n >= 2 whose :func:`tost_power` reaches ``power``, for
+    differences of std ``std`` and true mean ``delta`` (same unit as ``margin``). None when
+    ``std`` is not finite, when |delta| >= margin (no n suffices) or when n > :data:`MAX_SEEDS`.
+    Power grows with n: found by doubling, then bisection."""
+    if not math.isfinite(std) or not math.isfinite(delta) or abs(delta) >= margin:
+        return None
+    if tost_power(2, std, margin, alpha, delta) >= power:
+        return 2
+    lo, hi = 2, 4
+    while tost_power(hi, std, margin, alpha, delta) < power:
+        lo, hi = hi, hi * 2
+        if lo > MAX_SEEDS:
+            return None
+    while hi - lo > 1:  # power(lo) < target <= power(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if tost_power(mid, std, margin, alpha, delta) >= power else (mid, hi)
+    return hi
