@@ -18,9 +18,7 @@ def tiny_model(
     cfg = ModelConfig(
         name="t", n_layer=n_layer, n_head=2, d_model=32, context_length=16, vocab_size=64
     )
-    norm = resolve_norm(
-        NormConfig(kind=kind, impl=impl, placement=placement, bias=kind == NormKind.layer), "cpu"
-    )
+    norm = resolve_norm(NormConfig(kind=kind, impl=impl, placement=placement), "cpu")
     torch.manual_seed(seed)
     return GPT(cfg, norm)
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
-from normlab.norms import NORM_VARIANTS, resolve_norm
+from normlab.norms import available_impls, resolve_norm
 from normlab.norms.preflight import TOLERANCES, preflight
+from normlab.norms.table import KINDS
 from normlab.norms.torch_impl import TorchLayerNorm, TorchRMSNorm
 
 CPU = torch.device("cpu")
@@ -18,7 +19,6 @@ D = 96
 
 
 def cfg(kind: NormKind, impl: NormImpl, **kw) -> NormConfig:
-    kw.setdefault("bias", kind == NormKind.layer)
     return resolve_norm(NormConfig(kind=kind, impl=impl, **kw), "cpu")
 
 
@@ -48,13 +48,17 @@ class WrongDweightLayerNorm(TorchLayerNorm):
         )
 
 
-@pytest.mark.parametrize("kind", list(NormKind), ids=lambda k: k.name)
 @pytest.mark.parametrize(
-    "impl", [NormImpl.reference, NormImpl.torch, NormImpl.compiled], ids=lambda i: i.name
+    ("kind", "impl"),
+    [
+        pytest.param(kind, NormImpl[name], id=f"{kind.name}-{name}")
+        for kind in KINDS
+        for name in available_impls("cpu", kind)
+    ],
 )
 def test_cpu_implementations_pass_in_fp32(impl, kind):
     result = preflight(cfg(kind, impl), D, CPU, torch.float32)
-    want = {"output", "dx", "dweight"} | ({"dbias"} if kind == NormKind.layer else set())
+    want = {"output", "dx", "dweight"} | ({"dbias"} if KINDS[kind].bias else set())
     assert set(result["errors"]) == want
     assert result["impl"] == impl.name and result["kind"] == kind.name and result["dtype"] == "fp32"
     assert result["shape"] == [64, D] and result["tolerance"] == TOLERANCES[torch.float32] == 1e-5
@@ -76,15 +80,13 @@ def test_torch_passes_in_low_precision(kind, dtype):
 
 
 def test_without_affine_only_output_and_dx_are_compared():
-    result = preflight(
-        cfg(NormKind.layer, NormImpl.torch, affine=False, bias=False), D, CPU, torch.float32
-    )
+    result = preflight(cfg(NormKind.layer, NormImpl.torch, affine=False), D, CPU, torch.float32)
     assert set(result["errors"]) == {"output", "dx"}
 
 
 def test_a_forward_off_by_one_percent_is_refused_with_one_line(monkeypatch):
     monkeypatch.setitem(
-        NORM_VARIANTS, (NormKind.rms, NormImpl.torch), f"{__name__}:OffByOnePercentRMSNorm"
+        KINDS[NormKind.rms].impls, NormImpl.torch, f"{__name__}:OffByOnePercentRMSNorm"
     )
     with pytest.raises(ConfigError) as err:
         preflight(cfg(NormKind.rms, NormImpl.torch), D, CPU, torch.float32)
@@ -96,18 +98,19 @@ def test_a_forward_off_by_one_percent_is_refused_with_one_line(monkeypatch):
 
 def test_a_wrong_weight_gradient_is_named(monkeypatch):
     monkeypatch.setitem(
-        NORM_VARIANTS, (NormKind.layer, NormImpl.torch), f"{__name__}:WrongDweightLayerNorm"
+        KINDS[NormKind.layer].impls, NormImpl.torch, f"{__name__}:WrongDweightLayerNorm"
     )
     with pytest.raises(
         ConfigError,
-        match=r"^norm\.impl=torch disagrees with the reference: max rel error 3\.0e-02 in dweight > tolerance 1e-05 for fp32",
+        match=r"^norm\.impl=torch disagrees with the reference: max rel error 3\.0e-02 in dweight "
+        r"> tolerance 1e-05 for fp32",
     ):
         preflight(cfg(NormKind.layer, NormImpl.torch), D, CPU, torch.float32)
 
 
 def test_a_one_percent_error_is_caught_in_fp16_too(monkeypatch):
     monkeypatch.setitem(
-        NORM_VARIANTS, (NormKind.rms, NormImpl.torch), f"{__name__}:OffByOnePercentRMSNorm"
+        KINDS[NormKind.rms].impls, NormImpl.torch, f"{__name__}:OffByOnePercentRMSNorm"
     )
     with pytest.raises(ConfigError, match="for fp16"):
         preflight(cfg(NormKind.rms, NormImpl.torch), D, CPU, torch.float16)
@@ -122,9 +125,7 @@ def test_the_global_rng_is_left_alone():
 
 def test_an_unresolved_auto_impl_is_refused():
     with pytest.raises(ConfigError, match="norm.impl=auto"):
-        preflight(
-            NormConfig(kind=NormKind.rms, impl=NormImpl.auto, bias=False), D, CPU, torch.float32
-        )
+        preflight(NormConfig(kind=NormKind.rms, impl=NormImpl.auto), D, CPU, torch.float32)
 
 
 def test_training_refuses_to_start_when_the_implementation_disagrees_with_the_reference(

@@ -174,9 +174,7 @@ def tiny_gpt(upcast: bool) -> GPT:
     cfg = ModelConfig(name="t", n_layer=2, n_head=2, d_model=16, context_length=8, vocab_size=32)
     return GPT(
         cfg,
-        resolve_norm(
-            NormConfig(kind=NormKind.rms, impl=NormImpl.reference, bias=False, upcast=upcast), "cpu"
-        ),
+        resolve_norm(NormConfig(kind=NormKind.rms, impl=NormImpl.reference, upcast=upcast), "cpu"),
     ).eval()
 
 

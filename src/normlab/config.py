@@ -42,6 +42,12 @@ class NormImpl(Enum):
     auto = "auto"  # the fastest fused implementation for the device
 
 
+#: Copies of two facts of the norm table (``normlab.norms.table``), to validate without torch;
+#: ``tests/test_norm_contract.py`` fails when they disagree with it.
+KINDS_WITH_BIAS = frozenset({NormKind.layer})
+IMPLS_WITH_UPCAST_FALSE = frozenset({NormImpl.reference})
+
+
 class Placement(Enum):
     """Where the norm sits in a block: ``pre`` (GPT-2, x + f(norm(x))) or ``post`` (norm(x + f(x)))."""
 
@@ -114,8 +120,10 @@ class NormConfig:
     """Every norm in the model (per block and final) is built from this by ``norms.build_norm``.
 
     ``eps`` is added to the variance (LayerNorm) or the mean square (RMSNorm) *inside* the square
-    root; ``null`` means :data:`DEFAULT_EPS`. ``upcast`` computes the statistics in fp32 whatever
-    the input dtype; turning it off exists to reproduce low-precision failures.
+    root; ``null`` means :data:`DEFAULT_EPS`. ``bias``: ``null`` is the kind's default (a bias for
+    the kinds that take one, :data:`KINDS_WITH_BIAS`), resolved on construction. ``upcast``
+    computes the statistics in fp32 whatever the input dtype; turning it off exists to reproduce
+    low-precision failures.
     """
 
     kind: NormKind = NormKind.layer
@@ -123,7 +131,7 @@ class NormConfig:
     eps: float | None = None
     placement: Placement = Placement.pre
     affine: bool = True
-    bias: bool = True
+    bias: bool | None = None
     upcast: bool = True
 
     def __post_init__(self) -> None:
@@ -134,25 +142,23 @@ class NormConfig:
                 self.eps,
                 "must be a finite number > 0 (or null for the default 1e-5)",
             )
+        has_bias = self.kind in KINDS_WITH_BIAS
+        if self.bias is None:
+            self.bias = has_bias and self.affine
         _require(
-            not (self.kind == NormKind.rms and self.bias),
+            has_bias or not self.bias,
             "norm.bias",
             self.bias,
-            "RMSNorm has no bias (use norm.bias=false, or norm=layer)",
+            f"norm.kind={self.kind.name} has no bias (use norm.bias=null or false)",
         )
+        _require(self.affine or not self.bias, "norm.bias", True, "a bias needs norm.affine=true")
+        # Kernels that accumulate in fp32 anyway would silently ignore upcast=false: refused.
+        ok = ", ".join(i.name for i in IMPLS_WITH_UPCAST_FALSE)
         _require(
-            not (self.bias and not self.affine),
-            "norm.bias",
-            self.bias,
-            "a bias needs norm.affine=true",
-        )
-        # Only the eager reference computes in the input dtype when asked: PyTorch's kernels,
-        # inductor and our Triton kernels all accumulate in fp32, so upcast=false would be ignored.
-        _require(
-            self.upcast or self.impl == NormImpl.reference,
+            self.upcast or self.impl in IMPLS_WITH_UPCAST_FALSE,
             "norm.upcast",
-            self.upcast,
-            f"upcast=false is only available for impl=reference, not impl={self.impl.name}",
+            False,
+            f"upcast=false is only available for impl={ok}, not impl={self.impl.name}",
         )
 
     @property

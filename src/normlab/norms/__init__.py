@@ -1,9 +1,9 @@
-"""The one registry of norm variants and the factory that builds every norm in the model.
+"""The norm factory: every norm in the model is built here, from the norm table (``table.py``).
 
-Adding a variant: a member in ``config.NormImpl`` (or ``NormKind``), a class taking
-``(d, eps, affine, bias, upcast)`` with parameters ``weight`` / ``bias``, one entry in
-:data:`NORM_VARIANTS`, and the oracle tests pass for it. Classes are named as
-``"module:attr"`` strings so a kernel module (Triton) is imported only when it is chosen.
+``available_impls``, ``auto``, the error messages that list allowed values and the classes built
+are all derived from :data:`~normlab.norms.table.KINDS` and :data:`~normlab.norms.table.IMPLS`;
+classes are named as ``"module:attr"`` strings so a kernel module (Triton, C++) is imported only
+when it is chosen.
 """
 
 from __future__ import annotations
@@ -12,90 +12,115 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+from collections.abc import Callable
 
 from torch import nn
 
 from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
+from normlab.norms.table import AUTO, IMPLS, KINDS, Impl
 
-NORM_VARIANTS: dict[tuple[NormKind, NormImpl], str] = {
-    (NormKind.layer, NormImpl.torch): "normlab.norms.torch_impl:TorchLayerNorm",
-    (NormKind.rms, NormImpl.torch): "normlab.norms.torch_impl:TorchRMSNorm",
-    (NormKind.layer, NormImpl.reference): "normlab.norms.reference:ReferenceLayerNorm",
-    (NormKind.rms, NormImpl.reference): "normlab.norms.reference:ReferenceRMSNorm",
-    (NormKind.layer, NormImpl.compiled): "normlab.norms.compiled:CompiledLayerNorm",
-    (NormKind.rms, NormImpl.compiled): "normlab.norms.compiled:CompiledRMSNorm",
-    (NormKind.layer, NormImpl.triton): "normlab.norms.triton_kernels:TritonLayerNorm",
-    (NormKind.rms, NormImpl.triton): "normlab.norms.triton_kernels:TritonRMSNorm",
-    (NormKind.layer, NormImpl.cpp): "normlab.norms.cpp_impl:CppLayerNorm",
-    (NormKind.rms, NormImpl.cpp): "normlab.norms.cpp_impl:CppRMSNorm",
-}
 
-#: Implementations that ``auto`` may pick, by device type, best first.
-AUTO_IMPL: dict[str, NormImpl] = {"cuda": NormImpl.triton, "cpu": NormImpl.cpp}
+def _load(target: str):
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def unavailable_reason(impl: NormImpl, device_type: str) -> str | None:
+    """Why ``impl`` cannot run on ``device_type`` (its :class:`~normlab.norms.table.Impl` entry:
+    devices, interpreter variable, packages), or None when it can. The compiler an ``Impl`` with
+    ``compiler=True`` needs is checked when its kernels are first built."""
+    spec: Impl = IMPLS[impl]
+    missing = [p for p in spec.packages if importlib.util.find_spec(p) is None]
+    if missing:
+        return f"it needs the {', '.join(missing)} package (pip install 'normlab[{missing[0]}]')"
+    if spec.devices is None or device_type in spec.devices:
+        return None
+    where = " or ".join(d.upper() for d in spec.devices)
+    if spec.interpreter_env and device_type == "cpu":
+        if os.environ.get(spec.interpreter_env) == "1":
+            return None
+        return f"it runs on {where} (on CPU only under {spec.interpreter_env}=1, for tests)"
+    return f"it runs on {where} only"
 
 
 def triton_usable(device_type: str) -> bool:
-    """True when the Triton kernels can run on ``device_type`` (CUDA, or CPU under the interpreter)."""
-    if importlib.util.find_spec("triton") is None:
-        return False
-    return device_type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    """True when the Triton kernels can run on ``device_type`` (the table: CUDA, or CPU under the
+    interpreter)."""
+    return unavailable_reason(NormImpl.triton, device_type) is None
 
 
-def available_impls(device_type: str) -> list[str]:
-    """Names of the concrete implementations that run on ``device_type``, in registry order:
-    torch, reference, compiled, then triton (CUDA, or CPU under TRITON_INTERPRET=1) and cpp (CPU)."""
-    out = ["torch", "reference", "compiled"]
-    if triton_usable(device_type):
-        out.append("triton")
-    if device_type == "cpu":
-        out.append("cpp")
-    return out
+def available_impls(device_type: str, kind: NormKind | None = None) -> list[str]:
+    """Names of the concrete implementations of ``kind`` (None: of any kind) that run on
+    ``device_type``, in the table's order (``IMPLS``)."""
+    kinds = [KINDS[kind]] if kind is not None else list(KINDS.values())
+    return [
+        impl.name
+        for impl in IMPLS
+        if any(impl in k.impls for k in kinds) and unavailable_reason(impl, device_type) is None
+    ]
 
 
-def _allowed(device_type: str) -> str:
-    """The ``norm.impl`` values that run on ``device_type``, for error messages."""
-    impls = available_impls(device_type)
-    auto_runs = AUTO_IMPL.get(device_type, NormImpl.compiled).name in impls
-    return ", ".join(impls + (["auto"] if auto_runs else []))
+def _allowed(kind: NormKind, device_type: str) -> str:
+    """The ``norm.impl`` values for ``kind`` on ``device_type``, for error messages."""
+    return ", ".join([*available_impls(device_type, kind), "auto"])
+
+
+def auto_impl(kind: NormKind, device_type: str) -> NormImpl:
+    """What ``norm.impl=auto`` means for ``kind`` on ``device_type``: the first implementation of
+    ``table.AUTO[device_type]`` (or ``AUTO["*"]``) that the kind has; it may still be unable to
+    run there (``resolve_norm`` then refuses, never falls back)."""
+    prefs = AUTO.get(device_type, AUTO["*"])
+    return next((i for i in prefs if i in KINDS[kind].impls), next(iter(KINDS[kind].impls)))
 
 
 def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
     """Return ``cfg`` with ``impl=auto`` replaced by a concrete implementation and eps filled in.
 
     Raises:
-        ConfigError: the implementation cannot run on ``device_type`` (never a silent fallback).
+        ConfigError: the kind has no such implementation, or it cannot run on ``device_type``
+            (one line naming the value and the allowed ones; never a silent fallback).
     """
-    impl = cfg.impl
-    if impl == NormImpl.auto:
-        impl = AUTO_IMPL.get(device_type, NormImpl.compiled)
-        if impl == NormImpl.triton and not triton_usable(device_type):
-            raise ConfigError(
-                "norm.impl=auto wants triton on cuda but triton is not installed: "
-                "pip install 'normlab[triton]' or choose norm.impl=compiled"
-            )
-    if impl == NormImpl.triton and not triton_usable(device_type):
+    impl = auto_impl(cfg.kind, device_type) if cfg.impl == NormImpl.auto else cfg.impl
+    shown = f"norm.impl={cfg.impl.name}" + (f" (-> {impl.name})" if impl != cfg.impl else "")
+    if impl not in KINDS[cfg.kind].impls:
         raise ConfigError(
-            f"norm.impl=triton cannot run on device {device_type!r}: it needs CUDA and the triton "
-            f"package (on CPU only under TRITON_INTERPRET=1, for tests); allowed here: {_allowed(device_type)}"
+            f"{shown} has no norm.kind={cfg.kind.name} implementation; "
+            f"allowed here: {_allowed(cfg.kind, device_type)}"
         )
-    if impl == NormImpl.cpp and device_type != "cpu":
+    if cfg.bias and not KINDS[cfg.kind].bias:
+        raise ConfigError(f"norm.bias=true is not allowed: norm.kind={cfg.kind.name} has no bias")
+    if not cfg.upcast and not IMPLS[impl].upcast_false:
+        allowed = ", ".join(i.name for i, spec in IMPLS.items() if spec.upcast_false)
+        raise ConfigError(f"norm.upcast=false is not honoured by {shown}; only by: {allowed}")
+    reason = unavailable_reason(impl, device_type)
+    if reason is not None:
         raise ConfigError(
-            f"norm.impl=cpp runs on CPU only, not on device {device_type!r}; allowed here: {_allowed(device_type)}"
+            f"{shown} cannot run on device {device_type!r}: {reason}; "
+            f"allowed here: {_allowed(cfg.kind, device_type)}"
         )
     return dataclasses.replace(cfg, impl=impl, eps=cfg.resolved_eps)
 
 
 def norm_class(kind: NormKind, impl: NormImpl) -> type[nn.Module]:
-    """The module class registered for ``(kind, impl)``; ``impl`` must be concrete (not auto)."""
+    """The module class the table names for ``(kind, impl)``; ``impl`` must be concrete.
+
+    Raises:
+        ConfigError: ``impl`` is auto, or the kind has no such implementation.
+    """
     try:
-        target = NORM_VARIANTS[(kind, impl)]
+        target = KINDS[kind].impls[impl]
     except KeyError:
-        allowed = ", ".join(sorted({i.name for _, i in NORM_VARIANTS}))
+        allowed = ", ".join(i.name for i in KINDS[kind].impls)
         raise ConfigError(
-            f"norm.impl={impl.name!r} is not a concrete implementation; allowed: {allowed}"
+            f"norm.impl={impl.name!r} is not a concrete norm.kind={kind.name} implementation; "
+            f"allowed: {allowed}"
         ) from None
-    module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)
+    return _load(target)
+
+
+def oracle(kind: NormKind) -> Callable:
+    """The kind's float64 oracle ``(x, weight, bias, eps) -> y`` (float64), from the table."""
+    return _load(KINDS[kind].oracle)
 
 
 def build_norm(cfg: NormConfig, d_model: int) -> nn.Module:

@@ -70,7 +70,8 @@ def _rms_forward(x, weight, eps: float):
 
 
 def _rms_backward(dy, x, weight, sum_sq, eps: float, need_dw: bool):
-    """dx = rstd (g - x_hat mean(g x_hat)) with g = dy * weight; dweight = sum over rows of dy x_hat."""
+    """dx = rstd (g - x_hat mean(g x_hat)) with g = dy * weight; dweight = sum over rows of
+    dy x_hat."""
     ct = sum_sq.dtype
     rstd = torch.rsqrt(sum_sq / x.shape[-1] + eps)
     x_hat = x.to(ct) * rstd
@@ -81,7 +82,8 @@ def _rms_backward(dy, x, weight, sum_sq, eps: float, need_dw: bool):
 
 
 def _layer_forward(x, weight, bias, eps: float):
-    """(rows, d) -> ``layer_norm_ref(x, weight, bias, eps)``, the row sums of x and of (x - mean)^2."""
+    """(rows, d) -> ``layer_norm_ref(x, weight, bias, eps)``, the row sums of x and of
+    (x - mean)^2."""
     dtype = x.dtype
     d = x.shape[-1]
     xs = x.to(torch.promote_types(dtype, torch.float32))
@@ -138,19 +140,36 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def _graph_backward(fn, dy, inputs, needs) -> list:
+    """``create_graph=True`` (double backward): the vector-Jacobian product of ``fn`` (the
+    reference formula) at the saved ``inputs``, as a graph in the inputs and ``dy``; None for the
+    inputs that are None or need no gradient. The compiled backward's saved row sums are constants
+    to autograd, so differentiating it would drop the statistics' dependence on x."""
+    live = [t for t, need in zip(inputs, needs, strict=True) if t is not None and need]
+    with torch.enable_grad():
+        grads = iter(torch.autograd.grad(fn(*inputs), live, dy, create_graph=True))
+    return [
+        next(grads) if t is not None and need else None
+        for t, need in zip(inputs, needs, strict=True)
+    ]
+
+
 class _RMSNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
         y, sum_sq = _rms_forward_c(_rows(x), weight, eps)
-        ctx.save_for_backward(_rows(x), weight, sum_sq)
+        ctx.save_for_backward(x, weight, sum_sq)  # x itself: double backward differentiates in x
         ctx.eps = eps
         return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, sum_sq = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            fn = lambda x, w: rms_norm_ref(x, w, ctx.eps)  # noqa: E731
+            return *_graph_backward(fn, dy, (x, weight), ctx.needs_input_grad[:2]), None
         need_dw = weight is not None and ctx.needs_input_grad[1]
-        dx, dw = _rms_backward_c(_rows(dy), x, weight, sum_sq, ctx.eps, need_dw)
+        dx, dw = _rms_backward_c(_rows(dy), _rows(x), weight, sum_sq, ctx.eps, need_dw)
         return dx.view(dy.shape), dw, None
 
 
@@ -158,18 +177,20 @@ class _LayerNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps):
         y, sum_x, sum_sq = _layer_forward_c(_rows(x), weight, bias, eps)
-        ctx.save_for_backward(_rows(x), weight, sum_x, sum_sq)
+        ctx.save_for_backward(x, weight, bias, sum_x, sum_sq)
         ctx.eps = eps
-        ctx.bias_dtype = None if bias is None else bias.dtype
         return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, sum_x, sum_sq = ctx.saved_tensors
+        x, weight, bias, sum_x, sum_sq = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            fn = lambda x, w, b: layer_norm_ref(x, w, b, ctx.eps)  # noqa: E731
+            return *_graph_backward(fn, dy, (x, weight, bias), ctx.needs_input_grad[:3]), None
         need_dw = weight is not None and ctx.needs_input_grad[1]
-        bias_dtype = ctx.bias_dtype if ctx.needs_input_grad[2] else None
+        bias_dtype = bias.dtype if bias is not None and ctx.needs_input_grad[2] else None
         dx, dw, db = _layer_backward_c(
-            _rows(dy), x, weight, sum_x, sum_sq, ctx.eps, need_dw, bias_dtype
+            _rows(dy), _rows(x), weight, sum_x, sum_sq, ctx.eps, need_dw, bias_dtype
         )
         return dx.view(dy.shape), dw, db, None
 
@@ -177,7 +198,10 @@ class _LayerNormFn(torch.autograd.Function):
 class CompiledLayerNorm(ReferenceLayerNorm):
     """Reference LayerNorm, forward and backward compiled; same parameters, same results."""
 
+    forward_ad = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
         if not self.upcast:
             return compiled_layer_norm()(x, self.weight, self.bias, self.eps, self.upcast)
         return _LayerNormFn.apply(x, self.weight, self.bias, self.eps)
@@ -186,7 +210,10 @@ class CompiledLayerNorm(ReferenceLayerNorm):
 class CompiledRMSNorm(ReferenceRMSNorm):
     """Reference RMSNorm, forward and backward compiled; same parameters, same results."""
 
+    forward_ad = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
         if not self.upcast:
             return compiled_rms_norm()(x, self.weight, self.eps, self.upcast)
         return _RMSNormFn.apply(x, self.weight, self.eps)

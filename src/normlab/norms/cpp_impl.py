@@ -54,7 +54,7 @@ from typing import ClassVar
 import torch
 
 from normlab.config import ConfigError
-from normlab.norms.reference import NormBase
+from normlab.norms.reference import NormBase, refuse_double_backward
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 
@@ -204,8 +204,8 @@ class _CppNormFn(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
+        refuse_double_backward("cpp")
         x2d, w, mean, rstd = ctx.saved_tensors
         dx, dw_part, db_part = torch.ops.normlab_cpu.norm_bwd(
             dy.reshape(x2d.shape).contiguous(), x2d, w, mean, rstd, ctx.is_rms
@@ -236,7 +236,7 @@ class _CppNorm(NormBase):
         ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_width(x)
+        self.check_input(x)
         if x.device.type != "cpu":
             raise ValueError(f"norm.impl=cpp runs on CPU tensors only, got {x.device}")
         return _apply(x, self.weight, self.bias, self.eps, self.is_rms)

@@ -16,7 +16,40 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import nn
+
+
+def _lossless_round(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` (fp32/fp64) rounded to ``dtype`` in value, kept in ``t.dtype``, with the identity as
+    its gradient: the forward rounds as eager low-precision arithmetic does, the backward does not
+    round gradients to ``dtype``. ``t + (round(t) - t)`` is exactly ``round(t)``: ``round(t)`` and
+    ``t`` share a sign and are within a factor 2, so the difference is exact (Sterbenz)."""
+    if dtype == t.dtype:
+        return t
+    return t + (t.detach().to(dtype).to(t.dtype) - t.detach())
+
+
+def _affine(y_hat, weight, bias, dtype):
+    """``y_hat * weight + bias`` with each result rounded to ``dtype`` (as eager bf16/fp16 ops
+    round), computed and differentiated in ``y_hat.dtype``: dweight / dbias are sums in fp32 (fp64
+    for fp64 input), cast once to the parameter dtype."""
+    y = _lossless_round(y_hat, dtype)
+    if weight is not None:
+        y = _lossless_round(y * _lossless_round(weight.to(y.dtype), dtype), dtype)
+    if bias is not None:
+        y = _lossless_round(y + _lossless_round(bias.to(y.dtype), dtype), dtype)
+    return y.to(dtype)
+
+
+def _affine_in_dtype(y_hat, weight, bias, dtype):
+    """``upcast=False``: every step in ``dtype``, the gradients too (reproduces low precision)."""
+    y = y_hat.to(dtype)
+    if weight is not None:
+        y = y * weight.to(dtype)
+    if bias is not None:
+        y = y + bias.to(dtype)
+    return y
 
 
 def layer_norm_ref(
@@ -32,7 +65,8 @@ def layer_norm_ref(
         x: ``(..., d)`` any float dtype, any strides.
         weight, bias: ``(d,)`` or None.
         eps: added to the variance inside the square root, > 0.
-        upcast: compute mean, variance and the normalization in at least fp32 (True) or in ``x.dtype``.
+        upcast: statistics, normalization and gradients in at least fp32 (True; bf16/fp16 values
+            are rounded where eager ops round them, gradients are not) or all in ``x.dtype``.
 
     Returns:
         ``(..., d)`` in ``x.dtype``.
@@ -43,12 +77,7 @@ def layer_norm_ref(
     xc = xs - mean
     var = (xc * xc).mean(-1, keepdim=True)
     rstd = torch.rsqrt(var + eps)
-    y = (xc * rstd).to(dtype)
-    if weight is not None:
-        y = y * weight.to(dtype)
-    if bias is not None:
-        y = y + bias.to(dtype)
-    return y
+    return (_affine if upcast else _affine_in_dtype)(xc * rstd, weight, bias, dtype)
 
 
 def rms_norm_ref(
@@ -63,7 +92,7 @@ def rms_norm_ref(
         x: ``(..., d)`` any float dtype, any strides.
         weight: ``(d,)`` or None.
         eps: added to the mean square inside the square root, > 0.
-        upcast: compute the mean square and the normalization in at least fp32 (True) or in ``x.dtype``.
+        upcast: as for :func:`layer_norm_ref`.
 
     Returns:
         ``(..., d)`` in ``x.dtype``.
@@ -71,38 +100,103 @@ def rms_norm_ref(
     dtype = x.dtype
     xs = x.to(torch.promote_types(dtype, torch.float32)) if upcast else x  # fp64 stays fp64
     rstd = torch.rsqrt((xs * xs).mean(-1, keepdim=True) + eps)
-    y = (xs * rstd).to(dtype)
-    if weight is not None:
-        y = y * weight.to(dtype)
-    return y
+    return (_affine if upcast else _affine_in_dtype)(xs * rstd, weight, None, dtype)
+
+
+def layer_norm_oracle(x, weight, bias, eps: float) -> torch.Tensor:
+    """The float64 oracle of LayerNorm (Ba et al. 2016): ``(x - mean) / sqrt(var + eps) * w + b``,
+    biased variance, over the last dimension; every input cast to float64, ``(..., d)`` float64
+    out."""
+    x = x.double()
+    xc = x - x.mean(-1, keepdim=True)
+    y = xc / torch.sqrt((xc * xc).mean(-1, keepdim=True) + eps)
+    y = y if weight is None else y * weight.double()
+    return y if bias is None else y + bias.double()
+
+
+def rms_norm_oracle(x, weight, bias, eps: float) -> torch.Tensor:
+    """The float64 oracle of RMSNorm (Zhang & Sennrich 2019): ``x / sqrt(mean(x^2) + eps) * w``.
+
+    Raises:
+        ValueError: a bias (RMSNorm has none).
+    """
+    if bias is not None:
+        raise ValueError("RMSNorm has no bias")
+    x = x.double()
+    y = x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+    return y if weight is None else y * weight.double()
+
+
+def forward_ad_active(*tensors: torch.Tensor | None) -> bool:
+    """True when a tensor carries a forward-mode tangent (``torch.func.jvp`` or another functorch
+    transform wraps it, or ``torch.autograd.forward_ad`` made it dual). False while compiling."""
+    if torch.compiler.is_compiling():
+        return False
+    live = [t for t in tensors if t is not None]
+    if any(torch._C._functorch.is_functorch_wrapped_tensor(t) for t in live):
+        return True
+    return fwAD._current_level >= 0 and any(fwAD.unpack_dual(t).tangent is not None for t in live)
+
+
+def refuse_double_backward(impl: str) -> None:
+    """Call first in an ``autograd.Function.backward``: grad mode is on there only under
+    ``create_graph=True``, which this backward cannot honour.
+
+    Raises:
+        RuntimeError: one line naming the implementation and the alternatives.
+    """
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            f"norm.impl={impl} has no double backward (create_graph=True): its backward is a "
+            "fused kernel; use norm.impl=reference, torch or compiled"
+        )
 
 
 class NormBase(nn.Module):
     """Parameter layout shared by every implementation of one kind, so checkpoints move freely.
 
-    ``weight``: ``(d,)`` initialised to ones when ``affine``; ``bias``: ``(d,)`` zeros when ``bias``.
+    ``weight``: ``(d,)`` initialised to ones when ``affine``; ``bias``: ``(d,)`` zeros when
+    ``bias``.
     Both are None otherwise (registered as None, like ``nn.LayerNorm``).
 
     Raises:
         ValueError: ``bias=True`` for a kind without one (``takes_bias = False``: RMSNorm).
+
+    ``forward_ad``: the implementation computes forward-mode AD (plain differentiable torch ops).
+    False by default, so that a kernel behind an ``autograd.Function`` refuses tangents in
+    :meth:`check_input` instead of returning zeros (the norm table's ``Impl.autograd`` says it).
     """
 
     takes_bias: ClassVar[bool] = True
+    forward_ad: ClassVar[bool] = False
 
     def __init__(
         self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True
     ):
         if bias and not self.takes_bias:
-            raise ValueError("RMSNorm has no bias")
+            raise ValueError(f"{type(self).__name__} takes no bias (RMSNorm has none)")
         super().__init__()
         self.d, self.eps, self.upcast = d, float(eps), upcast
         self.register_parameter("weight", nn.Parameter(torch.ones(d)) if affine else None)
         self.register_parameter("bias", nn.Parameter(torch.zeros(d)) if (affine and bias) else None)
 
-    def check_width(self, x: torch.Tensor) -> None:
-        """Raise ValueError unless ``x`` is ``(..., d)`` (for kernels that would read out of bounds)."""
+    def check_input(self, x: torch.Tensor) -> None:
+        """Refuse what this implementation would compute wrongly.
+
+        Raises:
+            ValueError: ``x`` is not ``(..., d)``; or forward-mode tangents reach an
+                implementation without forward AD (``forward_ad = False``).
+        """
         if x.shape[-1] != self.d:
-            raise ValueError(f"expected input (..., {self.d}), got {tuple(x.shape)}")
+            raise ValueError(
+                f"{type(self).__name__}({self.d}) expects input (..., {self.d}), "
+                f"got {tuple(x.shape)}"
+            )
+        if not self.forward_ad and forward_ad_active(x, self.weight, self.bias):
+            raise ValueError(
+                f"{type(self).__name__} has no forward-mode AD (torch.func.jvp, forward_ad dual "
+                "tensors); use norm.impl=reference or torch"
+            )
 
     def extra_repr(self) -> str:
         return (
@@ -114,14 +208,18 @@ class NormBase(nn.Module):
 class ReferenceLayerNorm(NormBase):
     """Eager LayerNorm with fp32 statistics; input and output ``(..., d)`` in the input dtype."""
 
+    forward_ad = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
         return layer_norm_ref(x, self.weight, self.bias, self.eps, self.upcast)
 
 
 class ReferenceRMSNorm(NormBase):
     """Eager RMSNorm with fp32 statistics; input and output ``(..., d)`` in the input dtype."""
 
-    takes_bias = False
+    takes_bias, forward_ad = False, True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
         return rms_norm_ref(x, self.weight, self.eps, self.upcast)

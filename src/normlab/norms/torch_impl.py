@@ -9,7 +9,10 @@ from normlab.norms.reference import NormBase
 
 
 class TorchLayerNorm(NormBase):
-    """``F.layer_norm`` (the op behind ``nn.LayerNorm``); ``(..., d)`` in, same shape and dtype out."""
+    """``F.layer_norm`` (the op behind ``nn.LayerNorm``); ``(..., d)`` in, same shape and dtype
+    out."""
+
+    forward_ad = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, (self.d,), self.weight, self.bias, self.eps)
@@ -21,7 +24,7 @@ class TorchRMSNorm(NormBase):
     On CPU this op is not fused (about 20 kernels for forward+backward): see ``normlab-bench``.
     """
 
-    takes_bias = False
+    takes_bias, forward_ad = False, True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, (self.d,), self.weight, self.eps)

@@ -1,6 +1,6 @@
 """Fused Triton LayerNorm and RMSNorm, forward and backward, behind normlab's parameter layout.
 
-Imported only when ``norm.impl=triton`` is chosen (see ``norms.NORM_VARIANTS``). Kernels launch on
+Imported only when ``norm.impl=triton`` is chosen (see ``norms.table.KINDS``). Kernels launch on
 ``x.device``: CUDA, or CPU tensors when ``TRITON_INTERPRET=1`` was set before this module loaded.
 
 Semantics are the reference's (``reference.py``), the last dimension of size ``d`` normalised:
@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from normlab.norms.reference import NormBase
+from normlab.norms.reference import NormBase, refuse_double_backward
 
 
 @triton.jit
@@ -296,8 +296,8 @@ class _TritonNormFn(torch.autograd.Function):
         return y.view(shape)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dy):
+        refuse_double_backward("triton")
         x2d, w, mean, rstd = ctx.saved_tensors
         dx, dw, db = norm_bwd(
             _rows(dy, x2d.shape[1]), x2d, w, ctx.bias_dtype is not None, mean, rstd, ctx.is_rms
@@ -313,7 +313,7 @@ class TritonLayerNorm(NormBase):
     statistics are always fp32 (``config.NormConfig`` forbids ``upcast=false`` for triton)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_width(x)
+        self.check_input(x)
         return _TritonNormFn.apply(x, self.weight, self.bias, self.eps, False)
 
 
@@ -324,5 +324,5 @@ class TritonRMSNorm(NormBase):
     takes_bias = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_width(x)
+        self.check_input(x)
         return _TritonNormFn.apply(x, self.weight, None, self.eps, True)

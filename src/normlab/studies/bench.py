@@ -171,7 +171,7 @@ class _Case:
 
 
 def _norm_case(kind: NormKind, impl: NormImpl, dtype: str, x, dy, device, param_dtype) -> _Case:
-    cfg = resolve_norm(NormConfig(kind=kind, impl=impl, bias=kind == NormKind.layer), device.type)
+    cfg = resolve_norm(NormConfig(kind=kind, impl=impl), device.type)
     norm = build_norm(cfg, x.shape[1]).to(device=device, dtype=param_dtype or x.dtype)
     with torch.no_grad():  # non-trivial parameters, the same for every implementation
         g = torch.Generator().manual_seed(0)

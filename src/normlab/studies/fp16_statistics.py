@@ -39,7 +39,8 @@ import torch
 from torch import nn
 
 from normlab.config import NormConfig, NormImpl, NormKind
-from normlab.norms import build_norm, resolve_norm, triton_usable
+from normlab.norms import available_impls, build_norm, resolve_norm
+from normlab.norms.table import IMPLS, KINDS
 from normlab.norms.reference import layer_norm_ref, rms_norm_ref
 from normlab.studies.common import md_table
 from normlab.training.diagnostics import first_nonfinite, norm_statistics_finite
@@ -53,22 +54,21 @@ DEFAULT_MODEL_RMS = [1.0, 30.0, 60.0, 90.0, 150.0, 255.9, 400.0, 1000.0, 4000.0]
 
 
 def norm_cases(device_type: str, impls: list[str] | None = None) -> list[tuple[str, NormConfig]]:
-    """``(label, resolved NormConfig)`` for each kind and implementation the device can run, with
-    the reference twice (``upcast`` true and false). ``impls``: names to keep (default all)."""
+    """``(label, resolved NormConfig)`` for each statistic kind of the norm table and each of its
+    implementations the device can run (``norms.available_impls``), twice (``upcast`` true and
+    false) for the implementations that honour ``upcast=false``. ``impls``: names to keep."""
     cases = []
-    for kind in (NormKind.rms, NormKind.layer):
-        for impl in (NormImpl.torch, NormImpl.reference, NormImpl.compiled, NormImpl.triton):
-            if impls is not None and impl.name not in impls:
+    for kind, spec in KINDS.items():
+        if not spec.statistic:  # the study is about the overflow of a norm's statistic
+            continue
+        for name in available_impls(device_type, kind):
+            impl = NormImpl[name]
+            if impls is not None and name not in impls:
                 continue
-            if impl == NormImpl.triton and not triton_usable(device_type):
-                continue
-            for upcast in (True, False) if impl == NormImpl.reference else (True,):
-                cfg = resolve_norm(
-                    NormConfig(kind=kind, impl=impl, bias=kind == NormKind.layer, upcast=upcast),
-                    device_type,
-                )
-                label = f"{kind.name}/{impl.name}" + (
-                    "" if impl != NormImpl.reference else f" upcast={str(upcast).lower()}"
+            for upcast in (True, False) if IMPLS[impl].upcast_false else (True,):
+                cfg = resolve_norm(NormConfig(kind=kind, impl=impl, upcast=upcast), device_type)
+                label = f"{kind.name}/{name}" + (
+                    f" upcast={str(upcast).lower()}" if IMPLS[impl].upcast_false else ""
                 )
                 cases.append((label, cfg))
     return cases

@@ -1,0 +1,468 @@
+"""The norm contract, parametrized from the norm table (``normlab.norms.table``).
+
+Every kind x every implementation that runs on this CPU (triton under ``TRITON_INTERPRET=1``) is
+checked against the kind's float64 oracle (forward and backward, fp32 and bf16), by float64
+gradcheck where the implementation takes fp64, for its parameter layout, its width check, the
+preflight, and exactly the autograd modes the table says it supports (supported: matches the
+oracle; unsupported: one clear error). Statistic kinds also get the statistic properties. A new
+kind or implementation added to the table is covered with no edit here: the meta-tests at the
+end register a fake implementation with a wrong backward and a toy kind, monkeypatched into the
+table, and show the same helpers catch the first and pick up the second.
+
+Tolerances (``assert_matches``): fp32 elementwise ``rtol 1e-5, atol 1e-5 * max(1, max|oracle|)``
+(dweight / dbias sum over rows, so atol scales with them); bf16 normwise ``max|got - oracle| <=
+2e-2 max|oracle|`` (about 10 units of roundoff 2^-9: the implementations round x_hat, the product
+with the weight and the bias sum to bf16; worst measured 8e-3, see ``test_norms_oracle.py``).
+"""
+
+from __future__ import annotations
+
+import os
+
+_PREVIOUS_INTERPRET = os.environ.get("TRITON_INTERPRET")
+os.environ["TRITON_INTERPRET"] = "1"  # Triton picks interpreter or compiler at decoration time
+
+import importlib  # noqa: E402
+import importlib.util  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+from enum import Enum  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from torch.func import jvp  # noqa: E402
+
+if importlib.util.find_spec("triton") is not None:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    _tk = sys.modules.get("normlab.norms.triton_kernels")
+    if _tk is not None and not isinstance(_tk._norm_fwd, InterpretedFunction):
+        importlib.reload(_tk)  # imported earlier without the interpreter
+    import normlab.norms.triton_kernels  # noqa: F401
+if _PREVIOUS_INTERPRET is None:
+    del os.environ["TRITON_INTERPRET"]
+else:
+    os.environ["TRITON_INTERPRET"] = _PREVIOUS_INTERPRET
+
+import normlab.norms as norms  # noqa: E402
+from normlab import config  # noqa: E402
+from normlab.config import ConfigError, NormConfig, NormImpl, NormKind  # noqa: E402
+from normlab.norms import table  # noqa: E402
+from normlab.norms.preflight import preflight  # noqa: E402
+from normlab.norms.reference import NormBase  # noqa: E402
+from normlab.norms.table import (  # noqa: E402
+    AUTOGRAD_MODES,
+    BACKWARD,
+    DOUBLE_BACKWARD,
+    IMPLS,
+    JVP,
+    KINDS,
+    Impl,
+    Kind,
+)
+
+CONF = Path(__file__).resolve().parent.parent / "conf" / "norm"
+D = 48  # one width (and few shapes) everywhere: compiled recompiles per shape, triton interprets
+LOW_PRECISION_TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+
+
+@pytest.fixture(autouse=True)
+def _environment(monkeypatch):
+    """Triton on CPU needs the interpreter; dynamo's recompile limit (8) is below this grid's
+    count of shapes, so raise it to really run compiled (never a silent eager fallback)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with torch._dynamo.config.patch(recompile_limit=64):
+        yield
+
+
+# ----------------------------------------------------------------- parametrization helpers
+
+
+def runnable_here(impl) -> bool:
+    """The implementation runs on this CPU (triton: under the interpreter, if installed)."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        return norms.unavailable_reason(impl, "cpu") is None
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+def contract_cases(statistic_only: bool = False) -> list[tuple]:
+    """``(kind, impl)`` for every kind of the table (statistic kinds only if asked) and every
+    implementation of it that runs on this CPU."""
+    return [
+        (kind, impl)
+        for kind, spec in KINDS.items()
+        if spec.statistic or not statistic_only
+        for impl in spec.impls
+        if runnable_here(impl)
+    ]
+
+
+def layouts(kind) -> list[tuple[bool, bool]]:
+    """``(affine, bias)`` for every parameter layout the kind has."""
+    return [(True, True)] * KINDS[kind].bias + [(True, False), (False, False)]
+
+
+def params(cases) -> list:
+    return [pytest.param(k, i, id=f"{k.name}-{i.name}") for k, i in cases]
+
+
+CASES = params(contract_cases())
+STATISTIC_CASES = params(contract_cases(statistic_only=True))
+
+
+# ------------------------------------------------------------------------- check helpers
+
+
+def make(kind, impl, d=D, *, affine=True, bias=False, eps=1e-5, upcast=True, seed=0):
+    """The table's class for ``(kind, impl)`` with non-trivial weight / bias values."""
+    norm = norms.norm_class(kind, impl)(d, eps, affine=affine, bias=bias, upcast=upcast)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in norm.named_parameters():
+            p.copy_((1.0 if name == "weight" else 0.0) + 0.4 * torch.randn(p.shape, generator=g))
+    return norm
+
+
+def assert_matches(got, want, dtype, what: str) -> None:
+    """fp32/fp64: elementwise rtol 1e-5, atol 1e-5 * max(1, max|want|); bf16/fp16: normwise."""
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    if dtype in LOW_PRECISION_TOL:
+        err = ((got.double() - want).abs().max() / want.abs().max()).item()
+        assert err <= LOW_PRECISION_TOL[dtype], f"{what}: normwise relative error {err:.3g}"
+    else:
+        atol = 1e-5 * max(1.0, want.abs().max().item())
+        torch.testing.assert_close(
+            got.double(), want, rtol=1e-5, atol=atol, msg=lambda m: f"{what}: {m}"
+        )
+
+
+def oracle_grads(kind, x, norm, dy):
+    """The oracle's output and its gradients in x, weight, bias (float64)."""
+    x64 = x.detach().double().requires_grad_()
+    ps = [
+        None if p is None else p.detach().double().requires_grad_()
+        for p in (norm.weight, norm.bias)
+    ]
+    y64 = norms.oracle(kind)(x64, ps[0], ps[1], norm.eps)
+    y64.backward(dy.double())
+    return y64, x64.grad, [None if p is None else p.grad for p in ps]
+
+
+def check_oracle(kind, impl, dtype=torch.float32, lead=(3, 5), affine=True, bias=False) -> None:
+    """Forward output and the x / weight / bias gradients against the kind's float64 oracle.
+
+    Raises:
+        AssertionError: naming the tensor and the error.
+    """
+    norm = make(kind, impl, affine=affine, bias=bias)
+    g = torch.Generator().manual_seed(1)
+    x = (1.5 * torch.randn(*lead, D, generator=g) + 0.3).to(dtype).requires_grad_()
+    y = norm(x)
+    assert y.dtype == dtype, f"output dtype {y.dtype} != input dtype {dtype}"
+    dy = torch.randn(y.shape, generator=g).to(dtype)
+    y.backward(dy)
+    y64, dx64, (dw64, db64) = oracle_grads(kind, x, norm, dy)
+    assert_matches(y.detach(), y64, dtype, "output")
+    assert_matches(x.grad, dx64, dtype, "grad input")
+    for name, p, want in (("weight", norm.weight, dw64), ("bias", norm.bias, db64)):
+        if p is not None:
+            assert_matches(p.grad, want, dtype, f"grad {name}")
+
+
+def _grads(out, inputs):
+    """Gradients of ``out``; zeros where an input is unused (a kind linear in x has d2/dx2 = 0)."""
+    gs = torch.autograd.grad(out, inputs, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(gs, inputs, strict=True)]
+
+
+def check_double_backward(kind, impl) -> None:
+    """d/dx of <dx, v> (and d/dweight) with ``create_graph=True`` against the oracle's."""
+    norm = make(kind, impl, bias=KINDS[kind].bias)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(4, D, generator=g, requires_grad=True)
+    dy, v = torch.randn(4, D, generator=g), torch.randn(4, D, generator=g)
+    (dx,) = torch.autograd.grad(norm(x), x, dy, create_graph=True)
+    got = _grads((dx * v).sum(), [x, norm.weight])
+
+    x64 = x.detach().double().requires_grad_()
+    w64 = norm.weight.detach().double().requires_grad_()
+    b64 = None if norm.bias is None else norm.bias.detach().double()
+    (dx64,) = torch.autograd.grad(
+        norms.oracle(kind)(x64, w64, b64, norm.eps), x64, dy.double(), create_graph=True
+    )
+    want = _grads((dx64 * v.double()).sum(), [x64, w64])
+    assert_matches(got[0], want[0], torch.float32, "double backward d/dx")
+    assert_matches(got[1], want[1], torch.float32, "double backward d/dweight")
+
+
+def check_jvp(kind, impl) -> None:
+    """``torch.func.jvp`` in x against the oracle's tangent (float32)."""
+    norm = make(kind, impl, bias=KINDS[kind].bias)
+    g = torch.Generator().manual_seed(3)
+    x, t = torch.randn(4, D, generator=g), torch.randn(4, D, generator=g)
+    _, tangent = jvp(norm, (x,), (t,))
+    w, b = (None if p is None else p.detach().double() for p in (norm.weight, norm.bias))
+    _, want = jvp(lambda x: norms.oracle(kind)(x, w, b, norm.eps), (x.double(),), (t.double(),))
+    assert_matches(tangent, want, torch.float32, "jvp tangent")
+
+
+MODE_CHECKS = {BACKWARD: check_oracle, DOUBLE_BACKWARD: check_double_backward, JVP: check_jvp}
+#: What an unsupported mode must say: one line naming the limitation.
+MODE_ERRORS = {DOUBLE_BACKWARD: "has no double backward", JVP: "has no forward-mode AD"}
+
+
+# ------------------------------------------------------------------- the contract, per case
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("kind", "impl"), CASES)
+def test_matches_the_float64_oracle_in_every_parameter_layout(kind, impl, dtype):
+    for affine, bias in layouts(kind):
+        check_oracle(kind, impl, dtype, affine=affine, bias=bias)
+
+
+@pytest.mark.parametrize(("kind", "impl"), CASES)
+def test_passes_float64_gradcheck_where_it_takes_fp64(kind, impl):
+    if not IMPLS[impl].float64:
+        pytest.skip(f"the table says {impl.name} takes no fp64 input")
+    norm = make(kind, impl, 10, bias=KINDS[kind].bias).double()
+    x = (torch.randn(2, 3, 10, dtype=torch.float64) + 0.3).requires_grad_()
+    torch.autograd.gradcheck(norm, (x,), eps=1e-6, atol=1e-6, rtol=1e-5)  # raises on mismatch
+
+
+@pytest.mark.parametrize(("kind", "impl"), CASES)
+def test_parameter_layout_is_the_kinds(kind, impl):
+    norm = norms.build_norm(norms.resolve_norm(NormConfig(kind=kind, impl=impl), "cpu"), 10)
+    ps = dict(norm.named_parameters())
+    assert set(ps) == ({"weight", "bias"} if KINDS[kind].bias else {"weight"})
+    assert torch.equal(ps["weight"], torch.ones(10)) and ps["weight"].dtype == torch.float32
+    if KINDS[kind].bias:
+        assert torch.equal(ps["bias"], torch.zeros(10))
+    else:
+        with pytest.raises(ValueError, match="takes no bias"):
+            norms.norm_class(kind, impl)(10, 1e-5, affine=True, bias=True)
+    assert not list(make(kind, impl, 10, affine=False).parameters())
+
+
+@pytest.mark.parametrize(("kind", "impl"), CASES)
+def test_an_input_of_another_width_is_refused(kind, impl):
+    for d, width in ((8, 3), (1, 3), (3, 1)):
+        with pytest.raises((ValueError, RuntimeError)):
+            make(kind, impl, d)(torch.randn(2, width))
+
+
+@pytest.mark.parametrize(("kind", "impl"), CASES)
+def test_preflight_passes(kind, impl):
+    cfg = norms.resolve_norm(NormConfig(kind=kind, impl=impl), "cpu")
+    assert preflight(cfg, 96, torch.device("cpu"), torch.float32)["max_error"] <= 1e-5
+
+
+@pytest.mark.parametrize("mode", AUTOGRAD_MODES)
+@pytest.mark.parametrize(("kind", "impl"), CASES)
+def test_autograd_modes_are_exactly_the_tables(kind, impl, mode):
+    if mode in IMPLS[impl].autograd:
+        MODE_CHECKS[mode](kind, impl)
+    else:
+        with pytest.raises((ValueError, RuntimeError), match=MODE_ERRORS[mode]) as err:
+            MODE_CHECKS[mode](kind, impl)
+        assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------ statistic kinds only
+
+
+@pytest.mark.parametrize(("kind", "impl"), STATISTIC_CASES)
+def test_statistic_kind_is_invariant_to_positive_input_scale(kind, impl):
+    norm = make(kind, impl, eps=1e-10)
+    x = torch.randn(4, D) + 0.5
+    y = norm(x)
+    for c in (1e-2, 7.0, 1e3):
+        torch.testing.assert_close(norm(c * x), y, rtol=1e-5, atol=1e-5)
+
+
+def _signs() -> torch.Tensor:
+    return torch.tensor([1.0, -1.0]).repeat(D // 2)  # mean 0, mean square 1: both statistics
+
+
+@pytest.mark.parametrize(("kind", "impl"), STATISTIC_CASES)
+def test_statistic_kind_adds_eps_inside_the_square_root(kind, impl):
+    """Rows of +-c with eps = 0.5: c / sqrt(c^2 + eps), not c / (|c| + eps) nor 1 + eps."""
+    c, eps = 0.5, 0.5
+    y = make(kind, impl, eps=eps, affine=False)((c * _signs())[None])
+    torch.testing.assert_close(y, (c / (c * c + eps) ** 0.5 * _signs())[None], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(("kind", "impl"), STATISTIC_CASES)
+def test_statistic_kind_in_fp16_overflows_only_where_upcast_false_is_honoured(kind, impl):
+    """Rows of +-300 in fp16: 300^2 = 90000 > 65504. With fp32 statistics the output is +-1;
+    an implementation that honours upcast=false squares in fp16: inf, rsqrt(inf) = 0."""
+    x = (300.0 * _signs()).half()[None]
+    assert torch.isinf(x * x).all()
+    torch.testing.assert_close(make(kind, impl, affine=False)(x), _signs().half()[None])
+    if IMPLS[impl].upcast_false:
+        assert (make(kind, impl, affine=False, upcast=False)(x) == 0).all()
+    else:
+        with pytest.raises(ConfigError, match="upcast=false"):
+            norms.resolve_norm(NormConfig(kind=kind, impl=impl, upcast=False), "cpu")
+
+
+# ------------------------------------------------------------ the table and its copies
+
+
+def test_every_kind_and_concrete_impl_is_in_the_table():
+    assert set(KINDS) == set(NormKind)
+    assert set(IMPLS) == set(NormImpl) - {NormImpl.auto}
+    for spec in KINDS.values():
+        assert NormImpl.reference in spec.impls  # preflight's yardstick
+        assert callable(norms.oracle(next(k for k, v in KINDS.items() if v is spec)))
+
+
+def test_the_configs_copies_of_table_facts_agree_with_the_table():
+    assert config.KINDS_WITH_BIAS == {k for k, spec in KINDS.items() if spec.bias}
+    assert config.IMPLS_WITH_UPCAST_FALSE == {i for i, spec in IMPLS.items() if spec.upcast_false}
+
+
+def test_bias_null_is_the_kinds_default_and_an_explicit_bias_is_refused_where_there_is_none():
+    for kind, spec in KINDS.items():
+        assert NormConfig(kind=kind).bias is spec.bias
+        assert NormConfig(kind=kind, affine=False).bias is False
+        if not spec.bias:
+            with pytest.raises(ConfigError, match=rf"norm.bias=true .*norm.kind={kind.name}"):
+                NormConfig(kind=kind, bias=True)
+
+
+def test_every_kind_has_a_yaml_whose_comments_list_no_implementations():
+    names = {i.name for i in NormImpl} - {"auto"}
+    kinds = set()
+    for path in CONF.glob("*.yaml"):
+        for line in path.read_text().splitlines():
+            comment = line.partition("#")[2]
+            listed = {w for w in re.findall(r"\w+", comment) if w in names}
+            assert len(listed) < 2, f"{path.name}: comment lists implementations {listed}"
+            if line.startswith("kind:"):
+                kinds.add(line.split(":")[1].split("#")[0].strip())
+    assert kinds == {k.name for k in KINDS}
+
+
+def test_available_impls_and_auto_follow_the_table(monkeypatch):
+    assert norms.available_impls("cpu") == [i.name for i in IMPLS if runnable_here(i)]
+    assert (
+        norms.resolve_norm(NormConfig(kind=NormKind.rms, impl=NormImpl.auto), "cpu").impl
+        == (table.AUTO["cpu"][0])
+    )
+    assert norms.auto_impl(NormKind.rms, "mps") == table.AUTO["*"][0]
+    # auto on cuda wants triton; without the package it is an error, never a fallback
+    monkeypatch.setitem(IMPLS, NormImpl.triton, Impl(devices=("cuda",), packages=("no_such_pkg",)))
+    with pytest.raises(ConfigError, match=r"norm.impl=auto \(-> triton\) cannot run .*no_such_pkg"):
+        norms.resolve_norm(NormConfig(impl=NormImpl.auto), "cuda")
+
+
+def test_errors_list_the_allowed_values_from_the_table(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ConfigError) as err:
+        norms.resolve_norm(NormConfig(impl=NormImpl.triton), "cpu")
+    allowed = ", ".join([*norms.available_impls("cpu", NormKind.layer), "auto"])
+    assert str(err.value).endswith(f"allowed here: {allowed}") and "TRITON_INTERPRET=1" in str(
+        err.value
+    )
+    with pytest.raises(ConfigError, match=r"norm.impl=cpp cannot run on device 'cuda': .*CPU"):
+        norms.resolve_norm(NormConfig(impl=NormImpl.cpp), "cuda")
+    monkeypatch.setitem(KINDS, NormKind.rms, Kind({NormImpl.reference: "x:y"}, "x:y", True, False))
+    with pytest.raises(ConfigError, match="has no norm.kind=rms implementation; allowed here: "):
+        norms.resolve_norm(NormConfig(kind=NormKind.rms, impl=NormImpl.torch), "cpu")
+
+
+# ----------------------------------------- meta-tests: a new entry is tested with no edit
+
+
+class FakeImpl(Enum):
+    """A stand-in for a new ``NormImpl`` member (the table only needs hashable keys with .name)."""
+
+    wrong_backward = "wrong_backward"
+
+
+class FakeKind(Enum):
+    """A stand-in for a new ``NormKind`` member."""
+
+    center = "center"
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 1.01
+
+
+class WrongBackwardLayerNorm(NormBase):
+    """LayerNorm with the right output and dx 1% too large."""
+
+    takes_bias = True
+
+    def forward(self, x):
+        self.check_input(x)
+        return torch.nn.functional.layer_norm(
+            _ScaleGrad.apply(x), (self.d,), self.weight, self.bias, self.eps
+        )
+
+
+def center_oracle(x, weight, bias, eps):
+    """Toy kind: ``(x - mean(x)) * w + b`` in float64 (no statistic in a square root)."""
+    y = x.double() - x.double().mean(-1, keepdim=True)
+    y = y if weight is None else y * weight.double()
+    return y if bias is None else y + bias.double()
+
+
+class CenterNorm(NormBase):
+    """The toy kind's implementation."""
+
+    forward_ad = True
+
+    def forward(self, x):
+        self.check_input(x)
+        y = x - x.mean(-1, keepdim=True)
+        y = y if self.weight is None else y * self.weight
+        return y if self.bias is None else y + self.bias
+
+
+def test_a_registered_implementation_with_a_wrong_backward_is_caught(monkeypatch):
+    monkeypatch.setitem(IMPLS, FakeImpl.wrong_backward, Impl(autograd=frozenset({BACKWARD})))
+    monkeypatch.setitem(
+        KINDS[NormKind.layer].impls, FakeImpl.wrong_backward, f"{__name__}:WrongBackwardLayerNorm"
+    )
+    assert (NormKind.layer, FakeImpl.wrong_backward) in contract_cases()
+    with pytest.raises(AssertionError, match="grad input") as err:
+        check_oracle(NormKind.layer, FakeImpl.wrong_backward, bias=True)
+    print(f"\ncontract check on {FakeImpl.wrong_backward.name}:", str(err.value).splitlines()[:4])
+    check_oracle(NormKind.layer, NormImpl.reference, bias=True)  # the same check passes the oracle
+
+
+def test_a_kind_added_only_to_the_table_is_parametrized_and_checked(monkeypatch):
+    monkeypatch.setitem(
+        KINDS,
+        FakeKind.center,
+        Kind(
+            impls={NormImpl.reference: f"{__name__}:CenterNorm"},
+            oracle=f"{__name__}:center_oracle",
+            statistic=False,
+            bias=True,
+        ),
+    )
+    assert (FakeKind.center, NormImpl.reference) in contract_cases()
+    assert (FakeKind.center, NormImpl.reference) not in contract_cases(statistic_only=True)
+    assert layouts(FakeKind.center) == [(True, True), (True, False), (False, False)]
+    for affine, bias in layouts(FakeKind.center):
+        check_oracle(FakeKind.center, NormImpl.reference, affine=affine, bias=bias)
+    for mode in AUTOGRAD_MODES:
+        MODE_CHECKS[mode](FakeKind.center, NormImpl.reference)
