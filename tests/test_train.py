@@ -10,10 +10,12 @@ import torch
 
 from normlab.compose import to_train_config
 from normlab.config import OptimConfig
-from normlab.training.loop import lr_at, train
+from normlab.training.loop import train
+from normlab.training.metrics import NAMES
+from normlab.training.step import lr_at
 from normlab.training.tracking import StepTimer
 
-from .conftest import TINY
+from .conftest import TINY, run_cli
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
@@ -40,7 +42,15 @@ def test_a_tiny_run_writes_metrics_and_summary(compose_cfg, tmp_path):
     summary = train(cfg, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
-    for key in ("train/loss", "lr", "grad_norm", "step_time_ms", "tokens_per_s"):
+    assert set(NAMES.values()) == {  # the namespaced names, written once in metrics.py
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "perf/step_time_ms",
+        "perf/tokens_per_s",
+        "val/loss",
+    }
+    for key in set(NAMES.values()) - {"val/loss"}:
         assert all(math.isfinite(r[key]) for r in rows), key
     assert [r["step"] for r in rows if "val/loss" in r] == [3, 6]
     on_disk = json.loads((tmp_path / "summary.json").read_text())
@@ -90,3 +100,13 @@ def test_a_non_finite_loss_ends_the_run_as_diverged_with_the_last_finite_loss(
     assert summary["status"] == "diverged"
     assert 1 < summary["diverged_at_step"] <= 6
     assert math.isfinite(summary["last_finite_loss"]) and summary["final_val_loss"] is None
+
+
+def test_an_unknown_optimizer_is_refused_with_the_allowed_names(tmp_path):
+    from normlab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"optim\.name='lion' is not allowed: allowed: adamw$"):
+        OptimConfig(name="lion")
+    r = run_cli([*TINY, "optim.name=lion"], cwd=tmp_path)  # through the real CLI
+    assert r.returncode != 0 and not list(tmp_path.rglob("metrics.jsonl")), "nothing trained"
+    assert "Invalid value 'lion', expected one of [adamw]" in r.stderr

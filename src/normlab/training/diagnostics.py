@@ -99,7 +99,8 @@ def gain_stats(model: nn.Module) -> dict[str, float]:
 
 
 def block_grad_norms(model: nn.Module) -> dict[str, float]:
-    """L2 norm of the gradients of each block's parameters (call after backward, after unscaling)."""
+    """L2 norm of the gradients of each block's parameters (call after backward, after
+    unscaling)."""
     out = {}
     for i, block in enumerate(model.blocks):
         sq = sum(
@@ -133,7 +134,8 @@ def _kind(t: torch.Tensor) -> str:
 
 
 def norm_statistics_finite(norm: nn.Module, x: torch.Tensor) -> bool:
-    """Whether a normlab norm's statistic ``mean(x^2)`` is finite in the dtype the norm computes it in.
+    """Whether a normlab norm's statistic ``mean(x^2)`` is finite in the dtype the norm computes it
+    in.
 
     Without ``upcast`` an fp16 norm squares in fp16, where any |x| > 255.9 overflows to inf; the
     output then silently collapses to zero (``x * rsqrt(inf) = 0``), so the output alone hides it.
@@ -143,7 +145,8 @@ def norm_statistics_finite(norm: nn.Module, x: torch.Tensor) -> bool:
 
 
 def first_nonfinite(model: nn.Module, *inputs: torch.Tensor) -> NonFinite | None:
-    """Run ``model(*inputs)`` and name the first module, in execution order, that made non-finite values.
+    """Run ``model(*inputs)`` and name the first module, in execution order, that made non-finite
+    values.
 
     Leaf modules are watched (a block's output is non-finite because one of its leaves made it), and
     for every norm (a module with ``eps`` and ``upcast``) also its statistics, computed in the dtype
