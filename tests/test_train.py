@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from normlab.compose import to_train_config
-from normlab.config import OptimConfig
+from normlab.config import OptimConfig, RunOptions
 from normlab.training.loop import train
 from normlab.training.metrics import NAMES
 from normlab.training.step import lr_at
@@ -110,3 +110,79 @@ def test_an_unknown_optimizer_is_refused_with_the_allowed_names(tmp_path):
     r = run_cli([*TINY, "optim.name=lion"], cwd=tmp_path)  # through the real CLI
     assert r.returncode != 0 and not list(tmp_path.rglob("metrics.jsonl")), "nothing trained"
     assert "Invalid value 'lion', expected one of [adamw]" in r.stderr
+
+
+def _tiny(compose_cfg, *overrides):
+    return to_train_config(compose_cfg([*TINY, "logger=none", *overrides]))
+
+
+def test_the_host_reads_metrics_once_per_log_interval(compose_cfg, tmp_path, monkeypatch):
+    """Every read of a tensor's value by normlab code (item, tolist, float, int, bool) is counted
+    with the step it happened in: none inside a log_interval window, one at its end, one more for
+    an evaluation. (torch's own CPU-side reads, e.g. of step counters, are not normlab's.)"""
+    import sys
+
+    from normlab.training import step as training_step
+
+    here = {"step": 0}
+    syncs: list[int] = []
+    real_step = training_step.train_step
+
+    def step_and_note(run, step, lr, *args, **kwargs):
+        here["step"] = step + 1
+        return real_step(run, step, lr, *args, **kwargs)
+
+    def counting(name):
+        real = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            if "/normlab/" in sys._getframe(1).f_code.co_filename.replace("\\", "/"):
+                syncs.append(here["step"])
+            return real(self, *args, **kwargs)
+
+        return read
+
+    monkeypatch.setattr(training_step, "train_step", step_and_note)
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    cfg = _tiny(compose_cfg, "max_steps=9", "log_interval=3", "eval_interval=9")
+    summary = train(cfg, tmp_path)
+    monkeypatch.undo()
+    assert summary["status"] == "completed"
+    # before step 1: build_run's checks (the norm preflight); then steps 3 and 6: one read of the
+    # 3 buffered steps each; step 9: that, and the evaluation's one
+    assert [s for s in syncs if s] == [3, 6, 9, 9] and not any(syncs[: syncs.index(3)])
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [3, 6, 9]
+
+
+def test_divergence_between_log_steps_is_found_at_its_exact_step(
+    compose_cfg, tmp_path, monkeypatch
+):
+    from normlab.training import step as training_step
+
+    real_step = training_step.train_step
+    losses = []
+
+    def nan_at_step_6(run, step, lr, *args, **kwargs):
+        loss, grad = real_step(run, step, lr, *args, **kwargs)
+        losses.append(float(loss))
+        return (loss * float("nan") if step + 1 == 6 else loss), grad
+
+    monkeypatch.setattr(training_step, "train_step", nan_at_step_6)
+    cfg = _tiny(compose_cfg, "max_steps=12", "log_interval=4", "eval_interval=12")
+    summary = train(cfg, tmp_path, RunOptions(ckpt_interval=0))
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 6
+    assert summary["diverged_reason"] == "non-finite loss nan"
+    assert summary["last_finite_loss"] == losses[4]  # step 5's loss (one micro-batch)
+    assert len(losses) == 8, "noticed at the next sync, step 8"
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [4, 6] and rows[1]["train/loss"] is None
+    assert not list((tmp_path / "checkpoints").glob("*.pt"))
+
+
+def test_adamw_is_fused_on_cpu(compose_cfg):
+    from normlab.training.setup import build_run
+
+    run = build_run(_tiny(compose_cfg))
+    assert run.optimizer.defaults["fused"] is True

@@ -119,8 +119,8 @@ class MetricsBuffer:
             return [], None
         rows = distributed.gather_rows(torch.stack(self._values))  # (ranks, n * 2), on the CPU
         per_rank = rows.reshape(rows.shape[0], -1, 2)
-        losses = (per_rank[:, :, 0].sum(0) / self.grad_accum).tolist()  # the one host sync
-        grads = per_rank[:, :, 1].max(0).values.tolist()
+        loss = per_rank[:, :, 0].sum(0) / self.grad_accum
+        losses, grads = torch.stack([loss, per_rank[:, :, 1].max(0).values]).tolist()  # the sync
         pending, self._pending, self._values = self._pending, [], []
         out: list[dict[str, Any]] = []
         for (step, lr, ms, extra), loss, grad in zip(pending, losses, grads, strict=True):
