@@ -30,7 +30,7 @@ from normlab.training import distributed
 from normlab.training import step as training_step
 from normlab.training.diagnostics import ActivationRecorder, gain_stats
 from normlab.training.run_state import Progress, finish, open_run
-from normlab.training.setup import build_run, free_memory
+from normlab.training.setup import build_run, describe_error, free_memory
 from normlab.training.step import evaluate, lr_at
 
 __all__ = ["RunOptions", "free_memory", "train"]
@@ -62,7 +62,7 @@ def train(cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None) -> di
         except Exception as e:
             p.summary.update(
                 status="failed",
-                error=f"{type(e).__name__}: {e}",
+                error=describe_error(e),
                 failed_at_step=p.step + 1,
                 traceback=traceback.format_exc(),
             )

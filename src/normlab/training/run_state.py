@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from normlab.config import RunOptions
 from normlab.training import distributed
 from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
-from normlab.training.metrics import NAMES, Divergence, Limits, MetricsBuffer
+from normlab.training.diagnostics import ZERO_ROWS_SUFFIX
+from normlab.training.metrics import DIAG_PREFIX, NAMES, Divergence, Limits, MetricsBuffer
 from normlab.training.resume import config_hash, rng_state
 from normlab.training.setup import versions
 from normlab.training.step import Run
@@ -75,8 +76,10 @@ class Progress:
         return bool(interval) and done % interval == 0
 
     def log_rows(self, rows: list[dict[str, Any]], last_logged: bool) -> None:
-        """Log the rows of log steps (and the last row when ``last_logged``); move the bar."""
+        """Log the rows of log steps (and the last row when ``last_logged``); move the bar; flag the
+        first diagnosed step where a norm zeroed rows (``summary["norm_zero_rows"]``)."""
         for i, row in enumerate(rows):
+            self._flag_zero_rows(row)
             if self.log_due(row["step"]) or (last_logged and i == len(rows) - 1):
                 self.sink.log(row)
         if rows:
@@ -85,6 +88,23 @@ class Progress:
             val = f"{self.val_loss:.3f}" if self.val_loss is not None else "-"
             tok_s = f"{last[NAMES['tokens_per_s']]:.0f}"
             self.bar.set_postfix(loss=f"{last[NAMES['loss']]:.3f}", val=val, tok_s=tok_s)
+
+    def _flag_zero_rows(self, row: dict[str, Any]) -> None:
+        if "norm_zero_rows" in self.summary:
+            return
+        zeroed = {
+            k.removeprefix(DIAG_PREFIX).removesuffix(ZERO_ROWS_SUFFIX): v
+            for k, v in row.items()
+            if k.endswith(ZERO_ROWS_SUFFIX) and v
+        }
+        if zeroed:
+            self.summary["norm_zero_rows"] = {"step": row["step"], "rows": zeroed}
+            log.warning(
+                "step %d: norms output exact-zero rows from non-zero input (an overflowed "
+                "statistic): %s",
+                row["step"],
+                zeroed,
+            )
 
     def diverge(self, d: Divergence) -> None:
         self.summary.update(

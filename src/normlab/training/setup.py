@@ -53,6 +53,22 @@ def forbid_eager_fallback() -> None:
     torch._dynamo.config.fail_on_recompile_limit_hit = True
 
 
+def describe_error(e: BaseException) -> str:
+    """``"<type>: <message>"`` of an exception that ended a run, in words for the one torch's own
+    message leaves unclear: hitting the recompile limit under :func:`forbid_eager_fallback`."""
+    if type(e).__name__ == "FailOnRecompileLimitHit":
+        import torch._dynamo
+
+        limit = torch._dynamo.config.recompile_limit
+        return (
+            f"{type(e).__name__}: torch.compile compiled one function more than its "
+            f"recompile_limit={limit} times (each new input shape, dtype or constant is a new "
+            "graph); normlab refuses to let it fall back to eager silently: keep the inputs "
+            "stable, or raise torch._dynamo.config.recompile_limit"
+        )
+    return f"{type(e).__name__}: {e}"
+
+
 def _check_grad_accum(cfg: TrainConfig) -> None:
     world = distributed.world_size()
     if cfg.optim.grad_accum % world:
