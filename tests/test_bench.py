@@ -9,15 +9,12 @@ import math
 import pytest
 import torch
 
-import normlab.studies.bench as bench
+import normlab.studies.bench_norms as bench
 from normlab.commands.bench import main
-from normlab.studies.bench import (
-    bench_norms,
-    format_norm_table,
-    norm_bytes,
-    settle,
-    summarize,
-)
+from normlab.studies import bench_step, timing
+from normlab.studies.bench_norms import bench_norms, norm_bytes
+from normlab.studies.bench_tables import format_norm_table, summarize
+from normlab.studies.timing import settle
 
 SHAPE = (64, 128)
 
@@ -105,7 +102,8 @@ def test_table_lists_every_row_and_the_summary_line(result):
 def _by_hand(
     rms_ms: float, layer_ms: float, *, threads: int = 2, repeats: int = 20, settle_calls: int = 4
 ) -> dict:
-    """A norm result with one RMSNorm and one LayerNorm row of the given fwd+bwd times: no timing."""
+    """A norm result with one RMSNorm and one LayerNorm row of the given fwd+bwd times: no
+    timing."""
     rows = []
     for kind, impl, ms in (("rms", "cpp", rms_ms), ("layer", "cpp", layer_ms)):
         row = {"kind": kind, "impl": impl, "dtype": "fp32", "shape": [8192, 768]}
@@ -133,9 +131,9 @@ def test_summary_line_when_rms_is_faster():
     (s,) = res["summary"]
     assert round(s["rms_faster_pct"]) == 37 and round(s["time_saved_pct"]) == 27
     line = format_norm_table(res).splitlines()[-1]
-    assert (
-        line
-        == "fp32 8192x768: RMSNorm fastest (cpp, 8.742 ms) is 37% faster than LayerNorm fastest (cpp, 11.961 ms) fwd+bwd (27% less time)"
+    assert line == (
+        "fp32 8192x768: RMSNorm fastest (cpp, 8.742 ms) is 37% faster than LayerNorm fastest "
+        "(cpp, 11.961 ms) fwd+bwd (27% less time)"
     )
 
 
@@ -146,9 +144,9 @@ def test_summary_line_when_rms_is_slower():
         round(s["rms_faster_pct"]) == -27 and round(s["time_saved_pct"]) == -37
     )  # the JSON keeps its signs
     line = format_norm_table(res).splitlines()[-1]
-    assert (
-        line
-        == "fp32 8192x768: RMSNorm fastest (cpp, 11.961 ms) is 37% slower than LayerNorm fastest (cpp, 8.742 ms) fwd+bwd"
+    assert line == (
+        "fp32 8192x768: RMSNorm fastest (cpp, 11.961 ms) is 37% slower than LayerNorm fastest "
+        "(cpp, 8.742 ms) fwd+bwd"
     )
     assert (
         "-" not in line.split(": ", 1)[1].replace("fwd+bwd", "")
@@ -200,9 +198,9 @@ def _step_result(threads: int, pairs: int, warmup: int) -> dict:
 
 
 def test_step_header_counts_are_singular_for_one():
-    one = bench.format_step(_step_result(1, 1, 1)).splitlines()[0]
+    one = bench_step.format_step(_step_result(1, 1, 1)).splitlines()[0]
     assert "(1 thread)" in one and "1 interleaved pair after 1 warm-up step each" in one
-    two = bench.format_step(_step_result(2, 2, 2)).splitlines()[0]
+    two = bench_step.format_step(_step_result(2, 2, 2)).splitlines()[0]
     assert "(2 threads)" in two and "2 interleaved pairs after 2 warm-up steps each" in two
 
 
@@ -282,9 +280,11 @@ def test_warm_settles_each_case_before_every_sample(monkeypatch):
     monkeypatch.setattr(bench, "settle", spy)
     res = bench_norms(["rms"], ["torch"], ["fp32"], [(64, 32)], repeats=2, warmup=1, settle_calls=3)
     assert (res["cache"], res["settle_calls"], res["flush_mb"]) == ("warm", 3, None)
-    # one settle per (case, key) per round: copy, fwd, fwdbwd x 2 rounds; the norm is called only in fwd, fwdbwd
+    # one settle per (case, key) per round: copy, fwd, fwdbwd x 2 rounds; the norm is called only in
+    # fwd, fwdbwd
     assert len(settled) == 3 * 2 and all(c == 3 and 3 <= n <= 6 for c, n, _ in settled)
-    # each settle call is a call of the case's own function: the norm for fwd / fwdbwd, never for the copy
+    # each settle call is a call of the case's own function: the norm for fwd / fwdbwd, never for
+    # the copy
     assert [calls for _, _, calls in settled] == [
         0 if i % 3 == 0 else n for i, (_, n, _) in enumerate(settled)
     ]
@@ -292,7 +292,8 @@ def test_warm_settles_each_case_before_every_sample(monkeypatch):
     assert [n for _, n, _ in settled[1::3] + settled[2::3]] == row["fwd_untimed_calls"] + row[
         "fwdbwd_untimed_calls"
     ]
-    # forward calls in all: warm-up (1 + settle_calls) and, per sample, the settle calls then inner timed calls
+    # forward calls in all: warm-up (1 + settle_calls) and, per sample, the settle calls then inner
+    # timed calls
     total = sum(
         1 + 3 + sum(row[f"{k}_untimed_calls"]) + 2 * row["inner"][k] for k in ("fwd", "fwdbwd")
     )
@@ -323,7 +324,8 @@ def test_cold_flushes_before_every_one_call_sample(monkeypatch):
         assert r["fwd_untimed_calls"] == r["fwdbwd_untimed_calls"] == [1, 1]
     (copy,) = res["copy"]
     assert copy["inner"] == 1 and copy["untimed_calls"] == [1, 1] and len(copy["samples_ms"]) == 2
-    # per norm: warm-up 1 call per key, then per sample one untimed call (allocator) and the timed one
+    # per norm: warm-up 1 call per key, then per sample one untimed call (allocator) and the timed
+    # one
     assert counts == [2 * (1 + 2 * 2)] * 2
     assert (
         format_norm_table(res)
@@ -336,13 +338,13 @@ def test_cold_calls_the_case_then_flushes_then_times_one_call(monkeypatch):
     log = []
     fn = _Counted(log)
     clock = iter(range(100))
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: log.append("clock") or next(clock))
-    assert bench.cold_sample_ms(fn, torch.device("cpu"), lambda: log.append("flush")) == 1e3
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: log.append("clock") or next(clock))
+    assert timing.cold_sample_ms(fn, torch.device("cpu"), lambda: log.append("flush")) == 1e3
     assert log == ["call", "flush", "clock", "call", "clock"]  # the flush is outside the clock
 
 
 def test_make_flush_writes_its_whole_buffer():
-    flush = bench.make_flush(torch.device("cpu"), 1)
+    flush = timing.make_flush(torch.device("cpu"), 1)
     buf = flush()
     assert (
         buf.numel() == 2**20 and buf.dtype == torch.uint8 and int(buf.min()) == int(buf.max()) == 1
@@ -553,3 +555,25 @@ def test_step_benchmark_stops_on_a_bad_override_with_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("normlab-bench: norm.eps=-1") and err.count("\n") == 1
     assert not (tmp_path / "x.json").exists()
+
+
+def test_bench_step_and_train_run_the_same_step_function(tmp_path, monkeypatch, compose_cfg):
+    from normlab.compose import to_train_config
+    from normlab.training import step as training_step
+    from normlab.training.loop import train
+
+    calls: list[int] = []
+    real = training_step.train_step
+
+    def counted(run, step, lr, *args, **kwargs):
+        calls.append(step)
+        return real(run, step, lr, *args, **kwargs)
+
+    monkeypatch.setattr(training_step, "train_step", counted)
+    args = ["--a", "norm=layer", "--b", "norm=rms", "--pairs", "2", "--warmup", "1"]
+    assert main(["step", *TINY, *args, "--json", str(tmp_path / "s.json")]) == 0
+    assert calls == [0, 0, 1, 1, 2, 2]  # (1 warm-up + 2 timed) steps x 2 setups, steps 0, 1, 2
+    calls.clear()
+    cfg = to_train_config(compose_cfg([*TINY, "logger=none", "max_steps=3", "progress=false"]))
+    assert train(cfg, tmp_path / "run")["status"] == "completed"
+    assert calls == [0, 1, 2]

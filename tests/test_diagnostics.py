@@ -14,6 +14,8 @@ from normlab.training.diagnostics import (
     block_grad_norms,
     first_nonfinite,
     gain_stats,
+    norm_statistics_finite,
+    zero_rows,
 )
 
 
@@ -144,3 +146,23 @@ def test_without_diag_interval_no_hook_runs(compose_cfg, tmp_path, monkeypatch):
     rows = _train_tiny(compose_cfg, tmp_path)
     assert calls == []
     assert not any(k.startswith("diag/") for r in rows for k in r)
+
+
+def test_zero_rows_counts_rows_zeroed_from_a_non_zero_input_only():
+    x = torch.tensor([[1.0, 2.0], [0.0, 0.0], [3.0, 0.0], [1.0, 1.0]])
+    out = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.5, 0.0]])
+    assert zero_rows(x, out) == 2  # rows 0 and 2; row 1 was zero already, row 3 is not all zero
+
+
+def test_an_fp32_statistic_overflow_is_seen_though_the_output_is_finite_zeros():
+    model = two_layer(NormKind.layer).eval()
+    norm = model.blocks[0].norm1
+    x = torch.full((3, 8, model.cfg.d_model), 2e19)  # x^2 = 4e38 > fp32's 3.4e38
+    x[..., ::2] *= -1  # mean 0, variance 4e38: inf in fp32
+    out = norm(x)
+    assert torch.isfinite(out).all() and (out == 0).all()  # no NaN: the silent failure
+    assert zero_rows(x, out) == 24 and not norm_statistics_finite(norm, x)
+    rec = ActivationRecorder()
+    with rec.hooks(model), torch.no_grad():
+        model.blocks[0](x)
+    assert rec.stats["diag/block0/norm1_zero_rows"] == 24

@@ -1,5 +1,7 @@
-"""Several processes: torchrun on CPU (gloo) against one process with the same global batch, one set of
-files per run, stop signals agreed by every rank, resume on every rank; the helpers in one process."""
+"""Several processes: torchrun on CPU (gloo) against one process with the same global batch, one set
+of
+files per run, stop signals agreed by every rank, resume on every rank; the helpers in one
+process."""
 
 from __future__ import annotations
 
@@ -31,7 +33,9 @@ RUN = [*TINY, "optim.grad_accum=4", "eval_interval=3", "ckpt_interval=0"]
 DRIVER = """
 import os, signal
 import normlab.training.tracking as tracking
-at, sig, rank = int(os.environ["NORMLAB_TEST_SIGNAL_AT"]), getattr(signal, os.environ["NORMLAB_TEST_SIGNAL"]), os.environ["NORMLAB_TEST_SIGNAL_RANK"]
+at = int(os.environ["NORMLAB_TEST_SIGNAL_AT"])
+sig = getattr(signal, os.environ["NORMLAB_TEST_SIGNAL"])
+rank = os.environ["NORMLAB_TEST_SIGNAL_RANK"]
 stop, steps = tracking.StepTimer.stop, [0]
 def stop_then_signal(self, record=True):
     steps[0] += 1
@@ -58,7 +62,8 @@ def free_port() -> int:
 def torchrun(
     args: list[str], cwd: Path, nproc: int = 2, signal_at: tuple[str, int, int] | None = None
 ) -> subprocess.CompletedProcess:
-    """``python -m torch.distributed.run --nproc_per_node=<nproc> -m normlab.cli <args>`` in ``cwd``."""
+    """``python -m torch.distributed.run --nproc_per_node=<nproc> -m normlab.cli <args>`` in
+    ``cwd``."""
     scratch = cwd / "tmp"  # where ranks > 0 keep Hydra's files while they run
     scratch.mkdir(exist_ok=True)
     env = dict(
@@ -172,7 +177,8 @@ def test_two_processes_train_like_one_write_one_run_and_stop_and_resume_together
     assert abs(summary["final_val_loss"] - single["final_val_loss"]) < 1e-5
 
 
-# --- in process: the pre-emption signal, the helpers with one process -------------------------------
+# --- in process: the pre-emption signal, the helpers with one process
+# -------------------------------
 
 
 def test_the_preemption_signal_checkpoints_and_stops_the_run(

@@ -7,9 +7,7 @@ import dataclasses
 import torch
 
 from normlab.compose import to_train_config
-from normlab.data.tokens import BatchSampler, prepare
-from normlab.norms import resolve_norm
-from normlab.training.loop import build_model
+from normlab.training.setup import build_run
 
 
 def setup(compose_cfg, norm: str, seed: int):
@@ -18,16 +16,8 @@ def setup(compose_cfg, norm: str, seed: int):
             ["experiment=loss_parity_cpu", f"norm={norm}", f"seed={seed}", "norm.impl=torch"]
         )
     )
-    data = prepare(cfg.data)
-    cfg = dataclasses.replace(
-        cfg,
-        norm=resolve_norm(cfg.norm, "cpu"),
-        model=dataclasses.replace(cfg.model, vocab_size=data.vocab_size),
-    )
-    sampler = BatchSampler(
-        data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, torch.device("cpu")
-    )
-    return build_model(cfg, torch.device("cpu")), sampler
+    run = build_run(dataclasses.replace(cfg, device="cpu"))  # as train builds it, no run dir
+    return run.model, run.sampler
 
 
 def test_layer_and_rms_runs_of_one_seed_see_the_same_first_batch(compose_cfg):

@@ -14,7 +14,7 @@ import torch
 from normlab.compose import to_train_config
 from normlab.config import ConfigError
 from normlab.training import checkpoint as ckpt
-from normlab.training import tracking
+from normlab.training import resume, tracking
 from normlab.training.loop import RunOptions, train
 
 from .conftest import TINY
@@ -23,11 +23,13 @@ from .conftest import TINY
 RUN = [*TINY, "model.dropout=0.1", "eval_interval=4"]
 
 #: The real `train` CLI, with one fault: signal NORMLAB_TEST_SIGNAL is sent to the process itself
-#: right after metrics.jsonl gets the row of step NORMLAB_TEST_SIGNAL_AT (a deterministic kill point).
+#: right after metrics.jsonl gets the row of step NORMLAB_TEST_SIGNAL_AT (a deterministic kill
+#: point).
 DRIVER = """
 import os, signal, sys
 import normlab.training.tracking as tracking
-at, sig = int(os.environ["NORMLAB_TEST_SIGNAL_AT"]), getattr(signal, os.environ["NORMLAB_TEST_SIGNAL"])
+at = int(os.environ["NORMLAB_TEST_SIGNAL_AT"])
+sig = getattr(signal, os.environ["NORMLAB_TEST_SIGNAL"])
 log = tracking.MetricsLogger.log
 def log_then_signal(self, row):
     log(self, row)
@@ -64,7 +66,7 @@ def cli(
 
 def losses(run_dir: Path) -> list[tuple[int, dict]]:
     """``(step, row without timings)`` for every row of metrics.jsonl, in file order."""
-    timing = {"step_time_ms", "tokens_per_s"}
+    timing = {"perf/step_time_ms", "perf/tokens_per_s"}
     return [
         (r["step"], {k: v for k, v in r.items() if k not in timing})
         for r in tracking.read_metrics(run_dir / "metrics.jsonl")
@@ -146,7 +148,8 @@ def test_sigterm_saves_a_loadable_checkpoint_exits_nonzero_and_a_requeue_finishe
     assert tracking.json.loads((run_dir / "summary.json").read_text())["resumed"]["from_step"] == 7
 
 
-# --- in-process: resume, refusals, damaged checkpoints ---------------------------------------------
+# --- in-process: resume, refusals, damaged checkpoints
+# ---------------------------------------------
 
 
 @pytest.fixture
@@ -237,9 +240,9 @@ def test_every_rng_state_round_trips(tmp_path):
 
     import numpy as np
 
-    path = ckpt.save_checkpoint(tmp_path, {"step": 1, "rng": ckpt.rng_state()}, keep=1)
+    path = ckpt.save_checkpoint(tmp_path, {"step": 1, "rng": resume.rng_state()}, keep=1)
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
-    ckpt.restore_rng(ckpt.load_checkpoint(path)["rng"])
+    resume.restore_rng(ckpt.load_checkpoint(path)["rng"])
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 
 
@@ -250,7 +253,8 @@ def test_resuming_with_another_config_is_refused_with_the_keys_unless_forced(tin
     )  # progress may differ
     with pytest.raises(
         ConfigError,
-        match=r"cannot resume from step-00000004-\w+\.pt: the config differs in max_steps: 4 -> 6; optim.lr: 0.0006 -> 0.001 \(force=true",
+        match=r"cannot resume from step-00000004-\w+\.pt: the config differs in max_steps: 4 -> 6; "
+        r"optim.lr: 0.0006 -> 0.001 \(force=true",
     ):
         train(changed, tmp_path, RunOptions(resume="auto"))
     summary = train(changed, tmp_path, RunOptions(resume="auto", force=True))
@@ -264,7 +268,8 @@ def test_a_checkpoint_of_another_model_shape_is_refused_even_when_forced(tiny, t
     train(tiny("max_steps=2"), tmp_path, RunOptions())
     with pytest.raises(
         ConfigError,
-        match=r"another shape: blocks\.0\.attn\.proj\.bias: \(128,\) in the checkpoint, \(64,\) now; .* \(and \d+ more\)$",
+        match=r"another shape: blocks\.0\.attn\.proj\.bias: \(128,\) in the checkpoint, \(64,\) "
+        r"now; .* \(and \d+ more\)$",
     ):
         train(
             tiny("max_steps=2", "model.d_model=64"), tmp_path, RunOptions(resume="auto", force=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,14 +13,16 @@ import yaml
 
 from normlab.commands.report import main as report_main
 from normlab.compose import to_train_config
-from normlab.config import ModelConfig, NormConfig, NormImpl, NormKind, TrainConfig
+from normlab.config import ModelConfig, NormConfig, NormImpl, NormKind
 from normlab.model import GPT
 from normlab.norms import resolve_norm
 from normlab.report.plots import write_diag_figures
 from normlab.report.sections import swept_numeric
+from normlab.studies.bench_step import build_setup
 from normlab.studies.fp16_statistics import first_broken, model_check, norm_cases, norm_error_sweep
 from normlab.studies.norm_cost import CATEGORIES, ModuleTimer, breakdown, hooked_step
 
+from .conftest import TINY
 from .test_report import make_sweep, write_run
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"
@@ -70,7 +71,8 @@ def test_sweep_studies_sweep_what_they_say(compose_cfg):
     )
 
 
-# --- report: diagnostics and swept-value sections --------------------------------------------------
+# --- report: diagnostics and swept-value sections
+# --------------------------------------------------
 
 
 def diag_row(step: int, n: int, growth: float, gain: float) -> dict:
@@ -87,7 +89,8 @@ def diag_row(step: int, n: int, growth: float, gain: float) -> dict:
 
 
 def add_diag(run_dir: Path, n: int = 2, growth: float = 2.0, upto: int = 20) -> None:
-    """Add diag/ keys to every 5th row of a synthetic run's metrics.jsonl (rows after ``upto`` dropped)."""
+    """Add diag/ keys to every 5th row of a synthetic run's metrics.jsonl (rows after ``upto``
+    dropped)."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rows = [
         r | (diag_row(r["step"], n, growth, 1 + r["step"] / 100) if r["step"] % 5 == 0 else {})
@@ -264,19 +267,9 @@ def test_breakdown_sums_to_the_step_time():
 
 
 def test_norm_cost_aggregation_sums_to_the_total_on_a_tiny_model():
-    model = tiny_gpt(True).train()
-    x = torch.randint(0, 32, (2, 8))
-    setup = SimpleNamespace(
-        cfg=TrainConfig(),
-        device=torch.device("cpu"),
-        model=model,
-        fwd=model,
-        step=0,
-        optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
-        scaler=torch.amp.GradScaler("cpu", enabled=False),
-        sampler=SimpleNamespace(train_batch=lambda step, micro: (x, (x + 1) % 32)),
-    )
-    timer = ModuleTimer(model, setup.device)
+    setup = build_setup([*TINY, "logger=none", "norm.impl=torch"])
+    model = setup.run.model
+    timer = ModuleTimer(model, setup.run.device)
     b = hooked_step(setup, timer)
     assert (
         setup.step == 1 and model.blocks[0].attn.qkv.weight.grad is None

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 
 import pytest
 import torch
 
 from normlab.compose import to_train_config
-from normlab.config import OptimConfig
-from normlab.training.loop import lr_at, train
+from normlab.config import OptimConfig, RunOptions
+from normlab.training.loop import train
+from normlab.training.metrics import NAMES
+from normlab.training.step import lr_at
 from normlab.training.tracking import StepTimer
 
-from .conftest import TINY
+from .conftest import TINY, run_cli
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
@@ -40,7 +43,15 @@ def test_a_tiny_run_writes_metrics_and_summary(compose_cfg, tmp_path):
     summary = train(cfg, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
-    for key in ("train/loss", "lr", "grad_norm", "step_time_ms", "tokens_per_s"):
+    assert set(NAMES.values()) == {  # the namespaced names, written once in metrics.py
+        "train/loss",
+        "train/lr",
+        "train/grad_norm",
+        "perf/step_time_ms",
+        "perf/tokens_per_s",
+        "val/loss",
+    }
+    for key in set(NAMES.values()) - {"val/loss"}:
         assert all(math.isfinite(r[key]) for r in rows), key
     assert [r["step"] for r in rows if "val/loss" in r] == [3, 6]
     on_disk = json.loads((tmp_path / "summary.json").read_text())
@@ -90,3 +101,228 @@ def test_a_non_finite_loss_ends_the_run_as_diverged_with_the_last_finite_loss(
     assert summary["status"] == "diverged"
     assert 1 < summary["diverged_at_step"] <= 6
     assert math.isfinite(summary["last_finite_loss"]) and summary["final_val_loss"] is None
+
+
+def test_an_unknown_optimizer_is_refused_with_the_allowed_names(tmp_path):
+    from normlab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"optim\.name='lion' is not allowed: allowed: adamw$"):
+        OptimConfig(name="lion")
+    r = run_cli([*TINY, "optim.name=lion"], cwd=tmp_path)  # through the real CLI
+    assert r.returncode != 0 and not list(tmp_path.rglob("metrics.jsonl")), "nothing trained"
+    assert "Invalid value 'lion', expected one of [adamw]" in r.stderr
+
+
+def _tiny(compose_cfg, *overrides):
+    return to_train_config(compose_cfg([*TINY, "logger=none", *overrides]))
+
+
+def test_the_host_reads_metrics_once_per_log_interval(compose_cfg, tmp_path, monkeypatch):
+    """Every read of a tensor's value by normlab code (item, tolist, float, int, bool) is counted
+    with the step it happened in: none inside a log_interval window, one at its end, one more for
+    an evaluation. (torch's own CPU-side reads, e.g. of step counters, are not normlab's.)"""
+    import sys
+
+    from normlab.training import step as training_step
+
+    here = {"step": 0}
+    syncs: list[int] = []
+    real_step = training_step.train_step
+
+    def step_and_note(run, step, lr, *args, **kwargs):
+        here["step"] = step + 1
+        return real_step(run, step, lr, *args, **kwargs)
+
+    def counting(name):
+        real = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            if "/normlab/" in sys._getframe(1).f_code.co_filename.replace("\\", "/"):
+                syncs.append(here["step"])
+            return real(self, *args, **kwargs)
+
+        return read
+
+    monkeypatch.setattr(training_step, "train_step", step_and_note)
+    for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    cfg = _tiny(compose_cfg, "max_steps=9", "log_interval=3", "eval_interval=9")
+    summary = train(cfg, tmp_path)
+    monkeypatch.undo()
+    assert summary["status"] == "completed"
+    # before step 1: build_run's checks (the norm preflight); then steps 3 and 6: one read of the
+    # 3 buffered steps each; step 9: that, and the evaluation's one
+    assert [s for s in syncs if s] == [3, 6, 9, 9] and not any(syncs[: syncs.index(3)])
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [3, 6, 9]
+
+
+def test_divergence_between_log_steps_is_found_at_its_exact_step(
+    compose_cfg, tmp_path, monkeypatch
+):
+    from normlab.training import step as training_step
+
+    real_step = training_step.train_step
+    losses = []
+
+    def nan_at_step_6(run, step, lr, *args, **kwargs):
+        loss, grad = real_step(run, step, lr, *args, **kwargs)
+        losses.append(float(loss))
+        return (loss * float("nan") if step + 1 == 6 else loss), grad
+
+    monkeypatch.setattr(training_step, "train_step", nan_at_step_6)
+    cfg = _tiny(compose_cfg, "max_steps=12", "log_interval=4", "eval_interval=12")
+    summary = train(cfg, tmp_path, RunOptions(ckpt_interval=0))
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 6
+    assert summary["diverged_reason"] == "non-finite loss nan"
+    assert summary["last_finite_loss"] == losses[4]  # step 5's loss (one micro-batch)
+    assert len(losses) == 8, "noticed at the next sync, step 8"
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [4, 6] and rows[1]["train/loss"] is None
+    assert not list((tmp_path / "checkpoints").glob("*.pt"))
+
+
+def test_adamw_is_fused_on_cpu(compose_cfg):
+    from normlab.training.setup import build_run
+
+    run = build_run(_tiny(compose_cfg))
+    assert run.optimizer.defaults["fused"] is True
+
+
+# --- issue 15: runs that say what happened -------------------------------------------------------
+
+
+def test_a_resumed_process_leaves_its_own_warm_up_steps_out_of_the_step_times(
+    compose_cfg, tmp_path, monkeypatch, signal_after_step
+):
+    def stop(self, record=True):  # each process's first timed step is its slow warm-up
+        dt = 1000.0 if not self.times_ms else 10.0
+        if record:
+            self.times_ms.append(dt)
+        return dt
+
+    monkeypatch.setattr(StepTimer, "stop", stop)
+    cfg = _tiny(compose_cfg, "max_steps=8")  # TINY: timing_warmup_steps=1
+    signal_after_step(signal.SIGTERM, 3)
+    assert train(cfg, tmp_path, RunOptions(ckpt_interval=0))["status"] == "interrupted"
+    summary = train(cfg, tmp_path, RunOptions(ckpt_interval=0, resume="auto"))
+    assert summary["status"] == "completed" and summary["resumed"]["from_step"] == 3
+    # steps 2-3 of the first process and 5-8 of the resumed one; 1 and 4 were warm-up
+    assert summary["step_times_ms"] == [10.0] * 6
+    assert summary["step_time_ms_median"] == summary["step_time_ms_p90"] == 10.0
+
+
+def test_an_fp16_run_whose_scaler_skipped_every_step_did_not_complete(compose_cfg, tmp_path):
+    from normlab.training.checkpoint import load_latest
+    from normlab.training.setup import build_model, build_run
+
+    # a loss scale of 3e38 overflows every gradient; halving it 6 times does not get it back
+    cfg = _tiny(compose_cfg, "precision=fp16", "precision.init_scale=3e38")
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "diverged" and summary["skipped_steps"] == 6
+    assert summary["diverged_reason"].startswith("the fp16 grad scaler skipped 6 of 6 optimizer")
+    assert summary["final_val_loss"] is None
+    # the count is right: not one parameter moved from its initial value
+    initial = build_model(build_run(cfg).cfg, "cpu").state_dict()
+    saved = load_latest(tmp_path / "checkpoints").state["model"]
+    assert all(torch.equal(saved[k], v) for k, v in initial.items())
+
+
+def test_a_healthy_run_counts_no_skipped_steps(compose_cfg, tmp_path):
+    summary = train(_tiny(compose_cfg, "max_steps=2"), tmp_path)
+    assert summary["status"] == "completed" and summary["skipped_steps"] == 0
+
+
+@pytest.mark.parametrize(
+    ("skipped", "fraction", "status"),
+    [(2, 0.5, "completed"), (3, 0.5, "completed"), (4, 0.5, "diverged"), (1, 0.1, "diverged"),
+     (5, None, "completed"), (6, None, "diverged")],
+)  # fmt: skip
+def test_the_skipped_fraction_rule_of_a_finished_run(skipped, fraction, status):
+    from types import SimpleNamespace
+
+    from normlab.training.run_state import Progress
+
+    p = SimpleNamespace(
+        metrics=SimpleNamespace(skipped_steps=skipped, last_finite_loss=1.0),
+        done=6,
+        max_skipped_fraction=fraction,
+        summary={},
+    )
+    Progress.complete(p)  # 6 steps, ``skipped`` of them skipped by the scaler
+    assert p.summary["status"] == status
+
+
+def test_the_divergence_rule_relative_to_the_first_loss():
+    from normlab.training.metrics import Limits
+
+    rule = Limits(divergence_factor=2.0, vocab_size=256)  # ln 256 = 5.545
+    assert rule.reason(11.0, 1.0, first_loss=5.0) is None  # 11 < 2 x 5.545
+    assert rule.reason(11.1, 1.0, first_loss=5.0).startswith("loss 11.1 above divergence_factor=2")
+    assert rule.reason(13.0, 1.0, first_loss=7.0) is None  # the first loss, when above ln V
+    assert rule.reason(14.1, 1.0, first_loss=7.0) is not None
+    assert Limits(vocab_size=256).reason(1e9, 1.0, first_loss=5.0) is None  # null: off
+
+
+def test_a_loss_above_divergence_factor_times_the_first_ends_the_run(
+    compose_cfg, tmp_path, monkeypatch
+):
+    from normlab.training import step as training_step
+
+    real_step = training_step.train_step
+
+    def loss_x3_at_step_4(run, step, lr, *args, **kwargs):
+        loss, grad = real_step(run, step, lr, *args, **kwargs)
+        return (loss * 3 if step + 1 == 4 else loss), grad
+
+    monkeypatch.setattr(training_step, "train_step", loss_x3_at_step_4)
+    summary = train(_tiny(compose_cfg), tmp_path / "a")  # default divergence_factor=2
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 4
+    assert "above divergence_factor=2 x 5.545" in summary["diverged_reason"]
+    summary = train(_tiny(compose_cfg, "divergence_factor=null"), tmp_path / "b")
+    assert summary["status"] == "completed"
+
+
+def test_compilation_never_falls_back_to_eager_silently(compose_cfg, monkeypatch):
+    import torch._dynamo
+
+    from normlab.training.setup import build_run, describe_error
+
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", False)
+    build_run(_tiny(compose_cfg, "compile=true"))
+    assert torch._dynamo.config.fail_on_recompile_limit_hit is True
+    f = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        f(torch.ones(2, dtype=torch.float32))
+        f(torch.ones(2, dtype=torch.float64))
+        with pytest.raises(Exception) as e:  # the 3rd dtype is a 3rd graph: past the limit
+            f(torch.ones(2, dtype=torch.float16))
+        assert type(e.value).__name__ == "FailOnRecompileLimitHit"
+        assert "recompile_limit=2 times" in describe_error(e.value)
+    assert "refuses to let it fall back to eager silently" in describe_error(e.value)
+
+
+def test_a_norm_whose_statistic_overflowed_is_flagged_in_the_summary(
+    compose_cfg, tmp_path, monkeypatch
+):
+    from normlab.training import setup
+
+    real_build = setup.build_model
+
+    def huge_embeddings(cfg, device):  # fp32 rows of RMS 1e20: x^2 overflows, the norm gives 0
+        model = real_build(cfg, device)
+        with torch.no_grad():
+            model.tok_emb.weight.mul_(1e20 / 0.02)
+        return model
+
+    monkeypatch.setattr(setup, "build_model", huge_embeddings)
+    cfg = _tiny(compose_cfg, "max_steps=2", "diag_interval=1", "norm.impl=reference")
+    summary = train(cfg, tmp_path)
+    flag = summary["norm_zero_rows"]
+    assert flag["step"] == 1 and flag["rows"]["block0/norm1"] == 4 * 32  # every row of the batch
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["diag/block0/norm1_zero_rows"] == 128
+    # and a healthy run has no flag
+    monkeypatch.undo()
+    summary = train(_tiny(compose_cfg, "max_steps=2", "diag_interval=1"), tmp_path / "ok")
+    assert "norm_zero_rows" not in summary

@@ -63,6 +63,12 @@ class Precision(Enum):
     fp16 = "fp16"
 
 
+class OptimName(Enum):
+    """Which optimizer; AdamW (Loshchilov & Hutter 2019) is the only one."""
+
+    adamw = "adamw"
+
+
 class LoggerKind(Enum):
     wandb = "wandb"
     none = "none"
@@ -287,7 +293,7 @@ class DataConfig:
 class OptimConfig:
     """AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to ``min_lr``."""
 
-    name: str = "adamw"
+    name: OptimName = OptimName.adamw
     lr: float = 6e-4
     min_lr: float = 6e-5
     weight_decay: float = 0.1
@@ -300,6 +306,7 @@ class OptimConfig:
     grad_accum: int = 1
 
     def __post_init__(self) -> None:
+        self.name = _as_enum(OptimName, self.name, "optim.name")
         _require(
             math.isfinite(self.lr) and self.lr > 0,
             "optim.lr",
@@ -360,9 +367,26 @@ class TrainConfig:
         None  # per-block diagnostics every N steps (diag/ keys); null: off, no hooks
     )
     debug: bool = False  # show tracebacks for user errors instead of one line
+    # a loss above factor x max(first loss, ln vocab_size) ends the run as diverged; null: off
+    divergence_factor: float | None = 2.0
+    # more fp16 grad-scaler skips than this fraction of the steps: not completed; null: only all
+    max_skipped_fraction: float | None = 0.5
 
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, "max_steps", self.max_steps, "must be >= 1")
+        _require(
+            self.divergence_factor is None
+            or (math.isfinite(self.divergence_factor) and self.divergence_factor > 1),
+            "divergence_factor",
+            self.divergence_factor,
+            "must be null (off) or a finite number > 1",
+        )
+        _require(
+            self.max_skipped_fraction is None or 0 <= self.max_skipped_fraction < 1,
+            "max_skipped_fraction",
+            self.max_skipped_fraction,
+            "must be null (only a run that skipped every step fails) or in [0, 1)",
+        )
         _require(self.eval_interval >= 1, "eval_interval", self.eval_interval, "must be >= 1")
         _require(self.eval_batches >= 1, "eval_batches", self.eval_batches, "must be >= 1")
         _require(self.log_interval >= 1, "log_interval", self.log_interval, "must be >= 1")

@@ -1,4 +1,5 @@
-"""The ``normlab-bench`` command: norm kernels (default) and whole training steps (``normlab-bench step``)."""
+"""The ``normlab-bench`` command: norm kernels (default) and whole training steps (``normlab-bench
+step``)."""
 
 from __future__ import annotations
 
@@ -13,21 +14,21 @@ import torch
 from normlab.config import ConfigError, NormImpl, NormKind
 from normlab.data.tokens import DataError
 from normlab.norms import available_impls
-from normlab.studies.bench import (
+from normlab.studies.bench_norms import (
     CACHE_REGIMES,
     DTYPES,
-    _csv,
     bench_norms,
-    bench_step,
-    format_norm_table,
-    format_step,
-    keep_freed_memory,
+    csv,
     model_width,
     parse_shape,
 )
-from normlab.training.loop import resolve_device
+from normlab.studies.bench_step import bench_step, format_step
+from normlab.studies.bench_tables import format_norm_table
+from normlab.studies.timing import keep_freed_memory
+from normlab.training.distributed import resolve_device
 
-NORM_USAGE = """normlab-bench [-h] [--kinds K,..] [--impls I,..] [--dtypes D,..] [--shapes RxH,..] [options]
+NORM_USAGE = """\
+normlab-bench [-h] [--kinds K,..] [--impls I,..] [--dtypes D,..] [--shapes RxH,..] [options]
        normlab-bench step [-h] [OVERRIDE ...] [--a OVERRIDES] [--b OVERRIDES] [options]"""
 
 NORM_DESCRIPTION = """\
@@ -76,7 +77,8 @@ def _parser(step: bool) -> argparse.ArgumentParser:
             "--warmup",
             type=int,
             default=3,
-            help="untimed optimizer steps per setup before timing: compilation, allocator (default: 3)",
+            help="untimed optimizer steps per setup before timing: compilation, allocator "
+            "(default: 3)",
         )
     else:
         p = argparse.ArgumentParser(
@@ -88,25 +90,28 @@ def _parser(step: bool) -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--kinds",
-            type=_csv,
+            type=csv,
             default=["layer", "rms"],
             help="norm kinds, comma separated (default: layer,rms)",
         )
         p.add_argument(
             "--impls",
-            type=_csv,
+            type=csv,
             default=None,
-            help=f"concrete implementations, comma separated, of {','.join(m for m in NormImpl.__members__ if m != 'auto')}; auto is not accepted (default: every one the device runs: torch,reference,compiled, +triton on CUDA, +cpp on CPU)",
+            help="concrete implementations, comma separated, of "
+            f"{','.join(m for m in NormImpl.__members__ if m != 'auto')}; auto is not "
+            "accepted (default: every one the device runs: torch,reference,compiled, "
+            "+triton on CUDA, +cpp on CPU)",
         )
         p.add_argument(
             "--dtypes",
-            type=_csv,
+            type=csv,
             default=["fp32", "bf16"],
             help=f"input dtypes, comma separated, of {','.join(DTYPES)} (default: fp32,bf16)",
         )
         p.add_argument(
             "--shapes",
-            type=_csv,
+            type=csv,
             default=["8192x768"],
             help="input shapes ROWSxHIDDEN in elements, comma separated (default: 8192x768)",
         )
@@ -123,13 +128,16 @@ def _parser(step: bool) -> argparse.ArgumentParser:
             "--repeats",
             type=int,
             default=20,
-            help="interleaved timing rounds, one sample of every case each; the median is reported. With --cache cold each sample is a single call and noisier: use 10 or more (default: 20)",
+            help="interleaved timing rounds, one sample of every case each; the median is "
+            "reported. With --cache cold each sample is a single call and noisier: use 10 or "
+            "more (default: 20)",
         )
         p.add_argument(
             "--warmup",
             type=int,
             default=3,
-            help="untimed calls per case before the rounds (compilation), + --settle more with --cache warm; the fastest sets the calls per sample (default: 3)",
+            help="untimed calls per case before the rounds (compilation), + --settle more with "
+            "--cache warm; the fastest sets the calls per sample (default: 3)",
         )
         p.add_argument(
             "--device",
@@ -140,21 +148,26 @@ def _parser(step: bool) -> argparse.ArgumentParser:
             "--cache",
             choices=CACHE_REGIMES,
             default="warm",
-            help="cache state of each sample: warm = after >= --settle untimed calls of the same case, several calls timed together; cold = after a --flush-mb write that evicts the caches, one call timed; cold samples are single calls and noisier, so use --repeats 10 or more (default: warm)",
+            help="cache state of each sample: warm = after >= --settle untimed calls of the same "
+            "case, several calls timed together; cold = after a --flush-mb write that evicts "
+            "the caches, one call timed; cold samples are single calls and noisier, so use "
+            "--repeats 10 or more (default: warm)",
         )
         p.add_argument(
             "--settle",
             type=int,
             default=4,
             metavar="CALLS",
-            help="--cache warm: minimum number of untimed calls of a case before each of its samples (default: 4)",
+            help="--cache warm: minimum number of untimed calls of a case before each of its "
+            "samples (default: 4)",
         )
         p.add_argument(
             "--flush-mb",
             type=int,
             default=512,
             metavar="MIB",
-            help="--cache cold: size in MiB of the buffer written before each sample (default: 512)",
+            help="--cache cold: size in MiB of the buffer written before each sample "
+            "(default: 512)",
         )
     p.add_argument(
         "--threads", type=int, help="CPU threads, torch.set_num_threads (default: torch's)"
@@ -186,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         ):
             if bad := [v for v in given if v not in allowed or v == "auto"]:
                 p.error(
-                    f"unknown {name} {', '.join(bad)}; allowed: {', '.join(a for a in allowed if a != 'auto')}"
+                    f"unknown {name} {', '.join(bad)}; allowed: "
+                    f"{', '.join(a for a in allowed if a != 'auto')}"
                 )
         try:
             shapes = [parse_shape(s) for s in args.shapes]
@@ -194,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--shapes {','.join(args.shapes)}: expected ROWSxHIDDEN, e.g. 8192x768")
         if args.settle < 0 or args.flush_mb <= 0:
             p.error(
-                f"--settle {args.settle} --flush-mb {args.flush_mb}: expected --settle >= 0 and --flush-mb > 0"
+                f"--settle {args.settle} --flush-mb {args.flush_mb}: expected --settle >= 0 and "
+                "--flush-mb > 0"
             )
     try:
         if step:

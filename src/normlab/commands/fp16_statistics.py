@@ -7,6 +7,7 @@ import sys
 
 from normlab.config import ConfigError
 from normlab.studies.common import output_dir, study_inputs, with_default_experiment
+from normlab.studies.fp16_report import plot_sweep, verdict, write_report
 from normlab.studies.fp16_statistics import (
     DEFAULT_MODEL_RMS,
     DEFAULT_SCALES,
@@ -14,9 +15,6 @@ from normlab.studies.fp16_statistics import (
     model_study,
     norm_cases,
     norm_error_sweep,
-    plot_sweep,
-    verdict,
-    write_report,
 )
 
 

@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--impls",
         default=None,
-        help="default: every implementation the device runs (torch,reference,compiled, +triton on CUDA, +cpp on CPU)",
+        help="default: every implementation the device runs (torch,reference,compiled, +triton on "
+        "CUDA, +cpp on CPU)",
     )
     p.add_argument(
         "--steps",
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     common = with_default_experiment(args.overrides, "norm_cost")
     try:
         from normlab.studies.common import compose_config
-        from normlab.training.loop import resolve_device, versions
+        from normlab.training.distributed import resolve_device
+        from normlab.training.setup import versions
 
         device = resolve_device(compose_config(common).device)
         rows = measure(
@@ -63,15 +65,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = output_dir("norm_cost", args.out)
     r0 = rows[0]
-    title = f"Step time by module type: {r0['model']}, {r0['precision']}, {r0['tokens_per_step']} tokens/step, {r0['device']}"
+    title = (
+        f"Step time by module type: {r0['model']}, {r0['precision']}, {r0['tokens_per_step']} "
+        f"tokens/step, {r0['device']}"
+    )
     fig = plot(rows, out / "norm_cost.png", title)
     text = "\n".join(
         [
             f"# Where the step time goes ({' '.join(common)})",
             "",
             title + f"; mean of {args.steps} hooked "
-            "steps per variant, interleaved with plain steps. Categories sum to the hooked step; `other` = "
-            "embeddings, residual additions, head and loss; `optimizer` = unscale, clip, AdamW, zero_grad.",
+            "steps per variant, interleaved with plain steps. Categories sum to the hooked step; "
+            "`other` = "
+            "embeddings, residual additions, head and loss; `optimizer` = unscale, clip, AdamW, "
+            "zero_grad.",
             "",
             table(rows),
             "",

@@ -1,13 +1,13 @@
 """What the study scripts share: compose a config as ``train`` does, set up its model inputs, name
 the output dir, write Markdown tables.
 
-The studies themselves live in modules named after their job (``fp16_study``, ``norm_cost``); the
-sweeps are ``conf/experiment/*.yaml`` files run by ``train`` and read by ``normlab-report``.
+The studies themselves live in modules named after their job (``fp16_statistics``,
+``norm_cost``); the sweeps are ``conf/experiment/*.yaml`` files run by ``train`` and read by
+``normlab-report``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +20,8 @@ from normlab.config import TrainConfig
 
 
 def with_default_experiment(overrides: list[str], name: str) -> list[str]:
-    """``overrides`` with ``experiment=<name>`` in front unless they already choose an experiment."""
+    """``overrides`` with ``experiment=<name>`` in front unless they already choose an
+    experiment."""
     return (
         list(overrides)
         if any(o.startswith("experiment=") for o in overrides)
@@ -49,23 +50,17 @@ class StudyInputs:
 
 
 def study_inputs(overrides: list[str]) -> StudyInputs:
-    """Compose, resolve device / norm / vocabulary as ``train`` does, and take training batch 0."""
-    from normlab.data.tokens import BatchSampler, prepare
-    from normlab.norms import resolve_norm
-    from normlab.training.loop import resolve_device
+    """Compose and build the run as ``train`` does (``training.setup.build_run``: device, norm,
+    precision, preflight, vocabulary), and take its training batch 0.
 
-    cfg = compose_config(overrides)
-    device = resolve_device(cfg.device)
-    data = prepare(cfg.data)
-    cfg = dataclasses.replace(
-        cfg,
-        norm=resolve_norm(cfg.norm, device.type),
-        model=dataclasses.replace(cfg.model, vocab_size=cfg.model.vocab_size or data.vocab_size),
-    )
-    x, y = BatchSampler(
-        data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, device
-    ).train_batch(0, 0)
-    return StudyInputs(cfg, device, x, y)
+    Raises:
+        ConfigError, DataError: as ``train`` would.
+    """
+    from normlab.training.setup import build_run
+
+    run = build_run(compose_config(overrides))
+    x, y = run.sampler.train_batch(0, 0)
+    return StudyInputs(run.cfg, run.device, x, y)
 
 
 def output_dir(name: str, out: str | Path | None = None) -> Path:

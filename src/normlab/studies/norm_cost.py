@@ -12,7 +12,8 @@ the step benchmark) and one step with module hooks that split it:
   backward hook (gradient of the input computed). The device is synchronized at every clock read.
 * ``other``: the rest of forward and backward (embeddings, residual additions, head, loss),
   i.e. the measured forward + backward time minus the three above.
-* ``optimizer``: unscale, gradient clipping, AdamW, zero_grad: the step time minus forward + backward.
+* ``optimizer``: unscale, gradient clipping, AdamW, zero_grad: the step time minus forward +
+backward.
 
 So the five categories add up to the hooked step time by construction (the check that nothing is
 counted twice is that ``other`` stays >= 0). Hooks and synchronization slow a step down (on a GPU
@@ -124,40 +125,32 @@ def breakdown(
 
 
 def hooked_step(setup, timer: ModuleTimer) -> dict[str, float]:
-    """One optimizer step of a ``bench.StepSetup`` (as its ``run_step``), split by :func:`breakdown`."""
-    from normlab.training.loop import lr_at
-    from normlab.training.precision import autocast
+    """One training step of a ``bench_step.StepSetup``: ``training.step.train_step``, the function
+    ``run_step`` and ``train`` call, with ``timer``'s module hooks attached and a clock read (device
+    synchronized) at each phase mark; split by :func:`breakdown`."""
+    from normlab.training.step import lr_at, train_step
 
-    cfg, dev = setup.cfg, setup.device
-    for group in setup.optimizer.param_groups:
-        group["lr"] = lr_at(setup.step, cfg.max_steps, cfg.optim)
-    batches = [setup.sampler.train_batch(setup.step, m) for m in range(cfg.optim.grad_accum)]
+    cfg, dev = setup.cfg, setup.run.device
+    lr = lr_at(setup.step, cfg.max_steps, cfg.optim)
+    phase_ms = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+    current: list = [None, 0.0]  # the phase running and when it started
+
+    def mark(phase: str) -> None:
+        synchronize(dev)
+        now = time.perf_counter()
+        if current[0] is not None:
+            phase_ms[current[0]] += (now - current[1]) * 1e3
+        current[:] = [phase, now]
+
     timer.reset()
-    fwd = bwd = 0.0
     with timer.attached():
         synchronize(dev)
         t0 = time.perf_counter()
-        for x, y in batches:
-            ta = time.perf_counter()
-            with autocast(cfg.precision.dtype, dev):
-                _, loss = setup.fwd(x, y)
-            synchronize(dev)
-            tb = time.perf_counter()
-            setup.scaler.scale(loss / cfg.optim.grad_accum).backward()
-            synchronize(dev)
-            tc = time.perf_counter()
-            fwd, bwd = fwd + (tb - ta) * 1e3, bwd + (tc - tb) * 1e3
-    setup.scaler.unscale_(setup.optimizer)
-    torch.nn.utils.clip_grad_norm_(
-        setup.model.parameters(), cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-    )
-    setup.scaler.step(setup.optimizer)
-    setup.scaler.update()
-    setup.optimizer.zero_grad(set_to_none=True)
-    synchronize(dev)
-    total = (time.perf_counter() - t0) * 1e3
+        train_step(setup.run, setup.step, lr, mark=mark)
+        synchronize(dev)
+        total = (time.perf_counter() - t0) * 1e3
     setup.step += 1
-    return breakdown(dict(timer.ms), fwd, bwd, total)
+    return breakdown(dict(timer.ms), phase_ms["forward"], phase_ms["backward"], total)
 
 
 def variants(device_type: str, kinds: list[str], impls: list[str] | None) -> list[list[str]]:
@@ -175,15 +168,13 @@ def measure(
     """Build every setup, warm each up (compilation), then ``steps`` interleaved rounds of one plain
     and one hooked step per setup. Per variant: ``plain_ms`` (median of plain steps), the mean
     (ms) of every :func:`breakdown` key over the hooked steps, and ``calls`` per hooked step."""
-    from normlab.studies.bench import build_setup
+    from normlab.studies.bench_step import build_setup, recompile_limit
 
     setups = [build_setup([*common, *v]) for v in variant_overrides]
-    timers = [ModuleTimer(s.model, s.device) for s in setups]
-    limit = torch._dynamo.config.recompile_limit
-    torch._dynamo.config.recompile_limit = max(limit, 64)
+    timers = [ModuleTimer(s.run.model, s.run.device) for s in setups]
     plain: list[list[float]] = [[] for _ in setups]
     hooked: list[list[dict[str, float]]] = [[] for _ in setups]
-    try:
+    with recompile_limit():
         for s, t in zip(setups, timers, strict=True):
             for _ in range(warmup):
                 s.run_step()
@@ -192,8 +183,6 @@ def measure(
             for i, (s, t) in enumerate(zip(setups, timers, strict=True)):
                 plain[i].append(s.run_step())
                 hooked[i].append(hooked_step(s, t))
-    finally:
-        torch._dynamo.config.recompile_limit = limit
     out = []
     for s, t, p, h in zip(setups, timers, plain, hooked, strict=True):
         mean = {k: float(np.mean([b[k] for b in h])) for k in h[0]}
@@ -201,7 +190,7 @@ def measure(
             {
                 "variant": f"{s.cfg.norm.kind.name}/{s.cfg.norm.impl.name}",
                 "overrides": s.overrides,
-                "device": str(s.device),
+                "device": str(s.run.device),
                 "model": s.cfg.model.name,
                 "precision": s.cfg.precision.dtype.name,
                 "tokens_per_step": s.cfg.tokens_per_step,
@@ -216,7 +205,8 @@ def measure(
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Markdown: per variant the plain and hooked step time and each category in ms and % of the hooked step."""
+    """Markdown: per variant the plain and hooked step time and each category in ms and % of the
+    hooked step."""
     body = [
         [
             f"`{r['variant']}`",
@@ -240,7 +230,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
-    """Stacked bars of :data:`CATEGORIES` (ms, hooked step) per variant, the plain step time marked."""
+    """Stacked bars of :data:`CATEGORIES` (ms, hooked step) per variant, the plain step time
+    marked."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(max(6, 1.3 * len(rows) + 2), 5), layout="constrained")

@@ -9,6 +9,10 @@ Every value is logged under ``diag/`` (units: activations as they are, gradient 
   ``rms = sqrt(mean(x^2))`` and ``mean`` over every element of the batch;
 * ``diag/block{i}/norm1_out_rms`` / ``_mean`` and ``norm2_out_*``: each norm's output;
   ``diag/final/resid_rms`` etc. for the stream entering the final norm and ``norm_f_out_*``;
+* ``diag/block{i}/norm1_zero_rows`` (``norm2_``, ``final/norm_f_``): rows (vectors of d_model) that
+  the norm turned into exact zeros from a non-zero input: its statistic overflowed
+  (``x * rsqrt(inf) = 0``: fp32 inputs beyond about 1.8e19, fp16 beyond 255.9 without upcast),
+  a failure that makes no NaN and that the loss alone does not show (:func:`zero_rows`);
 * ``diag/block{i}/norm1_gain_mean`` / ``_min`` / ``_max``: the learnable gain (``weight``);
 * ``diag/block{i}/grad_norm``: L2 norm of all gradients of block i's parameters;
 * ``diag/max_logit``: the largest absolute logit.
@@ -30,6 +34,16 @@ def rms_and_mean(x: torch.Tensor) -> tuple[float, float]:
     return math.sqrt(x.pow(2).mean().item()), x.mean().item()
 
 
+def zero_rows(x: torch.Tensor, out: torch.Tensor) -> int:
+    """How many rows (last dimension) of a norm's ``out`` are exactly zero where its input ``x``
+    is not: the sign of an overflowed statistic (a zero input row gives a zero output rightly)."""
+    x, out = x.detach(), out.detach()
+    return int(((out == 0).all(-1) & (x != 0).any(-1)).sum())
+
+
+ZERO_ROWS_SUFFIX = "_zero_rows"
+
+
 @dataclass
 class ActivationRecorder:
     """Collects the statistics of one forward pass of a :class:`normlab.model.GPT`."""
@@ -38,6 +52,10 @@ class ActivationRecorder:
 
     def _put(self, prefix: str, x: torch.Tensor) -> None:
         self.stats[f"{prefix}_rms"], self.stats[f"{prefix}_mean"] = rms_and_mean(x)
+
+    def _put_norm(self, prefix: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        self._put(f"{prefix}_out", out)
+        self.stats[prefix + ZERO_ROWS_SUFFIX] = zero_rows(x, out)
 
     @contextmanager
     def hooks(self, model: nn.Module):
@@ -53,7 +71,9 @@ class ActivationRecorder:
                 norm = getattr(block, name)
                 handles.append(
                     norm.register_forward_hook(
-                        lambda m, a, out, i=i, n=name: self._put(f"diag/block{i}/{n}_out", out)
+                        lambda m, a, out, i=i, n=name: self._put_norm(
+                            f"diag/block{i}/{n}", a[0], out
+                        )
                     )
                 )
         handles.append(
@@ -63,7 +83,7 @@ class ActivationRecorder:
         )
         handles.append(
             model.norm_f.register_forward_hook(
-                lambda m, a, out: self._put("diag/final/norm_f_out", out)
+                lambda m, a, out: self._put_norm("diag/final/norm_f", a[0], out)
             )
         )
 
@@ -99,7 +119,8 @@ def gain_stats(model: nn.Module) -> dict[str, float]:
 
 
 def block_grad_norms(model: nn.Module) -> dict[str, float]:
-    """L2 norm of the gradients of each block's parameters (call after backward, after unscaling)."""
+    """L2 norm of the gradients of each block's parameters (call after backward, after
+    unscaling)."""
     out = {}
     for i, block in enumerate(model.blocks):
         sq = sum(
@@ -133,7 +154,8 @@ def _kind(t: torch.Tensor) -> str:
 
 
 def norm_statistics_finite(norm: nn.Module, x: torch.Tensor) -> bool:
-    """Whether a normlab norm's statistic ``mean(x^2)`` is finite in the dtype the norm computes it in.
+    """Whether a normlab norm's statistic ``mean(x^2)`` is finite in the dtype the norm computes it
+    in.
 
     Without ``upcast`` an fp16 norm squares in fp16, where any |x| > 255.9 overflows to inf; the
     output then silently collapses to zero (``x * rsqrt(inf) = 0``), so the output alone hides it.
@@ -143,7 +165,8 @@ def norm_statistics_finite(norm: nn.Module, x: torch.Tensor) -> bool:
 
 
 def first_nonfinite(model: nn.Module, *inputs: torch.Tensor) -> NonFinite | None:
-    """Run ``model(*inputs)`` and name the first module, in execution order, that made non-finite values.
+    """Run ``model(*inputs)`` and name the first module, in execution order, that made non-finite
+    values.
 
     Leaf modules are watched (a block's output is non-finite because one of its leaves made it), and
     for every norm (a module with ``eps`` and ``upcast``) also its statistics, computed in the dtype

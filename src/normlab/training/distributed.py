@@ -9,10 +9,8 @@ below is a no-op that returns its input, so ``train.py`` calls the same code eit
 Backend: gloo on a machine without CUDA; with CUDA, ``cpu:gloo,cuda:nccl`` (NCCL for the gradients
 and CUDA tensors, gloo for the small CPU-side exchanges: run dir, step flags, validation losses).
 
-Also here: :class:`StopSignals`, the checkpoint-on-signal switch of ``checkpoint.py`` extended to
-SIGUSR2, which submitit (``signal_delay_s``) and SLURM's ``--signal`` send before a time limit or a
-pre-emption; :func:`preempt_handler` finds submitit's handler, which the signal is handed on to once
-the checkpoint is saved, so that submitit requeues the job.
+The stop signals (``StopSignals``, ``preempt_handler``, ``preempt_signal``) live in ``signals.py``
+and are re-exported here for the entry point.
 """
 
 from __future__ import annotations
@@ -22,8 +20,6 @@ import contextlib
 import logging
 import os
 import random
-import signal
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -31,7 +27,10 @@ import torch
 import torch.distributed as dist
 
 from normlab.config import ConfigError
-from normlab.training import checkpoint
+from normlab.training import resume
+from normlab.training.signals import StopSignals, preempt_handler, preempt_signal
+
+__all__ = ["StopSignals", "preempt_handler", "preempt_signal"]  # and the functions below
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +123,8 @@ def all_gather(obj: Any) -> list[Any]:
 
 
 def gather_rows(values: torch.Tensor) -> torch.Tensor:
-    """``(world_size, n)``: every rank's 1-D ``values`` (moved to CPU), in rank order, on every rank.
+    """``(world_size, n)``: every rank's 1-D ``values`` (moved to CPU), in rank order, on every
+    rank.
 
     Sums over ranks taken from this are computed in the same order everywhere, so every rank gets
     the same bits.
@@ -181,7 +181,8 @@ def shard(n: int) -> range:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu; with several processes ``cuda`` is ``cuda:<LOCAL_RANK>``.
+    """``auto`` -> cuda when available, else cpu; with several processes ``cuda`` is
+    ``cuda:<LOCAL_RANK>``.
 
     Raises ConfigError for an absent CUDA device, or one ``cuda:N`` named for several processes.
     """
@@ -195,11 +196,13 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and world_size() > 1:
         if device.index is not None:
             raise ConfigError(
-                f"device={name} cannot be shared by {world_size()} processes: use device=cuda or auto (each process takes cuda:<LOCAL_RANK>)"
+                f"device={name} cannot be shared by {world_size()} processes: use device=cuda or "
+                "auto (each process takes cuda:<LOCAL_RANK>)"
             )
         if local_rank() >= torch.cuda.device_count():
             raise ConfigError(
-                f"device={name}: process {local_rank()} of this node has no GPU of its own ({torch.cuda.device_count()} here): start at most one process per GPU"
+                f"device={name}: process {local_rank()} of this node has no GPU of its own "
+                f"({torch.cuda.device_count()} here): start at most one process per GPU"
             )
         device = torch.device("cuda", local_rank())
     return device
@@ -226,44 +229,7 @@ def restore_rank_rng(states: list[dict[str, Any]], seed: int, step: int) -> None
     """Restore this rank's RNG states from a checkpoint's (one per rank that saved it). Resumed with
     another number of processes, every rank takes rank 0's and ranks > 0 then :func:`seed_rank`."""
     if len(states) == world_size():
-        checkpoint.restore_rng(states[rank()])
+        resume.restore_rng(states[rank()])
     else:
-        checkpoint.restore_rng(states[0])
+        resume.restore_rng(states[0])
         seed_rank(seed, step)
-
-
-# --- signals ----------------------------------------------------------------------------------------
-
-
-def preempt_signal() -> signal.Signals:
-    """The signal that warns of a time limit or pre-emption: submitit's (``$SUBMITIT_PREEMPT_SIGNAL``,
-    default USR2; hydra-submitit-launcher asks SLURM for it ``signal_delay_s`` before the end)."""
-    return signal.Signals[
-        "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").upper().removeprefix("SIG")
-    ]
-
-
-class StopSignals(checkpoint.StopSignals):
-    """:class:`normlab.checkpoint.StopSignals` for SIGTERM (SLURM's kill, ``scancel``), SIGINT
-    (Ctrl-C) and the pre-emption warning (:func:`preempt_signal`): while active, each sets
-    :attr:`signal` (its name) so the loop finishes its step, saves a checkpoint and stops.
-
-    :attr:`code` is the signal's number (0: none), the value the ranks agree on at the end of every
-    step (the largest wins), so a signal that reaches one rank stops all of them after the same step.
-    """
-
-    def watched(self) -> tuple[int, ...]:
-        return (signal.SIGTERM, signal.SIGINT, preempt_signal())
-
-    @property
-    def code(self) -> int:
-        return int(signal.Signals[self.signal]) if self.signal else 0
-
-
-def preempt_handler(name: str) -> Callable[[int, Any], Any] | None:
-    """The Python handler installed for the pre-emption signal before training (submitit's: it
-    requeues the job and exits, on rank 0), when ``name`` is that signal; else None (a plain run,
-    or another signal). Called after the checkpoint that the signal caused."""
-    sig = preempt_signal()
-    handler = signal.getsignal(sig)
-    return handler if name == sig.name and callable(handler) else None

@@ -32,7 +32,8 @@ def check_precision(precision: Precision, device: torch.device) -> None:
     dtype = DTYPES[precision]
     if device.type == "cuda" and precision == Precision.bf16 and not torch.cuda.is_bf16_supported():
         raise ConfigError(
-            f"precision={precision.name} is not supported by {torch.cuda.get_device_name(device)}; allowed here: fp32, fp16"
+            f"precision={precision.name} is not supported by {torch.cuda.get_device_name(device)}; "
+            "allowed here: fp32, fp16"
         )
     try:
         a = torch.randn(8, 8, device=device, requires_grad=True)
@@ -42,11 +43,13 @@ def check_precision(precision: Precision, device: torch.device) -> None:
         ok = out.dtype == dtype
     except (RuntimeError, AssertionError) as e:
         raise ConfigError(
-            f"precision={precision.name} cannot run on device {device.type}: {str(e).splitlines()[0]}"
+            f"precision={precision.name} cannot run on device {device.type}: "
+            f"{str(e).splitlines()[0]}"
         ) from None
     if not ok:
         raise ConfigError(
-            f"precision={precision.name} cannot run on device {device.type}: autocast produced {out.dtype}"
+            f"precision={precision.name} cannot run on device {device.type}: autocast produced "
+            f"{out.dtype}"
         )
 
 

@@ -1,7 +1,8 @@
 """Where metrics go (``metrics.jsonl`` always, wandb when chosen) and how step time is measured.
 
 Logging never stops training: if wandb cannot start or write, one warning is logged and the run
-goes on with ``metrics.jsonl`` alone (and if ``metrics.jsonl`` cannot be written, one error is logged
+goes on with ``metrics.jsonl`` alone (and if ``metrics.jsonl`` cannot be written, one error is
+logged
 and the run goes on with its checkpoints and summary).
 
 A resumed run continues the same wandb run (its id is kept in the checkpoint) and rewrites
@@ -35,13 +36,17 @@ def synchronize(device: torch.device) -> None:
 class StepTimer:
     """Wall time per optimizer step in ms, device synchronized at both ends.
 
-    The first ``warmup_steps`` steps (allocator warm-up, compilation) are measured but left out of
-    :meth:`summary`.
+    The first ``warmup_steps`` steps this process times (allocator warm-up, compilation) are
+    measured but left out of :meth:`measured_ms` and :meth:`summary`; ``previous_ms``: the measured
+    times of the processes before this one (a resumed run's checkpoint), kept as they are.
     """
 
-    def __init__(self, device: torch.device, warmup_steps: int):
+    def __init__(
+        self, device: torch.device, warmup_steps: int, previous_ms: list[float] | None = None
+    ):
         self.device, self.warmup_steps = device, warmup_steps
-        self.times_ms: list[float] = []
+        self.previous_ms: list[float] = list(previous_ms or [])
+        self.times_ms: list[float] = []  # every step this process timed, warm-up included
         self._t0 = 0.0
 
     def start(self) -> None:
@@ -58,13 +63,14 @@ class StepTimer:
 
     @property
     def measured_ms(self) -> list[float]:
-        """Step times after warm-up, in ms."""
-        return self.times_ms[self.warmup_steps :]
+        """Step times after each process's warm-up, in ms."""
+        return self.previous_ms + self.times_ms[self.warmup_steps :]
 
     def summary(
         self, tokens_per_step: int, flops_per_step: float, peak_tflops: float
     ) -> dict[str, float | None]:
-        """Median and p90 step time (ms), tokens/s and MFU (fraction of ``peak_tflops``) at the median."""
+        """Median and p90 step time (ms), tokens/s and MFU (fraction of ``peak_tflops``) at the
+        median."""
         t = self.measured_ms
         if not t:
             return {
@@ -83,10 +89,13 @@ class StepTimer:
 
 
 def run_names(cfg: TrainConfig) -> tuple[str, str]:
-    """``(group, name)`` for wandb: the variant (model, norm kind, impl, placement, precision) is the
+    """``(group, name)`` for wandb: the variant (model, norm kind, impl, placement, precision) is
+    the
     group unless ``logger.group`` names one (a study); the name is the variant plus the seed."""
     n = cfg.norm
-    variant = f"{cfg.model.name}-{n.kind.name}-{n.impl.name}-{n.placement.name}-{cfg.precision.dtype.name}"
+    variant = "-".join(
+        (cfg.model.name, n.kind.name, n.impl.name, n.placement.name, cfg.precision.dtype.name)
+    )
     group = cfg.logger.group or variant
     name = cfg.logger.name or f"{variant}-seed{cfg.seed}"
     return group, name

@@ -1,0 +1,233 @@
+"""Resuming a run: the config hash, every RNG state, the checkpoint to continue from, free space.
+
+A resumed run must compute what the uninterrupted run would have: :func:`check_resumable` refuses a
+checkpoint of another config (its hash, :func:`config_hash`, leaves out the keys in
+:data:`RESUME_MAY_DIFFER`) or model shape; :func:`rng_state` / :func:`restore_rng` carry every
+generator across; the batch sampler's position is the step (batches are a pure function of
+``(seed, step, micro)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from normlab.config import ConfigError
+from normlab.training.checkpoint import CKPT_DIR, Loaded, list_checkpoints, load_latest
+
+log = logging.getLogger(__name__)
+
+#: Config keys that may differ between a checkpoint and the run that resumes from it: they change
+#: what is displayed or logged, or when a run is judged to have failed, never a number the run
+#: computes. Every other key is hashed.
+RESUME_MAY_DIFFER = (
+    "progress",
+    "debug",
+    "logger",
+    "peak_tflops",
+    "timing_warmup_steps",
+    "log_interval",
+    "diag_interval",
+    "divergence_factor",
+    "max_skipped_fraction",
+    "data.cache_dir",
+    "data.token_dir",
+    "data.num_proc",
+)
+
+
+# --- the config hash ------------------------------------------------------------------------------
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _hashed_items(config: dict[str, Any]) -> dict[str, Any]:
+    flat = _flatten(config)
+    return {
+        k: v
+        for k, v in flat.items()
+        if not any(k == p or k.startswith(p + ".") for p in RESUME_MAY_DIFFER)
+    }
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """SHA-256 (16 hex digits) of the resolved config as plain data, minus
+    :data:`RESUME_MAY_DIFFER`."""
+    blob = json.dumps(_hashed_items(config), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def config_diff(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """The hashed keys whose values differ, as ``"optim.lr: 0.001 -> 0.002"`` (sorted by key)."""
+    a, b = _hashed_items(saved), _hashed_items(current)
+    missing = object()
+    return [
+        f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k, missing) != b.get(k, missing)
+    ]
+
+
+# --- RNG states -----------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG state: Python's, NumPy's legacy global, torch CPU, and every CUDA device's."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Set every generator back to ``state`` (from :func:`rng_state`).
+
+    CUDA states are restored only when the number of devices matches; otherwise CUDA generators
+    keep their seeding (the run stays valid, dropout masks on GPU then differ from the original).
+    """
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state(
+        (
+            n["name"],
+            n["keys"].numpy().astype(np.uint32),
+            n["pos"],
+            n["has_gauss"],
+            n["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch"])
+    if (
+        state["cuda"]
+        and torch.cuda.is_available()
+        and len(state["cuda"]) == torch.cuda.device_count()
+    ):
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def shape_mismatches(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> list[str]:
+    """Parameters and buffers whose names or shapes differ between ``model`` and a saved state
+    dict."""
+    own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    theirs = {k: tuple(v.shape) for k, v in saved.items()}
+    return [
+        f"{k}: {theirs.get(k, 'absent')} in the checkpoint, {own.get(k, 'absent')} now"
+        for k in sorted(own.keys() | theirs.keys())
+        if own.get(k) != theirs.get(k)
+    ]
+
+
+# --- resuming a run -------------------------------------------------------------------------------
+
+
+def find_resume_point(run_dir: Path, resume: str | None) -> Loaded | None:
+    """The checkpoint to continue from, or None for a new run; damaged checkpoints are logged by
+    name.
+
+    ``resume``: None (a new run), ``"auto"`` (the newest valid checkpoint if any) or ``"required"``.
+
+    Raises:
+        ConfigError: a new run in a run dir that holds checkpoints, or ``resume=required`` and no
+            valid checkpoint.
+    """
+    directory = run_dir / CKPT_DIR
+    if resume is None:
+        if list_checkpoints(directory):
+            raise ConfigError(
+                f"run dir {run_dir} already holds checkpoints: add resume=auto to continue that "
+                "run, "
+                "or choose another hydra.run.dir"
+            )
+        return None
+    loaded = load_latest(directory)
+    for skipped in loaded.skipped:
+        log.warning("checkpoint skipped: %s", skipped)
+    if loaded.state is None:
+        if resume == "required":
+            found = f"{len(loaded.skipped)} damaged" if loaded.skipped else "none"
+            raise ConfigError(f"no valid checkpoint to resume from in {directory} ({found})")
+        return None
+    return loaded
+
+
+def check_resumable(
+    loaded: Loaded, config: dict[str, Any], model: torch.nn.Module, force: bool
+) -> list[str]:
+    """Refuse to resume from a checkpoint of another config (unless ``force``) or model shape.
+
+    Returns the config differences that ``force`` let through (empty when the hashes agree).
+
+    Raises:
+        ConfigError: one line naming the checkpoint and the differing keys or parameter shapes.
+    """
+    state, name = loaded.state, loaded.path.name
+    diff = (
+        [] if state["config_hash"] == config_hash(config) else config_diff(state["config"], config)
+    )
+    if diff and not force:
+        raise ConfigError(
+            f"cannot resume from {name}: the config differs in {'; '.join(diff)} (force=true "
+            "resumes anyway)"
+        )
+    shapes = shape_mismatches(model, state["model"])
+    if shapes:
+        more = f" (and {len(shapes) - 3} more)" if len(shapes) > 3 else ""
+        raise ConfigError(
+            f"cannot resume from {name}: it holds a model of another shape: "
+            f"{'; '.join(shapes[:3])}{more}"
+        )
+    if diff:
+        log.warning(
+            "resuming from %s with a different config (force=true): %s", name, "; ".join(diff)
+        )
+    return diff
+
+
+def check_free_space(run_dir: Path, model: torch.nn.Module, keep: int) -> None:
+    """Refuse to start when the run dir cannot hold one checkpoint; warn when it cannot hold ``keep
+    + 1``.
+
+    A checkpoint is about the parameters three times over (weights, AdamW's two moments).
+    """
+    need = 3 * sum(p.numel() * p.element_size() for p in model.parameters()) + (1 << 20)
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if free < need:
+        raise ConfigError(
+            f"the run dir {run_dir} has {free / 2**20:.0f} MiB free; one checkpoint needs about "
+            f"{need / 2**20:.0f} MiB"
+        )
+    if free < need * (keep + 1):
+        log.warning(
+            "the run dir %s has %.0f MiB free, less than %d checkpoints of about %.0f MiB",
+            run_dir,
+            free / 2**20,
+            keep + 1,
+            need / 2**20,
+        )

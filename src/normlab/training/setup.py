@@ -1,0 +1,164 @@
+"""``build_run(cfg, run_dir, opts) -> Run``: the one place a training setup is assembled.
+
+Training, ``normlab-bench step``, the norm-cost and fp16 studies and the tests all build their
+model, optimizer, batches and scaler here, so what they measure is what ``train`` trains.
+
+Every check that can refuse a run comes first, before anything is built or written: the device,
+the norm implementation, the precision, the norm's preflight against its oracle, the token cache,
+the vocabulary, ``optim.grad_accum`` against the number of processes, the checkpoint to resume from
+and its config and model shape, the free space for checkpoints, and (with ``torch.compile``) the
+rule that compilation never falls back to eager silently. Then the model is built from the seed,
+the optimizer and scaler next to it, the resumed state loaded, and the forward compiled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from normlab.config import ConfigError, NormImpl, RunOptions, TrainConfig, to_plain
+from normlab.data.tokens import BatchSampler, prepare
+from normlab.model import GPT
+from normlab.norms import resolve_norm
+from normlab.norms.preflight import preflight
+from normlab.training import distributed
+from normlab.training.distributed import resolve_device, seed_everything
+from normlab.training.precision import check_precision, grad_scaler
+from normlab.training.resume import check_free_space, check_resumable, find_resume_point
+from normlab.training.step import Run, make_optimizer
+
+
+def build_model(cfg: TrainConfig, device: torch.device | str) -> GPT:
+    """Seed every generator with ``cfg.seed`` and build the GPT on ``device``.
+
+    ``cfg.norm`` must be resolved and ``cfg.model.vocab_size`` set. For one seed, every norm variant
+    gets the same initial weights for the parameters they share (norms draw no random numbers).
+    """
+    seed_everything(cfg.seed)
+    return GPT(cfg.model, cfg.norm).to(device)
+
+
+def forbid_eager_fallback() -> None:
+    """Make ``torch.compile`` raise when a function hits its recompile limit
+    (``torch._dynamo.config.recompile_limit``, 8 by default) instead of silently running it eagerly
+    from then on: a benchmark or a run would otherwise measure another program than it says."""
+    import torch._dynamo
+
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+
+def describe_error(e: BaseException) -> str:
+    """``"<type>: <message>"`` of an exception that ended a run, in words for the one torch's own
+    message leaves unclear: hitting the recompile limit under :func:`forbid_eager_fallback`."""
+    if type(e).__name__ == "FailOnRecompileLimitHit":
+        import torch._dynamo
+
+        limit = torch._dynamo.config.recompile_limit
+        return (
+            f"{type(e).__name__}: torch.compile compiled one function more than its "
+            f"recompile_limit={limit} times (each new input shape, dtype or constant is a new "
+            "graph); normlab refuses to let it fall back to eager silently: keep the inputs "
+            "stable, or raise torch._dynamo.config.recompile_limit"
+        )
+    return f"{type(e).__name__}: {e}"
+
+
+def _check_grad_accum(cfg: TrainConfig) -> None:
+    world = distributed.world_size()
+    if cfg.optim.grad_accum % world:
+        raise ConfigError(
+            f"optim.grad_accum={cfg.optim.grad_accum} is not divisible by the {world} processes: "
+            f"the {cfg.optim.grad_accum} micro-batches of a step are shared out among them; "
+            f"use a multiple of {world}"
+        )
+
+
+def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | None = None) -> Run:
+    """Check ``cfg`` for this machine, then build everything one training run needs.
+
+    ``run_dir`` None (benchmarks, studies): no checkpoint is looked for and no space checked.
+
+    Raises:
+        ConfigError, DataError: one line naming the bad value, before anything is built or written.
+    """
+    opts = opts or RunOptions()
+    # --- every refusing check: nothing below them is built or written if one fails
+    _check_grad_accum(cfg)
+    device = resolve_device(cfg.device)
+    norm_cfg = resolve_norm(cfg.norm, device.type)
+    check_precision(cfg.precision.dtype, device)
+    # the norms see the fp32 residual stream whatever the autocast dtype (see norms/preflight.py)
+    norm_check = preflight(norm_cfg, cfg.model.d_model, device, torch.float32)
+    data = prepare(cfg.data)
+    vocab = cfg.model.vocab_size or data.vocab_size
+    if vocab < data.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={vocab} is smaller than the tokenizer's {data.vocab_size}"
+        )
+    cfg = dataclasses.replace(
+        cfg, norm=norm_cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab)
+    )
+    config_dict = to_plain(cfg)
+    resume = find_resume_point(run_dir, opts.resume) if run_dir is not None else None
+    with torch.device("meta"):  # shapes and sizes only: no memory, no random numbers
+        shapes = GPT(cfg.model, cfg.norm)
+    forced = check_resumable(resume, config_dict, shapes, opts.force) if resume else []
+    if run_dir is not None:
+        check_free_space(run_dir, shapes, opts.ckpt_keep)
+    if cfg.compile or cfg.norm.impl == NormImpl.compiled:
+        forbid_eager_fallback()
+    # --- build: the model from the seed, AdamW, the grad scaler, the resumed state, the forward
+    model = build_model(cfg, device)
+    optimizer = make_optimizer(model, cfg.optim, device)
+    scaler = grad_scaler(cfg.precision, device)
+    state = resume.state if resume else {}
+    if resume:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if state["scaler"]:  # empty when saved without a scaler (fp32/bf16)
+            scaler.load_state_dict(state["scaler"])
+        state = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scaler")}
+        resume.state = None  # free the loaded tensors
+    ddp = distributed.wrap(model, device)  # the model itself in a single process
+    fwd = torch.compile(ddp) if cfg.compile else ddp
+    eval_fwd = fwd if ddp is model else torch.compile(model) if cfg.compile else model
+    sampler = BatchSampler(data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, device)
+    return Run(
+        cfg, device, data, model, ddp, fwd, eval_fwd, optimizer, scaler, sampler, config_dict,
+        norm_check, resume, forced, state,
+    )  # fmt: skip
+
+
+def versions(device: torch.device, compiled: bool) -> dict[str, Any]:
+    """Versions and hardware that change numbers, recorded with every run."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "device": name or platform.processor() or "cpu",
+        "compile": compiled,
+    }
+
+
+def free_memory() -> None:
+    """Release what a finished run leaves behind: unreachable objects, torch.compile's caches and
+    graphs, cached CUDA blocks. Called after every run, so the jobs of a multirun start clean."""
+    gc.collect()
+    if "torch._dynamo" in sys.modules:  # only if something was compiled; importing it is slow
+        torch.compiler.reset()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

@@ -1,0 +1,189 @@
+"""The training step and what it works on: the :class:`Run`, the schedule, AdamW, evaluation.
+
+:func:`train_step` is the one optimizer step: training (``loop.py``), ``normlab-bench step`` and
+the norm-cost study call it, so the benchmarks time the step that trains. It leaves its loss and
+gradient norm on the device: reading them is the caller's host sync (``metrics.py`` does it once
+per log step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from normlab.config import OptimConfig, OptimName, TrainConfig
+from normlab.data.tokens import BatchSampler, TokenData
+from normlab.model import GPT
+from normlab.training import distributed
+from normlab.training.checkpoint import Loaded
+from normlab.training.diagnostics import ActivationRecorder, block_grad_norms
+from normlab.training.precision import autocast
+
+#: Devices where ``torch.optim.AdamW(fused=True)`` runs (torch >= 2.4 for CPU).
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")
+
+
+@dataclass
+class Run:
+    """One assembled training setup, built by ``setup.build_run`` (the only place that builds one).
+
+    ``cfg`` is resolved (a concrete ``norm.impl``, ``model.vocab_size`` from the tokenizer);
+    ``model`` holds the parameters (saved, clipped, diagnosed); ``ddp`` is ``model`` wrapped in
+    DistributedDataParallel with several processes, else ``model``; ``fwd`` is ``ddp`` or
+    ``torch.compile(ddp)``; ``eval_fwd`` what validation calls. ``state`` is the loop state of the
+    checkpoint resumed from (``step``, ``val_loss``, ...; empty for a new run).
+    """
+
+    cfg: TrainConfig
+    device: torch.device
+    data: TokenData
+    model: GPT
+    ddp: torch.nn.Module
+    fwd: Callable
+    eval_fwd: Callable
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    sampler: BatchSampler
+    config_dict: dict[str, Any]
+    preflight: dict[str, Any] = field(default_factory=dict)
+    resume: Loaded | None = None
+    forced_diff: list[str] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def start(self) -> int:
+        """The step to continue from (0 for a new run): batches are a pure function of the step."""
+        return int(self.state.get("step", 0))
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward-pass context of the run's precision."""
+        return autocast(self.cfg.precision.dtype, self.device)
+
+
+def lr_at(step: int, max_steps: int, cfg: OptimConfig) -> float:
+    """Learning rate for 0-based ``step``: linear warm-up to ``lr``, then cosine decay to ``min_lr``
+    at ``max_steps`` (Loshchilov & Hutter 2017, SGDR, without restarts)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if not cfg.decay:
+        return cfg.lr
+    progress = (step - cfg.warmup_steps) / max(1, max_steps - cfg.warmup_steps)
+    return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))) * (cfg.lr - cfg.min_lr)
+
+
+def make_optimizer(
+    model: torch.nn.Module, cfg: OptimConfig, device: torch.device
+) -> torch.optim.Optimizer:
+    """AdamW with decoupled weight decay on matrices (dim >= 2) and none on gains and biases.
+
+    The fused implementation on CPU and CUDA (one kernel over all parameters: the fastest, and
+    its step counters and the grad scaler's inf check stay on the device, so no host sync); the
+    foreach one elsewhere. ``optim.name`` is an Enum whose only member is ``adamw``.
+    """
+    assert cfg.name == OptimName.adamw  # the Enum has no other member
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = device.type in FUSED_ADAMW_DEVICES
+    return torch.optim.AdamW(
+        groups,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=fused or None,
+        foreach=None if fused else True,
+    )
+
+
+@torch.no_grad()
+def evaluate(model: Callable, sampler: BatchSampler, n_batches: int, ctx_factory) -> float:
+    """Mean cross-entropy (nats/token) over the fixed validation batches ``0..n_batches-1``.
+
+    With several processes each evaluates its share (batches rank, rank + N, ...); the losses are
+    gathered and averaged in batch order, as one process does. One host sync per call.
+    """
+    model.eval()
+    mine = distributed.shard(n_batches)
+    losses = []
+    for i in mine:
+        x, y = sampler.val_batch(i)
+        with ctx_factory():
+            _, loss = model(x, y)
+        losses.append(loss.detach().float())
+    model.train()
+    values = torch.stack(losses).tolist() if losses else []
+    parts = distributed.all_gather(dict(zip(mine, values, strict=True)))
+    found = {i: v for part in parts for i, v in part.items()}
+    return float(np.mean([found[i] for i in range(n_batches)]))
+
+
+def _accumulate(
+    run: Run, step: int, diag: ActivationRecorder | None, mark: Callable[[str], None] | None
+) -> torch.Tensor:
+    """Forward and backward of this rank's micro-batches of ``step``; the sum of their losses.
+
+    Rank r of N takes micro-batches r, r + N, ... of ``optim.grad_accum``. Each loss is divided by
+    ``grad_accum / N`` and DDP averages over the N ranks, so the gradient is the mean over all
+    micro-batches of the step, as in one process. Gradients are all-reduced with the last
+    micro-batch only. ``diag`` hooks micro-batch 0 (rank 0's), run eagerly (``run.ddp``).
+    """
+    micros = distributed.shard(run.cfg.optim.grad_accum)
+    loss_sum = torch.zeros((), device=run.device)
+    for n, micro in enumerate(micros):
+        if mark is not None:
+            mark("forward")
+        x, y = run.sampler.train_batch(step, micro)
+        with distributed.sync_gradients(run.ddp, sync=n == len(micros) - 1):
+            if diag is not None and micro == 0:  # hooks on the first micro-batch only, eager
+                with run.autocast(), diag.hooks(run.model):
+                    _, loss = run.ddp(x, y)
+            else:
+                with run.autocast():
+                    _, loss = run.fwd(x, y)
+            if mark is not None:
+                mark("backward")
+            run.scaler.scale(loss / len(micros)).backward()
+        loss_sum += loss.detach().float()
+    return loss_sum
+
+
+def train_step(
+    run: Run,
+    step: int,
+    lr: float,
+    diag: ActivationRecorder | None = None,
+    mark: Callable[[str], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step at 0-based ``step`` with learning rate ``lr``: this rank's micro-batches
+    forward and backward, unscale (fp16), clip to ``optim.grad_clip`` (0: no clipping), AdamW,
+    ``zero_grad``.
+
+    ``diag``: records per-block statistics of micro-batch 0 and the block gradient norms. ``mark``:
+    called with ``"forward"``, ``"backward"`` (per micro-batch) and ``"optimizer"`` as each phase
+    starts (the norm-cost study reads its clock there). Returns ``(loss_sum, grad_norm)``: 0-dim
+    fp32 tensors on the device (the sum of this rank's micro-batch losses in nats/token, the global
+    gradient L2 norm before clipping); nothing is read back to the host.
+    """
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr
+    loss_sum = _accumulate(run, step, diag, mark)
+    if mark is not None:
+        mark("optimizer")
+    run.scaler.unscale_(run.optimizer)
+    if diag is not None:
+        diag.stats.update(block_grad_norms(run.model))
+    clip = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip)
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss_sum, grad_norm.detach().float()
