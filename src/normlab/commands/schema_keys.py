@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import io
 import re
+import textwrap
 import tokenize
 from enum import Enum
 from functools import cache
@@ -61,13 +62,25 @@ def _yaml_comments(path: Path) -> dict[str, str]:
     return found
 
 
+def _docstring_sentence(owner: type, name: str) -> str | None:
+    """The first sentence of ``owner``'s docstring that is about ``name``: it starts with the
+    name in double backquotes, alone or in a list (````a```` / ````b````), quotes removed."""
+    doc = " ".join((owner.__doc__ or "").split())
+    for sentence in re.split(r"(?<=[.;])\s+(?=``|[A-Z])", doc):
+        head = re.match(r"^(``\w+``(\s*(/|,|and)\s*)?)+", sentence)
+        if head and f"``{name}``" in head.group(0):
+            return sentence.replace("``", "").rstrip(".;")
+    return None
+
+
 def _meaning(owner: type, name: str, default: Any, yaml_comment: str | None) -> str:
     for cls in owner.__mro__:
         text = _field_comments().get((cls.__name__, name))
         if text:
             return text
-    if yaml_comment:
-        return yaml_comment
+    text = yaml_comment or _docstring_sentence(owner, name)
+    if text:
+        return text
     if isinstance(default, Enum):
         doc = (type(default).__doc__ or "").strip().splitlines()
         return f"{doc[0] if doc else ''} (one of: {', '.join(type(default).__members__)})".strip()
@@ -79,7 +92,7 @@ def schema_keys(conf_dir: Path) -> tuple[Key, ...]:
     """Every leaf key of :class:`normlab.config.CliConfig`, in schema order, with the default of
     the schema itself (``conf/`` files may set others) and its one-line meaning: the field's
     comment in ``config.py``, else the comment in ``conf/train.yaml`` or the group's default file,
-    else the docstring of its Enum."""
+    else the first sentence of its dataclass's docstring naming it, else its Enum's docstring."""
     top = _yaml_comments(conf_dir / "train.yaml")
     defaults = default_options(conf_dir)
     out: list[Key] = []
@@ -173,7 +186,8 @@ def help_text(conf_dir: Path) -> str:
     ]
     for group, options in group_options(conf_dir).items():
         marked = [f"{o}*" if defaults.get(group) == o else o for o in options]
-        lines.append(f"  {group:<16} {', '.join(marked)}")
+        wrapped = textwrap.wrap(", ".join(marked), width=80) or [""]
+        lines += [f"  {group if i == 0 else '':<16} {part}" for i, part in enumerate(wrapped)]
     lines += ["", "Keys (KEY=VALUE; the schema's default, which a group option may change):"]
     for key in schema_keys(conf_dir):
         default = _shown(key.default)

@@ -173,12 +173,15 @@ def _task(cfg: DictConfig) -> float | JobFailure:
         opts = _run_options(full, run_dir)
         done = read_summary(run_dir) if opts.resume else {}
         if done.get("status") == "completed" and done.get("steps_completed", 0) >= full.max_steps:
+            loss = done.get("final_val_loss")
+            shown = f"{loss:.4f}" if isinstance(loss, float) else loss
             say(
-                f"{run_dir} already completed {done['steps_completed']} steps (final val loss "
-                f"{done.get('final_val_loss')}): nothing to do, nothing changed"
+                f"{run_dir} already completed {done['steps_completed']} of max_steps="
+                f"{full.max_steps} steps (final val loss {shown}): nothing to do, nothing changed"
             )
             return done.get("final_val_loss")
-        torch.set_num_threads(opts.threads or auto_threads())
+        opts = dataclasses.replace(opts, threads=opts.threads or auto_threads())
+        torch.set_num_threads(opts.threads)  # recorded in summary.json's run_options
         summary = train(full.train_config(), run_dir, opts)
     except (ConfigError, DataError) as e:
         if debug:
