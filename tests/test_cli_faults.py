@@ -189,3 +189,19 @@ def test_an_online_wandb_whose_server_never_answers_gives_up_after_init_timeout_
     assert elapsed < 40, f"{elapsed:.0f} s: wandb's own default waits 90 s"
     warnings = [r.message for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith("wandb could not start ("), warnings
+
+
+@pytest.mark.slow
+def test_a_sweep_continued_in_its_dir_keeps_each_jobs_first_record(tmp_path):
+    sweep = tmp_path / "sweep"
+    first = ["-m", "norm=layer,rms", *RUN, f"hydra.sweep.dir={sweep}", "resume=auto"]
+    r = cli(first, tmp_path, sigterm_at=2)  # job 0 is stopped after step 2; so is the sweep
+    assert r.returncode == 128 + signal.SIGTERM, r.stderr
+    (job0,) = sweep.glob("0_*")
+    record = {p.name: p.read_bytes() for p in (job0 / ".hydra").iterdir()}
+    r = cli([*first, "ckpt_keep=3"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert summary(job0)["resumed"]["from_step"] == 2 and summary(job0)["status"] == "completed"
+    assert {p.name: p.read_bytes() for p in (job0 / ".hydra").iterdir()} == record
+    (job1,) = sweep.glob("1_*")
+    assert b"ckpt_keep=3" in (job1 / ".hydra" / "overrides.yaml").read_bytes()  # its first record

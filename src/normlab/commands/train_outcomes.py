@@ -109,3 +109,30 @@ def refuse(run_dir: Path, message: str) -> JobFailure:
         record = {"status": "refused", "error": message, "run_dir": str(run_dir)}
         (run_dir / "summary.json").write_text(json.dumps(record, indent=2) + "\n")
     return fail(f"error: {message}", 2)
+
+
+class KeepJobRecords(Callback):
+    """Hydra callback (``hydra.callbacks`` in ``conf/train.yaml``): a sweep run again into its own
+    dir (``-m ... hydra.sweep.dir=<dir> resume=auto``) keeps each existing job's ``.hydra/``
+    record as the job's first invocation wrote it (Hydra rewrites it before the task runs).
+
+    The records are read when the sweep starts and written back when each job starts; the
+    callback travels with the jobs to a submitit launcher's processes.
+    """
+
+    def __init__(self) -> None:
+        self.records: dict[str, dict[str, bytes]] = {}
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("resume") != "auto":
+            return
+        for hydra_dir in Path(str(config.hydra.sweep.dir)).glob("*/.hydra"):
+            files = {p.name: p.read_bytes() for p in hydra_dir.glob("*.yaml")}
+            self.records[str(hydra_dir.parent.resolve())] = files
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        job_dir = Path(str(config.hydra.runtime.output_dir)).resolve()
+        for name, content in self.records.get(str(job_dir), {}).items():
+            (job_dir / ".hydra" / name).write_bytes(content)
