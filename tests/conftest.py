@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
 
-from normlab.compose import find_conf_dir, register_schema
+from normlab.compose import compose_cli, compose_dict, find_conf_dir
+from normlab.config import CliConfig, TrainConfig
 from normlab.training import tracking
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,18 +51,33 @@ def _isolated_env(tmp_path_factory):
             os.environ[k] = v
 
 
+@pytest.fixture(scope="session")
+def cfg_tiny() -> Callable[..., TrainConfig]:
+    """``cfg_tiny(*overrides) -> TrainConfig``: the real ``conf/train.yaml`` composed through
+    :func:`normlab.compose.compose_cli` (as ``train`` composes it) with :data:`TINY` and then
+    ``overrides`` (later wins), validated. Each distinct override list is composed once per
+    session; every call returns a fresh copy, so a test may change what it gets.
+    ``cfg_tiny.cli(*overrides)`` gives the full :class:`CliConfig` (invocation keys included).
+    """
+    composed: dict[tuple[str, ...], CliConfig] = {}
+
+    def full(*overrides: str) -> CliConfig:
+        if overrides not in composed:
+            composed[overrides] = compose_cli([*TINY, *overrides])
+        return copy.deepcopy(composed[overrides])
+
+    def make(*overrides: str) -> TrainConfig:
+        return full(*overrides).train_config()
+
+    make.cli = full  # type: ignore[attr-defined]
+    return make
+
+
 @pytest.fixture
-def compose_cfg():
-    """``compose_cfg(overrides) -> DictConfig`` of ``conf/train.yaml`` (schema-typed, like ``train``)."""
-    register_schema()
-
-    def _compose(overrides: list[str] | None = None):
-        GlobalHydra.instance().clear()
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose("train", overrides=list(overrides or []))
-
-    yield _compose
-    GlobalHydra.instance().clear()
+def compose_cfg() -> Callable[[list[str] | None], DictConfig]:
+    """``compose_cfg(overrides) -> DictConfig`` of ``conf/train.yaml``, not shrunk and not yet
+    validated (:func:`normlab.compose.compose_dict`, schema-typed like ``train``)."""
+    return lambda overrides=None: compose_dict(list(overrides or []))
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -72,7 +89,7 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.Comp
 
 @pytest.fixture
 def one_thread():
-    """One intra-op thread: on 2 shared cores, oversubscribed threads make tiny steps 100x slower."""
+    """One intra-op thread: on 2 shared cores, more threads make tiny steps 100x slower."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -1,4 +1,4 @@
-"""Faults that must not cost a sweep: divergence, bad input, crashes, wandb failing, unwritable dirs."""
+"""Faults that must not cost a sweep: divergence, bad input, crashes, wandb, unwritable dirs."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from normlab.commands import train as cli
-from normlab.commands.train import JobFailure, SweepFailures, check_output_dir
-from normlab.compose import to_train_config
+from normlab.commands import train_args
+from normlab.commands.train_args import check_output_dir, prepare_args
+from normlab.commands.train_outcomes import JobFailure, SweepFailures
+from normlab.compose import find_conf_dir
 from normlab.config import ConfigError
 from normlab.model import GPT
 from normlab.training.loop import RunOptions, train
@@ -86,9 +88,18 @@ def test_a_multirun_with_diverging_invalid_and_crashing_jobs_completes_the_other
         for j in jobs
         if (j / "summary.json").exists()
     }
-    assert status == {"0": "completed", "1": "diverged", "3": "failed", "4": "completed"}, (
-        "the jobs after a failure run"
-    )
+    assert status == {
+        "0": "completed",
+        "1": "diverged",
+        "2": "refused",
+        "3": "failed",
+        "4": "completed",
+    }, "every job's dir says what happened; the jobs after a failure run"
+    refused = json.loads((jobs[2] / "summary.json").read_text())
+    reason = "optim.lr=-1.0 is not allowed: must be a finite number > 0"
+    assert refused["error"] == reason and reason in (jobs[2] / "train.log").read_text()
+    crash_log = (jobs[3] / "train.log").read_text()
+    assert "Traceback (most recent call last)" in crash_log and "lr_at_or_crash" in crash_log
     diverged = json.loads((jobs[1] / "summary.json").read_text())
     assert diverged["diverged_at_step"] >= 1 and math.isfinite(diverged["last_finite_loss"])
     failed = json.loads((jobs[3] / "summary.json").read_text())
@@ -100,10 +111,13 @@ def test_a_multirun_with_diverging_invalid_and_crashing_jobs_completes_the_other
         "the invalid job must stop before writing anything"
     )
     report = r.stderr[r.stderr.index("normlab: 3 of 5 runs did not complete:") :].splitlines()
+    why = f"{diverged['diverged_reason']} (last finite loss {diverged['last_finite_loss']})"
+    crash = "RuntimeError: CUDA error: an illegal memory access was encountered"
     assert report[1:] == [
-        f"normlab:   {jobs[1]}: diverged at step {diverged['diverged_at_step']}: {diverged['diverged_reason']} (last finite loss {diverged['last_finite_loss']})",
+        f"normlab:   {jobs[1]}: diverged at step {diverged['diverged_at_step']}: {why}",
         f"normlab:   {jobs[2]}: error: optim.lr=-1.0 is not allowed: must be a finite number > 0",
-        f"normlab:   {jobs[3]}: run failed: RuntimeError: CUDA error: an illegal memory access was encountered (traceback in {jobs[3]}/summary.json)",
+        f"normlab:   {jobs[3]}: run failed: {crash} "
+        f"(traceback in {jobs[3]}/train.log and summary.json)",
     ]
     for job in (
         jobs[0],
@@ -137,10 +151,11 @@ def test_output_dir_checks_catch_unwritable_and_full_disks(tmp_path, monkeypatch
         raise PermissionError(13, "Permission denied")
 
     with monkeypatch.context() as m:  # root ignores chmod, so the refusal is simulated
-        m.setattr(cli.tempfile, "TemporaryFile", refuse)
+        m.setattr(train_args.tempfile, "TemporaryFile", refuse)
         with pytest.raises(ConfigError, match=r"is not writable: .*: Permission denied$"):
             check_output_dir("hydra.run.dir", str(tmp_path / "run"))
-    monkeypatch.setattr(cli.shutil, "disk_usage", lambda p: type("U", (), {"free": 1 << 20})())
+    full_disk = type("Usage", (), {"free": 1 << 20})()
+    monkeypatch.setattr(train_args.shutil, "disk_usage", lambda p: full_disk)
     with pytest.raises(ConfigError, match="has no room: 1 MiB free"):
         check_output_dir("hydra.run.dir", str(tmp_path / "run"))
 
@@ -150,7 +165,7 @@ def test_resume_by_path_reapplies_the_runs_overrides_and_keeps_its_record(tmp_pa
     (run / "checkpoints").mkdir(parents=True)
     (run / ".hydra").mkdir()
     (run / ".hydra" / "overrides.yaml").write_text("- model=tiny\n- seed=3\n- resume=auto\n")
-    args = cli.prepare_args([f"resume={run}", "seed=4", "progress=false"], cli.find_conf_dir())
+    args = prepare_args([f"resume={run}", "seed=4", "progress=false"], find_conf_dir())
     assert args == [
         "model=tiny",
         "seed=3",
@@ -161,26 +176,18 @@ def test_resume_by_path_reapplies_the_runs_overrides_and_keeps_its_record(tmp_pa
         "hydra.output_subdir=null",
     ]
     with pytest.raises(ConfigError, match="is not a run dir with checkpoints"):
-        cli.prepare_args([f"resume={tmp_path}"], cli.find_conf_dir())
+        prepare_args([f"resume={tmp_path}"], find_conf_dir())
     with pytest.raises(
         ConfigError, match="to continue a sweep use hydra.sweep.dir=<sweep dir> resume=auto"
     ):
-        cli.prepare_args(["-m", f"resume={run}"], cli.find_conf_dir())
+        prepare_args(["-m", f"resume={run}"], find_conf_dir())
 
 
-# --- in-process ------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def tiny(compose_cfg):
-    def _cfg(*overrides: str):
-        return to_train_config(compose_cfg([*TINY, *overrides]))
-
-    return _cfg
+# --- in-process ----------------------------------------------------------------------------------
 
 
 def test_wandb_failing_to_start_or_to_log_does_not_stop_training(
-    tiny, tmp_path, monkeypatch, caplog
+    cfg_tiny, tmp_path, monkeypatch, caplog
 ):
     import wandb
 
@@ -188,7 +195,7 @@ def test_wandb_failing_to_start_or_to_log_does_not_stop_training(
         raise RuntimeError("wandb-core could not be started")
 
     monkeypatch.setattr(wandb, "init", no_wandb)
-    summary = train(tiny("logger=wandb"), tmp_path / "a", RunOptions())
+    summary = train(cfg_tiny("logger=wandb"), tmp_path / "a", RunOptions())
     assert summary["status"] == "completed"
     assert len((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) == 6
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "wandb" in r.message]
@@ -210,14 +217,14 @@ def test_wandb_failing_to_start_or_to_log_does_not_stop_training(
 
     monkeypatch.setattr(wandb, "init", lambda **kwargs: BrokenRun())
     caplog.clear()
-    summary = train(tiny("logger=wandb"), tmp_path / "b", RunOptions())
+    summary = train(cfg_tiny("logger=wandb"), tmp_path / "b", RunOptions())
     assert summary["status"] == "completed"
     assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 6
     assert sum("wandb stopped accepting metrics" in r.message for r in caplog.records) == 1
 
 
-def test_a_loss_above_max_loss_ends_the_run_as_diverged(tiny, tmp_path):
-    summary = train(tiny("logger=none"), tmp_path, RunOptions(max_loss=1.0))
+def test_a_loss_above_max_loss_ends_the_run_as_diverged(cfg_tiny, tmp_path):
+    summary = train(cfg_tiny("logger=none"), tmp_path, RunOptions(max_loss=1.0))
     assert summary["status"] == "diverged" and summary["diverged_at_step"] == 1
     assert (
         summary["diverged_reason"].endswith("above max_loss=1")
@@ -227,7 +234,7 @@ def test_a_loss_above_max_loss_ends_the_run_as_diverged(tiny, tmp_path):
 
 
 def test_an_exception_mid_run_is_recorded_as_failed_and_the_wandb_run_closed(
-    tiny, tmp_path, monkeypatch
+    cfg_tiny, tmp_path, monkeypatch
 ):
     import normlab.training.loop as train_module
 
@@ -242,7 +249,7 @@ def test_an_exception_mid_run_is_recorded_as_failed_and_the_wandb_run_closed(
 
     monkeypatch.setattr(train_module, "evaluate", evaluate_then_crash)
     with pytest.raises(RuntimeError, match="illegal memory access"):
-        train(tiny("logger=wandb"), tmp_path, RunOptions())
+        train(cfg_tiny("logger=wandb"), tmp_path, RunOptions())
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["failed_at_step"] == 6
     assert summary["error"] == "RuntimeError: CUDA error: an illegal memory access was encountered"
@@ -252,13 +259,13 @@ def test_an_exception_mid_run_is_recorded_as_failed_and_the_wandb_run_closed(
     assert wandb.run is None, "the wandb run must be finished"
 
 
-def test_a_run_leaves_no_model_and_no_compiled_state_behind(tiny, tmp_path, monkeypatch):
+def test_a_run_leaves_no_model_and_no_compiled_state_behind(cfg_tiny, tmp_path, monkeypatch):
     resets = []
     monkeypatch.setattr(torch.compiler, "reset", lambda: resets.append(True))
     torch.compile(torch.sin, backend="eager")(torch.zeros(1))  # dynamo in use, as with compile=true
-    train(tiny("logger=none", "max_steps=2"), tmp_path, RunOptions())
+    train(cfg_tiny("logger=none", "max_steps=2"), tmp_path, RunOptions())
     with pytest.raises(ConfigError):  # a refused start releases everything too
-        train(tiny("logger=none", "max_steps=2"), tmp_path, RunOptions())
+        train(cfg_tiny("logger=none", "max_steps=2"), tmp_path, RunOptions())
     assert len(resets) == 2
     gc.collect()
     assert not [o for o in gc.get_objects() if type(o) is GPT]

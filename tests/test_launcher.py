@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 import torch
 import yaml
 
-from normlab.commands import train as cli
+from normlab.commands import train_args
+from normlab.compose import find_conf_dir
 from normlab.config import ConfigError
 from normlab.training import tracking
 from normlab.training.loop import train
@@ -54,20 +56,17 @@ def test_the_slurm_launcher_composes_with_preemption_and_requeue_settings(tmp_pa
 
 
 def test_a_submitit_launcher_without_the_plugin_is_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(
-        ConfigError,
-        match=r"hydra/launcher=submitit_slurm needs the hydra-submitit-launcher plugin: pip install 'normlab\[slurm\]'",
-    ):
-        cli.prepare_args(
-            ["-m", "hydra/launcher=submitit_slurm", f"hydra.sweep.dir={tmp_path}"],
-            cli.find_conf_dir(),
+    monkeypatch.setattr(train_args.importlib.util, "find_spec", lambda name: None)
+    needs = "hydra/launcher=submitit_slurm needs the hydra-submitit-launcher plugin: "
+    with pytest.raises(ConfigError, match=re.escape(needs + "pip install 'normlab[slurm]'")):
+        train_args.prepare_args(
+            ["-m", "hydra/launcher=submitit_slurm", f"hydra.sweep.dir={tmp_path}"], find_conf_dir()
         )
 
 
 @pytest.mark.slow
 def test_a_sweep_through_submitits_local_executor_trains_each_job_with_two_tasks(
-    compose_cfg, tmp_path
+    cfg_tiny, tmp_path
 ):
     sweep = tmp_path / "sweep"
     args = [*TINY, "max_steps=4", "optim.grad_accum=2", "logger=none"]
@@ -104,7 +103,7 @@ def test_a_sweep_through_submitits_local_executor_trains_each_job_with_two_tasks
             ]
             # One micro-batch per task: the losses of one process, bit for bit.
             kind = summary["norm"]["kind"]
-            train(cli.to_train_config(compose_cfg([*args, f"norm={kind}"])), tmp_path / kind)
+            train(cfg_tiny(*args[len(TINY) :], f"norm={kind}"), tmp_path / kind)
             assert losses(job) == losses(tmp_path / kind)
     finally:
         torch.set_num_threads(n)

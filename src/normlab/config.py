@@ -338,6 +338,12 @@ class LoggerConfig:
     group: str | None = None  # null: <model>-<norm kind>-<impl>-<placement>-<precision>
     name: str | None = None  # null: the group plus the seed
     tags: list[str] = field(default_factory=list)
+    init_timeout_s: float = 30.0  # seconds wandb.init waits for its server; then metrics.jsonl only
+
+    def __post_init__(self) -> None:
+        _require(
+            self.init_timeout_s > 0, "logger.init_timeout_s", self.init_timeout_s, "must be > 0"
+        )
 
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
@@ -447,14 +453,11 @@ class RunOptions:
     max_loss: float | None = None  # a training loss above it counts as divergence
     resume: str | None = None
     force: bool = False
+    threads: int | None = None  # torch intra-op threads; None: commands/train.py's auto rule
 
     def __post_init__(self) -> None:
-        _require(
-            self.resume in (None, "auto", "required"),
-            "resume",
-            self.resume,
-            "null, auto or required",
-        )
+        allowed = "null, auto or required"
+        _require(self.resume in (None, "auto", "required"), "resume", self.resume, allowed)
 
 
 @dataclass
@@ -465,36 +468,27 @@ class CliConfig(TrainConfig):
     when a run is resumed.
     """
 
-    ckpt_interval: int = (
-        200  # checkpoint every N steps (also at the end and on a signal); 0: only those
-    )
+    ckpt_interval: int = 200  # checkpoint every N steps, at the end and on a signal (0: only those)
     ckpt_keep: int = 2  # keep the newest K checkpoints
     max_loss: float | None = None  # a training loss above it ends the run as diverged; null: off
-    resume: str | None = (
-        None  # null: new run; auto: continue the run dir's newest checkpoint; <dir>
-    )
+    resume: str | None = None  # null: new run; auto: continue from the newest checkpoint; <dir>
     force: bool = False  # resume even if the config differs from the checkpoint's
+    threads: int | None = None  # CPU threads for torch; null: $OMP_NUM_THREADS, else half the cores
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _require(
-            self.ckpt_interval >= 0,
-            "ckpt_interval",
-            self.ckpt_interval,
-            "must be >= 0 (0: only at the end)",
-        )
-        _require(self.ckpt_keep >= 1, "ckpt_keep", self.ckpt_keep, "must be >= 1")
-        _require(
-            self.max_loss is None or (math.isfinite(self.max_loss) and self.max_loss > 0),
-            "max_loss",
-            self.max_loss,
-            "must be null or a finite number > 0",
-        )
+        for key, ok, allowed in [
+            ("threads", self.threads is None or self.threads >= 1, "must be null (auto) or >= 1"),
+            ("ckpt_interval", self.ckpt_interval >= 0, "must be >= 0 (0: only at the end)"),
+            ("ckpt_keep", self.ckpt_keep >= 1, "must be >= 1"),
+            (
+                "max_loss",
+                self.max_loss is None or (math.isfinite(self.max_loss) and self.max_loss > 0),
+                "must be null or a finite number > 0",
+            ),
+        ]:
+            _require(ok, key, getattr(self, key), allowed)
 
     def train_config(self) -> TrainConfig:
         """The :class:`TrainConfig` part (what the run trains; hashed)."""
-        import dataclasses
-
-        return TrainConfig(
-            **{f.name: getattr(self, f.name) for f in dataclasses.fields(TrainConfig)}
-        )
+        return TrainConfig(**{k: getattr(self, k) for k in TrainConfig.__dataclass_fields__})

@@ -8,24 +8,23 @@ import sys
 import tempfile
 import time
 
+from normlab.commands.overrides import expand
 from normlab.compose import compose
+from normlab.config import DataConfig
 from normlab.data.corpus import DataError
 
-USAGE = "usage: normlab-prepare [--fresh] [OVERRIDE ...]   e.g. normlab-prepare data=tinystories data.tokenizer=gpt2"
-HEADER = f"{'data':<14} {'tokenizer':<16} {'vocab':>6} {'train tokens':>14} {'val tokens':>12} {'shards':>6} {'seconds':>8}  folder"
+USAGE = (
+    "usage: normlab-prepare [--fresh] [OVERRIDE ...]   "
+    "e.g. normlab-prepare data=tinystories data.tokenizer=gpt2"
+)
+HEADER = (
+    f"{'data':<14} {'tokenizer':<16} {'vocab':>6} {'train tokens':>14} {'val tokens':>12} "
+    f"{'shards':>6} {'seconds':>8}  folder"
+)
 
 
-def expand(overrides: list[str]) -> list[list[str]]:
-    """Comma lists (sweeps) -> one override list per combination, in Hydra's order."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
-
-
-def compose_data(overrides: list[str]):
-    """The validated :class:`~normlab.config.DataConfig` of ``conf/train.yaml`` plus ``overrides``."""
+def compose_data(overrides: list[str]) -> DataConfig:
+    """The validated :class:`~normlab.config.DataConfig` of ``conf/train.yaml`` + ``overrides``."""
     return compose(overrides).data
 
 
@@ -35,7 +34,8 @@ def row(data) -> str:
     tok = m["tokenizer"] + (f" ({m['bpe_vocab_size']})" if m["tokenizer"] == "bpe" else "")
     shards = sum(len(m["splits"][s]["shards"]) for s in ("train", "val"))
     return (
-        f"{m['name']:<14} {tok:<16} {data.vocab_size:>6} {m['tokens']['train']:>14,} {m['tokens']['val']:>12,} "
+        f"{m['name']:<14} {tok:<16} {data.vocab_size:>6} "
+        f"{m['tokens']['train']:>14,} {m['tokens']['val']:>12,} "
         f"{shards:>6} {m.get('prepare_seconds', 0.0):>8.2f}  {data.directory}"
     )
 
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
             failed = True
         except KeyboardInterrupt:
             print(
-                "normlab-prepare: interrupted; finished shards are kept: rerun the same command to resume",
+                "normlab-prepare: interrupted; finished shards are kept: "
+                "rerun the same command to resume",
                 file=sys.stderr,
             )
             sys.exit(130)
@@ -105,6 +106,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    import sys as _sys
-
-    _sys.exit(main())
+    main()

@@ -156,6 +156,7 @@ class MetricsLogger:
                 id=run_id,
                 resume="allow" if run_id else None,
                 reinit="finish_previous",
+                settings=wandb.Settings(init_timeout=cfg.logger.init_timeout_s),
             )
         except Exception as e:  # logging must never stop training
             log.warning(

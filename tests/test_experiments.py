@@ -1,0 +1,96 @@
+"""Every ``conf/experiment/*.yaml`` file, checked the way it is used (lightning-hydra-template's
+"run every experiment" test):
+
+- every file composes and validates as ``train`` composes it (GPU files with ``device=cpu`` too);
+- every file trained by ``train`` on a CPU runs through the real CLI, shrunk to a few steps of the
+  tiny model, its sweep cut to its first values (two jobs where it sweeps), and every job completes
+  with the experiment's own settings (its sweep dir names, its wandb group, its diagnostics);
+- the files that need a GPU (``*_gpu``, ``loss_parity``) and the studies run by their own scripts
+  (``fp16_statistics``, ``norm_cost``: ``scripts/*.sh``) compose and validate only.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from normlab.compose import compose_cli
+
+from .conftest import CONF_DIR, TINY, run_cli
+
+EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
+#: Studies run by scripts/<name>.sh through their own command, not by `train`.
+SCRIPT_STUDIES = {"fp16_statistics", "norm_cost"}
+#: Sized for a GPU: device=cuda, or GPT-2 small at 1024 positions for 5000 steps.
+GPU = {name for name in EXPERIMENTS if name.endswith("_gpu")} | {"loss_parity"}
+TRAINED_ON_CPU = [n for n in EXPERIMENTS if n not in GPU and n not in SCRIPT_STUDIES]
+#: TINY with 2 steps; logger=none (wandb is covered by test_cli), one evaluation.
+SHRINK = [o for o in TINY if not o.startswith(("max_steps", "eval_interval"))]
+SHRINK += ["max_steps=2", "eval_interval=2", "logger=none"]
+
+
+def experiment_file(name: str) -> dict:
+    return yaml.safe_load((CONF_DIR / "experiment" / f"{name}.yaml").read_text())
+
+
+def test_the_classification_covers_every_experiment_file():
+    assert set(TRAINED_ON_CPU) | GPU | SCRIPT_STUDIES == set(EXPERIMENTS)
+    assert "quickstart" in TRAINED_ON_CPU and "loss_parity_cpu" in TRAINED_ON_CPU
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_composes_and_validates_as_train_composes_it(name):
+    full = compose_cli([f"experiment={name}"])
+    file = experiment_file(name)
+    assert full.max_steps == file.get("max_steps", full.max_steps)
+    assert full.logger.group == file.get("logger", {}).get("group", full.logger.group)
+    if name in GPU:  # the same file on a CPU: only the device differs
+        on_cpu = compose_cli([f"experiment={name}", "device=cpu"])
+        assert on_cpu.device == "cpu" and on_cpu.model == full.model and on_cpu.norm == full.norm
+
+
+def cut_sweep(name: str) -> list[str]:
+    """Overrides that cut the experiment's sweep to its first value per key; the first swept
+    key keeps two values, so a sweep still makes two jobs with two dir names."""
+    params = experiment_file(name).get("hydra", {}).get("sweeper", {}).get("params", {})
+    if not params:
+        return []
+    kept = []
+    for i, (key, values) in enumerate(params.items()):
+        first = str(values).split(",")[: 2 if i == 0 else 1]
+        kept.append(f"{key}:'{','.join(first)}'")
+    return ["hydra.sweeper.params={" + ",".join(kept) + "}"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TRAINED_ON_CPU)
+def test_every_cpu_experiment_trains_through_the_real_cli_shrunk(tmp_path, name):
+    file = experiment_file(name)
+    multirun = file.get("hydra", {}).get("mode") == "MULTIRUN"
+    out = tmp_path / "out"
+    where = f"hydra.sweep.dir={out}" if multirun else f"hydra.run.dir={out}"
+    # torch.compile of the norm costs minutes on a shared CPU: the compiled path has its own tests
+    compiled = compose_cli([f"experiment={name}"]).norm.impl.name == "compiled"
+    args = [f"experiment={name}", *SHRINK, *cut_sweep(name), where, "threads=1"]
+    r = run_cli([*args, *(["norm.impl=torch"] if compiled else [])], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    jobs = sorted(p.parent for p in out.rglob("summary.json"))
+    assert len(jobs) == (2 if multirun else 1)
+    for job in jobs:
+        summary = json.loads((job / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["steps_completed"] == 2
+        config = summary["config"]
+        assert config["logger"]["group"] == file.get("logger", {}).get("group")
+        assert config["diag_interval"] == file.get("diag_interval")
+        assert config["model"]["name"] == "tiny" and config["max_steps"] == 2
+    if multirun:  # job i got the i-th value of the first swept key, and its dir name says so
+        key, values = next(iter(file["hydra"]["sweeper"]["params"].items()))
+        for job, value in zip(jobs, str(values).split(",")[:2], strict=True):
+            config = json.loads((job / "summary.json").read_text())["config"]
+            node = config
+            for part in key.split("."):
+                node = node[part]
+            got = node["kind"] if key == "norm" else node
+            assert str(got) == value and f"_{value}-" in job.name, (job.name, key, value)
