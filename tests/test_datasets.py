@@ -1,5 +1,6 @@
-"""Corpora through the real ``datasets`` builders (parquet, JSON lines, a Hub-like folder), sharded
-tokens, resuming an interrupted prepare, refusing another tokenizer's shards, and the Hub offline."""
+"""Corpora through the real ``datasets`` builders (parquet, JSON lines, a Hub-like folder),
+sharded tokens, resuming an interrupted prepare, refusing another tokenizer's shards, and the Hub
+offline."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from normlab.config import DataConfig, Tokenizer
 from normlab.data import tokenizer as tt
 from normlab.data.tokens import BatchSampler, DataError, held_out, prepare
 
-WORDS = "the a norm layer root mean square gradient token model train valid loss step batch shard".split()
+WORDS = (
+    "the a norm layer root mean square gradient token model train valid loss step batch shard"
+).split()
 
 
 def documents(n: int = 80, seed: int = 0) -> list[str]:
