@@ -373,10 +373,8 @@ class TrainConfig:
         None  # per-block diagnostics every N steps (diag/ keys); null: off, no hooks
     )
     debug: bool = False  # show tracebacks for user errors instead of one line
-    # a loss above factor x max(first loss, ln vocab_size) ends the run as diverged; null: off
-    divergence_factor: float | None = 2.0
-    # more fp16 grad-scaler skips than this fraction of the steps: not completed; null: only all
-    max_skipped_fraction: float | None = 0.5
+    divergence_factor: float | None = 2.0  # loss > factor x max(first loss, ln vocab): diverged
+    max_skipped_fraction: float | None = 0.5  # fp16 scaler skipped more steps: not completed
 
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, "max_steps", self.max_steps, "must be >= 1")
