@@ -85,6 +85,8 @@ def test_report_numbers_equal_the_run_dirs_summaries(sweep, tmp_path):
     assert [m["val/loss"] for m in last.metrics if "val/loss" in m][-1] == pytest.approx(
         last.final_val_loss
     )
+    # data.batch_size 2 x optim.grad_accum 1 x model.context_length 16: val_diff.png's tokens axis
+    assert {r.tokens_per_step for r in rep.runs} == {32}
     assert any("norm.impl=torch" in w for w in rep.confounds)  # both kinds on PyTorch's kernels
     assert main([str(sweep), "--out", str(tmp_path / "r")]) == 0
     md = (tmp_path / "r" / "report.md").read_text()

@@ -105,6 +105,14 @@ def test_an_override_that_changes_nothing_is_left_out_of_the_label(tmp_path):
     assert rep.common_overrides == ["model=tiny", "norm.eps=1e-05"]
 
 
+def test_tokens_per_step_from_the_resolved_config(tmp_path):
+    run = write_run(tmp_path, "layer", 0, 3.0, edits={"model.context_length": 16})
+    set_summary(run, config={"data": {"batch_size": 4}, "optim": {"grad_accum": 2}})
+    assert load_runs([run])[0].tokens_per_step == 4 * 2 * 16
+    other = write_run(tmp_path, "rms", 0, 3.0)  # no grad_accum, no context_length: unknown
+    assert load_runs([other])[0].tokens_per_step is None
+
+
 def test_run_dirs_from_anywhere_are_compared(tmp_path):
     a = write_run(tmp_path / "monday" / "outputs", "layer", 0, 3.00, overrides=["norm=layer"])
     b = write_run(tmp_path / "tuesday", "rms", 0, 3.02, overrides=["norm=rms"])

@@ -111,7 +111,8 @@ def plot_step_times(times: dict[str, list[float]], path: Path) -> Path | None:
 
 
 def plot_val_diff(rep: Report, path: Path) -> Path | None:
-    """Validation loss of each variant minus the baseline's, paired by seed, against step: the
+    """Validation loss of each variant minus the baseline's, paired by seed, against step (and
+    tokens seen, on the top axis, when every run consumes the same tokens per step): the
     mean over seeds, its 1−alpha Student t band (where n >= 2), 0 and the ±margin lines
     (nats/token). None without a comparison that has a paired validation step."""
     comps = [c for c in rep.comparisons if len(c["curve"]["step"])]
@@ -133,6 +134,11 @@ def plot_val_diff(rep: Report, path: Path) -> Path | None:
         ax.axhline(sign * rep.margin, color="grey", ls="--", lw=1)
     ax.plot([], [], color="grey", ls="--", label=f"±margin ({rep.margin:g} nats)")
     conf = f"{100 * (1 - rep.alpha):g}% CI"
+    per_step = {r.tokens_per_step for r in rep.runs if r.excluded is None}
+    if len(per_step) == 1 and None not in per_step:  # one token count per step: a tokens axis
+        k = per_step.pop()
+        top = ax.secondary_xaxis("top", functions=(lambda s: s * k, lambda t: t / k))
+        top.set_xlabel("tokens seen")
     ax.set(
         title=f"Validation loss, variant − {rep.baseline} (mean over seeds, band: {conf})",
         xlabel=STEP,

@@ -65,6 +65,14 @@ class Run:
         v = (self.summary or {}).get(key)
         return NAN if v is None else float(v)
 
+    @property
+    def tokens_per_step(self) -> int | None:
+        """Tokens one optimizer step consumes, ``data.batch_size * optim.grad_accum *
+        model.context_length`` (as ``TrainConfig.tokens_per_step``); None when a key is missing."""
+        keys = ("data.batch_size", "optim.grad_accum", "model.context_length")
+        vals = [self.resolved(k) for k in keys]
+        return math.prod(vals) if all(isinstance(v, int) for v in vals) else None
+
     def resolved(self, key: str) -> Any:
         """A config value as the run resolved it (``norm.impl=auto`` -> ``cpp``):
         ``summary.json``'s ``norm_impl`` for ``norm.impl`` (``precision`` for ``precision.dtype``),
