@@ -31,6 +31,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import torch.autograd.forward_ad as fwAD  # noqa: E402
 from torch.func import jvp  # noqa: E402
 
 if importlib.util.find_spec("triton") is not None:
@@ -274,6 +275,20 @@ def test_autograd_modes_are_exactly_the_tables(kind, impl, mode):
         with pytest.raises((ValueError, RuntimeError), match=MODE_ERRORS[mode]) as err:
             MODE_CHECKS[mode](kind, impl)
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("kind", "impl"), CASES)
+def test_without_forward_ad_tangents_are_refused_never_zero(kind, impl):
+    """Under no_grad (where a kernel is called without autograd) and with forward_ad dual
+    tensors too: cpp returned zero tangents for torch.func.jvp under no_grad."""
+    if JVP in IMPLS[impl].autograd:
+        pytest.skip(f"the table says {impl.name} computes forward-mode AD")
+    norm = make(kind, impl)
+    x, t = torch.randn(2, D), torch.randn(2, D)
+    with torch.no_grad(), pytest.raises(ValueError, match=MODE_ERRORS[JVP]):
+        jvp(norm, (x,), (t,))
+    with fwAD.dual_level(), pytest.raises(ValueError, match=MODE_ERRORS[JVP]):
+        norm(fwAD.make_dual(x, t))
 
 
 # ------------------------------------------------------------ statistic kinds only

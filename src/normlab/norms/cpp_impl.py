@@ -1,8 +1,8 @@
 """normlab's fused C++ LayerNorm and RMSNorm for CPU (``norm.impl=cpp``), forward and backward.
 
 The kernels (``cpu_kernels.cpp``) are compiled on first use with ``torch.utils.cpp_extension``
-(g++ and ninja; about 10-12 s on this 2-core machine, announced on stderr), once per machine and
-version of the kernel source (the build is named by a hash of the source and the compiler flags),
+(g++ and ninja; about 10-12 s on this 2-core machine, announced as a log warning), once per
+machine and version of the kernel source (the build is named by a hash of the source and flags),
 then loaded from ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). The vector ISA
 is the one inductor picks for this CPU (AVX-512, plus AVX512-BF16 where present; AVX2 elsewhere).
 The ops are registered as ``torch.ops.normlab_cpu``.
@@ -45,9 +45,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import ClassVar
 
@@ -57,6 +57,7 @@ from normlab.config import ConfigError
 from normlab.norms.reference import NormBase, refuse_double_backward
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+log = logging.getLogger(__name__)
 
 
 def _isa_flags() -> tuple[str, list[str]]:
@@ -90,17 +91,18 @@ def build(name: str, source: Path, flags: list[str]) -> None:
 
     if shutil.which("ninja") is None and not _ninja_module():
         raise ConfigError(
-            "norm.impl=cpp needs ninja to build its kernels: pip install ninja (or choose norm.impl=torch)"
+            "norm.impl=cpp needs ninja to build its kernels: pip install ninja "
+            "(or choose norm.impl=torch)"
         )
     try:
         built = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
     except Exception:  # noqa: BLE001  (a private helper of torch: only the notice depends on it)
         built = None
     if built is not None and not built.exists():
-        print(
-            f"normlab: building the C++ norm kernels for this machine (norm.impl=cpp, once; about 10 s) in {built.parent}",
-            file=sys.stderr,
-            flush=True,
+        log.warning(
+            "normlab: building the C++ norm kernels for this machine (norm.impl=cpp, once; "
+            "about 10 s) in %s",
+            built.parent,
         )
     try:
         # -fopenmp: at::parallel_for is OpenMP compiled into this library (serial without it); the
@@ -116,7 +118,8 @@ def build(name: str, source: Path, flags: list[str]) -> None:
     except Exception as e:  # noqa: BLE001
         first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(": [")[0][:200]
         raise ConfigError(
-            f"norm.impl=cpp could not build its C++ kernels ({first}); choose norm.impl=torch or reference "
+            f"norm.impl=cpp could not build its C++ kernels ({first}); "
+            "choose norm.impl=torch or reference "
             "(compiled needs a C++ compiler too)"
         ) from e
 
@@ -131,7 +134,8 @@ def _ninja_module() -> bool:
 
 
 def _register_fakes() -> None:
-    """Shapes and dtypes of the ops for ``torch.compile`` of a model that uses them (``compile=true``)."""
+    """Shapes and dtypes of the ops for ``torch.compile`` of a model that uses them
+    (``compile=true``)."""
 
     @torch.library.register_fake("normlab_cpu::norm_fwd")
     def _fwd(x, weight, bias, eps, rms):
@@ -154,7 +158,8 @@ def ops() -> object:
     (meta) implementations; returns ``torch.ops.normlab_cpu``.
 
     Raises:
-        ConfigError: no ninja, or the build failed (one line; the compiler's output is in the cause).
+        ConfigError: no ninja, or the build failed (one line; the compiler's output is in the
+            cause).
     """
     isa, flags = _isa_flags()
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
@@ -179,7 +184,8 @@ def _forward(x, weight, bias, eps: float, is_rms: bool):
 
 
 def _apply(x, weight, bias, eps: float, is_rms: bool) -> torch.Tensor:
-    """The norm; without autograd (no_grad, or nothing requires grad) the kernel is called directly."""
+    """The norm; without autograd (no_grad, or nothing requires grad) the kernel is called
+    directly."""
     if torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (x, weight, bias)
     ):
@@ -190,7 +196,8 @@ def _apply(x, weight, bias, eps: float, is_rms: bool) -> torch.Tensor:
 class _CppNormFn(torch.autograd.Function):
     """``(x (..., d), weight (d,)|None, bias (d,)|None, eps, is_rms) -> y (..., d)`` in x.dtype.
 
-    Saved for backward: the ``(rows, d)`` contiguous input, the weight (x's dtype, held in fp32), ``mean`` and
+    Saved for backward: the ``(rows, d)`` contiguous input, the weight (x's dtype, held in fp32),
+    ``mean`` and
     ``rstd`` ``(rows,)`` in fp32 (fp64 for fp64 input).
     """
 

@@ -119,7 +119,8 @@ def preflight(
     }
     if not errors[worst] <= tol:  # also catches nan
         raise ConfigError(
-            f"norm.impl={norm_cfg.impl.name} disagrees with the reference: max rel error {errors[worst]:.1e} "
+            f"norm.impl={norm_cfg.impl.name} disagrees with the reference: "
+            f"max rel error {errors[worst]:.1e} "
             f"in {worst} > tolerance {tol:.0e} for {dtype_name} "
             f"(norm.kind={norm_cfg.kind.name}, d_model={d_model}, device {device})"
         )

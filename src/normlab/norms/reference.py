@@ -20,26 +20,24 @@ import torch.autograd.forward_ad as fwAD
 from torch import nn
 
 
-def _lossless_round(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``t`` (fp32/fp64) rounded to ``dtype`` in value, kept in ``t.dtype``, with the identity as
-    its gradient: the forward rounds as eager low-precision arithmetic does, the backward does not
-    round gradients to ``dtype``. ``t + (round(t) - t)`` is exactly ``round(t)``: ``round(t)`` and
-    ``t`` share a sign and are within a factor 2, so the difference is exact (Sterbenz)."""
-    if dtype == t.dtype:
-        return t
-    return t + (t.detach().to(dtype).to(t.dtype) - t.detach())
-
-
 def _affine(y_hat, weight, bias, dtype):
-    """``y_hat * weight + bias`` with each result rounded to ``dtype`` (as eager bf16/fp16 ops
-    round), computed and differentiated in ``y_hat.dtype``: dweight / dbias are sums in fp32 (fp64
-    for fp64 input), cast once to the parameter dtype."""
-    y = _lossless_round(y_hat, dtype)
-    if weight is not None:
-        y = _lossless_round(y * _lossless_round(weight.to(y.dtype), dtype), dtype)
-    if bias is not None:
-        y = _lossless_round(y + _lossless_round(bias.to(y.dtype), dtype), dtype)
-    return y.to(dtype)
+    """``y_hat * weight + bias`` (``y_hat`` in fp32, or fp64) returned in ``dtype``.
+
+    Value: eager low-precision arithmetic, each step rounded to ``dtype`` (``y_hat``, the product,
+    the sum), as ``y_hat.to(dtype) * weight.to(dtype) + bias.to(dtype)`` computes it. Gradient:
+    that of the unrounded ``y_hat * weight + bias`` in ``y_hat.dtype``, so dx, dweight and dbias
+    are fp32 sums (fp64 for fp64 input) cast once to the input / parameter dtype, never rounded to
+    bf16 / fp16 on the way: the oracle the fused kernels are checked against is the most exact.
+    ``rounded + (exact - exact)`` adds an exact zero to the value and the identity to the graph.
+    """
+    exact = y_hat
+    exact = exact if weight is None else exact * weight.to(exact.dtype)
+    exact = exact if bias is None else exact + bias.to(exact.dtype)
+    if dtype == exact.dtype:
+        return exact
+    with torch.no_grad():
+        rounded = _affine_in_dtype(y_hat, weight, bias, dtype)
+    return rounded + (exact - exact.detach()).to(dtype)
 
 
 def _affine_in_dtype(y_hat, weight, bias, dtype):

@@ -19,7 +19,7 @@ from the saved statistics and ``mean_d`` the mean over the d columns of the row:
 
 * LayerNorm: ``dx = rstd * (g - mean_d(g) - x_hat * mean_d(g * x_hat))``
 * RMSNorm:   ``dx = rstd * (g - x_hat * mean_d(g * x_hat))``
-* both:      ``dw = sum_rows(dy * x_hat)`` (``x_hat`` as rounded in the forward), ``db = sum_rows(dy)``
+* both:      ``dw = sum_rows(dy * x_hat)`` (x_hat rounded as forward), ``db = sum_rows(dy)``
 
 ``dw`` / ``db`` are never accumulated in low precision: each backward program loops over its rows
 keeping fp32 column sums, writes one fp32 partial row, and torch sums the ``(programs, d)`` partial
