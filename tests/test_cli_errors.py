@@ -84,11 +84,23 @@ def test_a_misspelled_key_option_or_value_is_one_line_naming_the_fix_before_torc
     assert not (tmp_path / "outputs").exists(), "nothing may be created for a refused command"
 
 
-def test_a_refused_value_inside_the_task_needs_no_torch_and_the_run_dir_says_why(tmp_path):
-    r = cli_with(TORCH_PROBE, [*TINY, "norm.eps=0", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
-    reason = (
-        "norm.eps=0.0 is not allowed: must be a finite number > 0 (or null for the default 1e-5)"
-    )
+IN_TASK = [
+    (
+        "norm.eps=0",
+        "norm.eps=0.0 is not allowed: must be a finite number > 0 (or null for the default 1e-5)",
+    ),
+    (
+        "data.path=/nonexistent/corpus",
+        "data.path='/nonexistent/corpus' does not exist: give an existing file or folder",
+    ),
+]
+
+
+@pytest.mark.parametrize(("override", "reason"), IN_TASK, ids=[o for o, _ in IN_TASK])
+def test_a_value_refused_inside_the_task_needs_no_torch_and_the_run_dir_says_why(
+    tmp_path, override, reason
+):
+    r = cli_with(TORCH_PROBE, [*TINY, override, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert r.returncode == 2
     assert r.stderr.splitlines() == [f"normlab: error: {reason}", "torch imported: False"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -49,6 +49,7 @@ from normlab.commands.train_outcomes import (
 )
 from normlab.compose import find_conf_dir, register_schema, validate
 from normlab.config import CliConfig, ConfigError, RunOptions
+from normlab.data.corpus import DataError, corpus_files
 
 log = logging.getLogger("normlab")
 
@@ -154,18 +155,30 @@ def _interrupted(summary: dict[str, Any], run_dir: Path) -> None:
     sys.exit(128 + sig)
 
 
+def _checked_without_torch(cfg: DictConfig) -> CliConfig:
+    """Every check that needs no torch, run before torch is imported: the schema's range checks,
+    and that a local corpus exists (unless a ``data.token_dir`` stands in for it).
+
+    Raises:
+        ConfigError, DataError: one line naming the key and value.
+    """
+    full = with_launch_paths(validate(cfg), Path(HydraConfig.get().runtime.cwd))
+    if full.data.format.name != "hub" and full.data.token_dir is None:
+        corpus_files(full.data)
+    return full
+
+
 def _task(cfg: DictConfig) -> float | JobFailure:
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
     debug = bool(cfg.get("debug", False))
-    try:  # every check that needs no torch, before torch is imported
-        full = with_launch_paths(validate(cfg), Path(HydraConfig.get().runtime.cwd))
-    except ConfigError as e:
+    try:
+        full = _checked_without_torch(cfg)
+    except (ConfigError, DataError) as e:
         if debug:
             raise
         return refuse(hydra_dir, str(e))
     import torch
 
-    from normlab.data.corpus import DataError
     from normlab.training.loop import free_memory, train
 
     run_dir = _join_ranks()
