@@ -1,7 +1,8 @@
-"""The layout of DESIGN.md, checked: imports point one way, modules stay within their budgets, and
-only ``commands/`` holds entry points (``main()``, argparse, ``hydra.main``, ``print``, ``sys.exit``).
+"""The layout of DESIGN.md, checked: imports point one way, modules stay within their budgets,
+and only ``commands/`` holds entry points (``main()``, argparse, ``hydra.main``, ``print``,
+``sys.exit``).
 
-Every import is walked, the ones inside functions too, so a cycle cannot hide behind a deferred import.
+Every import is walked, the ones inside functions too: a cycle cannot hide behind a deferred one.
 """
 
 from __future__ import annotations

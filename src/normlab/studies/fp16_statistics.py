@@ -39,8 +39,8 @@ from torch import nn
 
 from normlab.config import NormConfig, NormImpl, NormKind
 from normlab.norms import available_impls, build_norm, resolve_norm
-from normlab.norms.table import IMPLS, KINDS
 from normlab.norms.reference import layer_norm_ref, rms_norm_ref
+from normlab.norms.table import IMPLS, KINDS
 from normlab.training.diagnostics import first_nonfinite, norm_statistics_finite
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
