@@ -49,7 +49,7 @@ IMPLS_WITH_UPCAST_FALSE = frozenset({NormImpl.reference})
 
 
 class Placement(Enum):
-    """Where the norm sits in a block: ``pre`` (GPT-2, x + f(norm(x))) or ``post`` (norm(x + f(x)))."""
+    """Where the norm sits: ``pre`` (GPT-2, x + f(norm(x))) or ``post`` (norm(x + f(x)))."""
 
     pre = "pre"
     post = "post"

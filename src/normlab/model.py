@@ -124,7 +124,7 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; the tied head is counted once, position embeddings excluded by default."""
+        """Parameter count: the tied head once, position embeddings excluded by default."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.pos_emb.weight.numel() if non_embedding else n
 
