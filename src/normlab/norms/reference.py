@@ -2,6 +2,8 @@
 
 The dtype policy follows the seed documents and HF's ``LlamaRMSNorm``: upcast the input to fp32,
 compute the statistics and normalize in fp32, cast back to the input dtype, then scale (and shift).
+Those roundings shape the value only: the gradients are those of the unrounded fp32 chain (fp32
+sums, cast once), so the reference is the most exact oracle for bf16 / fp16 gradients too.
 
 Formulas (last dimension of size d, eps inside the square root):
 
