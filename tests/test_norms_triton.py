@@ -30,6 +30,7 @@ if "normlab.norms.triton_kernels" in sys.modules:
     ):  # imported earlier without the interpreter
         importlib.reload(_tk)
 import normlab.norms.triton_kernels as tk  # noqa: E402
+from normlab.norms import triton_impl  # noqa: E402
 
 if _PREVIOUS_INTERPRET is None:
     del os.environ["TRITON_INTERPRET"]
@@ -71,8 +72,8 @@ def test_kernels_are_interpreted_and_registered():
     assert isinstance(tk._norm_fwd, InterpretedFunction) and isinstance(
         tk._norm_bwd, InterpretedFunction
     )
-    assert norm_class(NormKind.layer, TRITON) is tk.TritonLayerNorm
-    assert norm_class(NormKind.rms, TRITON) is tk.TritonRMSNorm
+    assert norm_class(NormKind.layer, TRITON) is triton_impl.TritonLayerNorm
+    assert norm_class(NormKind.rms, TRITON) is triton_impl.TritonRMSNorm
 
 
 def test_triton_on_cpu_is_a_config_error_without_the_interpreter(monkeypatch):
@@ -161,7 +162,7 @@ def test_wrong_hidden_size_and_rms_bias_are_value_errors():
     with pytest.raises(ValueError, match="768"):
         make_norm(NormKind.layer, TRITON, 768)(torch.randn(2, 769))
     with pytest.raises(ValueError, match="no bias"):
-        tk.TritonRMSNorm(768, 1e-5, bias=True)
+        triton_impl.TritonRMSNorm(768, 1e-5, bias=True)
 
 
 # --------------------------------------------------------------- known failure kinds

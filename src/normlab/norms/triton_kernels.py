@@ -1,6 +1,7 @@
-"""Fused Triton LayerNorm and RMSNorm, forward and backward, behind normlab's parameter layout.
+"""Fused Triton LayerNorm and RMSNorm kernels, forward and backward, and their launchers.
 
-Imported only when ``norm.impl=triton`` is chosen (see ``norms.table.KINDS``). Kernels launch on
+The autograd function and the modules are in ``triton_impl.py``; both are imported only when
+``norm.impl=triton`` is chosen (see ``norms.table.KINDS``). Kernels launch on
 ``x.device``: CUDA, or CPU tensors when ``TRITON_INTERPRET=1`` was set before this module loaded.
 
 Semantics are the reference's (``reference.py``), the last dimension of size ``d`` normalised:
@@ -33,8 +34,6 @@ import contextlib
 import torch
 import triton
 import triton.language as tl
-
-from normlab.norms.reference import NormBase, refuse_double_backward
 
 
 @triton.jit
@@ -275,54 +274,3 @@ def norm_bwd(dy, x, weight, has_bias: bool, mean, rstd, is_rms: bool):
     dw = None if partial_dw is None else partial_dw.sum(0)
     db = None if partial_db is None else partial_db.sum(0)
     return dx, dw, db
-
-
-class _TritonNormFn(torch.autograd.Function):
-    """``(x (..., d), weight (d,)|None, bias (d,)|None, eps, is_rms) -> y (..., d)`` in x.dtype.
-
-    Saved for backward: the ``(rows, d)`` input, the weight, ``mean`` (LayerNorm only) and ``rstd``,
-    both ``(rows,)`` fp32 (fp64 for float64 input).
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, is_rms):
-        shape, d = x.shape, x.shape[-1]
-        x2d = _rows(x, d)
-        w = None if weight is None else weight.contiguous()
-        b = None if bias is None else bias.contiguous()
-        y, mean, rstd = norm_fwd(x2d, w, b, eps, is_rms)
-        ctx.save_for_backward(x2d, w, mean, rstd)
-        ctx.is_rms, ctx.bias_dtype = is_rms, None if bias is None else bias.dtype
-        return y.view(shape)
-
-    @staticmethod
-    def backward(ctx, dy):
-        refuse_double_backward("triton")
-        x2d, w, mean, rstd = ctx.saved_tensors
-        dx, dw, db = norm_bwd(
-            _rows(dy, x2d.shape[1]), x2d, w, ctx.bias_dtype is not None, mean, rstd, ctx.is_rms
-        )
-        dx = dx.view(dy.shape)
-        dw = None if dw is None or not ctx.needs_input_grad[1] else dw.to(w.dtype)
-        db = None if db is None or not ctx.needs_input_grad[2] else db.to(ctx.bias_dtype)
-        return dx if ctx.needs_input_grad[0] else None, dw, db, None, None
-
-
-class TritonLayerNorm(NormBase):
-    """Fused Triton LayerNorm; ``(..., d)`` in, same shape and dtype out. ``upcast`` is stored but
-    statistics are always fp32 (``config.NormConfig`` forbids ``upcast=false`` for triton)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_input(x)
-        return _TritonNormFn.apply(x, self.weight, self.bias, self.eps, False)
-
-
-class TritonRMSNorm(NormBase):
-    """Fused Triton RMSNorm; ``(..., d)`` in, same shape and dtype out; no bias. ``upcast`` is
-    stored but statistics are always fp32."""
-
-    takes_bias = False
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_input(x)
-        return _TritonNormFn.apply(x, self.weight, None, self.eps, True)
