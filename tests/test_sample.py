@@ -236,3 +236,29 @@ def test_a_run_trained_by_the_train_cli_prints_text(tmp_path):
     assert len(samples) == 3 and samples[2] == ""
     assert all(s.startswith("KING:") and len(s) > 40 for s in samples[:2])
     assert "step 30" in r.stderr and "norm layer/torch" in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe", "gpt2"])
+def test_every_tokenizer_round_trips_a_prompt_and_refuses_a_lone_surrogate(kind, tmp_path):
+    if kind == "gpt2" and not tt.gpt2_cached():
+        pytest.skip("tiktoken's GPT-2 files are not cached here")
+    if kind == "bpe":
+        tok = tt.train_bpe(iter(["to be or not to be, that is it"] * 50), 280, tmp_path / "t.json")
+    else:
+        tok = tt.load(tt.Tokenizer[kind])
+    prompt = "To be, or not <|endoftext|> to bé: ½"
+    assert tok.decode(encode_prompt(tok, prompt)) == prompt
+    with pytest.raises(ConfigError, match=rf"the {kind} tokenizer at character 1 \('\\udc80'"):
+        encode_prompt(tok, "x\udc80y")
+
+
+def test_a_prompt_that_does_not_survive_its_round_trip_is_refused():
+    class Lowercasing(tt.ByteTokenizer):  # a tokenizer that normalizes text (none of ours does)
+        name = "lowercasing"
+
+        def encode(self, texts):
+            return super().encode([t.lower() for t in texts])
+
+    assert encode_prompt(Lowercasing(), "abc") == [97, 98, 99]
+    with pytest.raises(ConfigError, match=r"differs from character 3 on \('Def' -> 'def'\)"):
+        encode_prompt(Lowercasing(), "abcDef")

@@ -176,7 +176,7 @@ def load_run(run_dir: Path, device: str = "auto", norm_impl: NormImpl | None = N
     if not run_dir.is_dir():
         raise ConfigError(f"run dir {run_dir} does not exist")
     dev = resolve_device(device)
-    loaded = load_latest(run_dir / CKPT_DIR, map_location=dev)
+    loaded = load_latest(run_dir / CKPT_DIR)  # on the CPU: the optimizer state never moves
     if loaded.state is None:
         damaged = f": {len(loaded.skipped)} damaged ({loaded.skipped[0]})" if loaded.skipped else ""
         raise ConfigError(
@@ -213,16 +213,16 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
         ConfigError: ``prompt`` cannot be encoded (a lone surrogate: invalid UTF-8 on the command
             line), or ``decode(encode(prompt)) != prompt`` (one line naming the first position).
     """
-    try:
-        ids = [int(i) for i in tokenizer.encode([prompt])[0]]
-        back = tokenizer.decode(ids)
-    except (UnicodeError, ValueError, TypeError) as e:
-        bad = next((i for i, ch in enumerate(prompt) if 0xD800 <= ord(ch) <= 0xDFFF), None)
-        where = f" at character {bad} ({prompt[bad]!r}: not valid UTF-8)" if bad is not None else ""
+    try:  # every tokenizer here reads UTF-8 text: a lone surrogate is what none can encode
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
         raise ConfigError(
-            f"--prompt cannot be encoded by the {tokenizer.name} tokenizer{where}: "
-            f"{type(e).__name__}; use valid UTF-8 text"
+            f"--prompt cannot be encoded by the {tokenizer.name} tokenizer at character {e.start} "
+            f"({prompt[e.start]!r}: not valid UTF-8, e.g. a stray byte on the command line); "
+            "use UTF-8 text"
         ) from None
+    ids = [int(i) for i in tokenizer.encode([prompt])[0]]
+    back = tokenizer.decode(ids)
     if back != prompt:
         at = next(
             (i for i, (a, b) in enumerate(zip(prompt, back, strict=False)) if a != b), len(back)
