@@ -1,0 +1,293 @@
+"""Text from a trained run: its newest valid checkpoint, the model it trained, its tokenizer.
+
+:func:`load_run` rebuilds the GPT from the checkpoint's own resolved config (the model shape and
+the norm it trained with: kind, eps, placement, affine, bias, upcast and implementation) and loads
+its weights; the tokenizer is the run's (``data.tokenizer``; a ``bpe`` one is read from the run's
+token folder, prepared again only when that folder is gone). :func:`generate` samples
+autoregressively (nanoGPT's ``sample.py``): the context is cropped to ``model.context_length``
+(no KV cache: each step recomputes the cropped context), the last position's logits are divided
+by ``temperature``, cut to the ``top_k`` largest, and one token is drawn from their softmax with a
+``torch.Generator`` seeded by the caller. Sampling runs in fp32 with dropout off (``eval()``),
+whatever precision the run trained in.
+
+Prompts (:func:`encode_prompt`): the sample's text is ``decode(encode(prompt) + new ids)``, so a
+prompt is refused unless ``decode(encode(prompt)) == prompt``. Byte, GPT-2 and byte-level BPE
+tokens encode every string that is valid Unicode; what they cannot encode is a lone surrogate,
+which is what Python makes of invalid UTF-8 bytes on a command line. An empty prompt starts the
+model where every training document starts: after the document separator (``"\\n\\n"`` for bytes,
+``<|endoftext|>`` for gpt2 and bpe), which is fed as context but not part of the sample's text.
+The ids the embedding has beyond the tokenizer's vocabulary (gpt2's 47 padding rows) are never
+drawn.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, fields
+from enum import Enum
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import numpy as np
+import torch
+
+from normlab.config import ConfigError, DataConfig, ModelConfig, NormConfig, NormImpl, Tokenizer
+from normlab.data import tokenizer as tt
+from normlab.data.corpus import DataError
+from normlab.data.shards import META
+from normlab.data.tokens import prepare, token_dir
+from normlab.model import GPT
+from normlab.norms import resolve_norm
+from normlab.training.checkpoint import CKPT_DIR, load_latest
+from normlab.training.distributed import resolve_device
+from normlab.training.resume import shape_mismatches
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+@dataclass(frozen=True)
+class SampleOptions:
+    """What to generate. ``top_k`` None: no cut (as does any ``top_k`` >= the vocabulary).
+
+    Raises:
+        ConfigError: ``max_new_tokens`` or ``num_samples`` < 1, ``temperature`` not a finite
+            number > 0, ``top_k`` < 1, ``seed`` < 0 (one line naming the value).
+    """
+
+    max_new_tokens: int = 500
+    temperature: float = 0.8
+    top_k: int | None = 200
+    num_samples: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key, ok, allowed in [
+            ("max_new_tokens", self.max_new_tokens >= 1, "must be >= 1"),
+            ("num_samples", self.num_samples >= 1, "must be >= 1"),
+            (
+                "temperature",
+                math.isfinite(self.temperature) and self.temperature > 0,
+                "must be a finite number > 0 (smaller: closer to always taking the likeliest)",
+            ),
+            ("top_k", self.top_k is None or self.top_k >= 1, "must be >= 1 (1: greedy decoding)"),
+            ("seed", self.seed >= 0, "must be >= 0"),
+        ]:
+            if not ok:
+                raise ConfigError(f"--{key.replace('_', '-')}={getattr(self, key)}: {allowed}")
+
+
+@dataclass
+class TrainedRun:
+    """A run's model in eval mode on ``device``, its tokenizer, and where they came from."""
+
+    model: GPT
+    tokenizer: Any  # normlab.data.tokenizer.{Byte,GPT2,BPE}Tokenizer
+    step: int  # optimizer steps the checkpoint had taken
+    checkpoint: Path
+    skipped: list[str]  # damaged newer checkpoints, "name: why"
+    norm: NormConfig  # the resolved norm the model was built with
+    device: torch.device
+
+
+def _build(cls, section: str, values: Any):
+    """``cls(**values)`` from a checkpoint's plain config section, refusing what does not fit."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"the checkpoint's config has no {section} section")
+    unknown = sorted(set(values) - {f.name for f in fields(cls)})
+    if unknown:
+        raise ConfigError(
+            f"the checkpoint's {section} config has keys this normlab does not know: "
+            f"{', '.join(unknown)} (sample with the normlab version that trained it)"
+        )
+    values = dict(values)
+    for name, hint in get_type_hints(cls).items():  # Enums are stored by member name
+        if isinstance(hint, type) and issubclass(hint, Enum) and isinstance(values.get(name), str):
+            if values[name] not in hint.__members__:
+                raise ConfigError(f"the checkpoint's {section}.{name}={values[name]!r} is unknown")
+            values[name] = hint[values[name]]
+    return cls(**values)
+
+
+def _norm(values: dict, device_type: str, impl: NormImpl | None) -> NormConfig:
+    """The checkpoint's resolved norm (``impl`` replaces its implementation: same parameters)."""
+    norm = _build(NormConfig, "norm", values)
+    return resolve_norm(norm if impl is None else dataclasses.replace(norm, impl=impl), device_type)
+
+
+def run_tokenizer(data: DataConfig, run_dir: Path | None = None):
+    """The tokenizer a run trained with (``encode``/``decode``, ``n_vocab``, ``separator``).
+
+    ``byte`` and ``gpt2`` need no corpus. ``bpe`` is read from ``tokenizer.json`` in the run's token
+    folder: :func:`~normlab.data.tokens.token_dir` of ``data``, else the folder the run's
+    ``summary.json`` names (a run dir copied from elsewhere); only when neither holds one is the
+    corpus prepared (:func:`~normlab.data.tokens.prepare`, which reuses whatever is cached).
+
+    Raises:
+        DataError: the tokenizer cannot be loaded (gpt2 offline and not cached, the corpus gone).
+    """
+    try:
+        if data.tokenizer != Tokenizer.bpe:
+            return tt.load(data.tokenizer)
+        for folder in _token_folders(data, run_dir):
+            meta_path = folder / META
+            meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+            same = meta.get("tokenizer") == "bpe" and meta.get("bpe_vocab_size") == (
+                data.bpe_vocab_size
+            )
+            if same and (folder / tt.BPE_FILE).is_file():
+                return tt.load(Tokenizer.bpe, folder)
+    except tt.TokenizerError as e:
+        raise DataError(str(e)) from None
+    return prepare(data).load_tokenizer()
+
+
+def _token_folders(data: DataConfig, run_dir: Path | None) -> list[Path]:
+    found = []
+    try:
+        found.append(token_dir(data))
+    except DataError:  # the corpus is not here: the summary may still name the folder
+        pass
+    summary = run_dir / "summary.json" if run_dir is not None else None
+    if summary is not None and summary.is_file():
+        cache = (json.loads(summary.read_text()).get("data") or {}).get("cache")
+        if cache:
+            found.append(Path(cache))
+    return found
+
+
+def load_run(run_dir: Path, device: str = "auto", norm_impl: NormImpl | None = None) -> TrainedRun:
+    """The model and tokenizer of ``run_dir``'s newest valid checkpoint (damaged ones skipped).
+
+    ``norm_impl`` None: the implementation the run trained with; another one computes the same
+    norm from the same parameters (the norm contract tests hold them to the reference).
+
+    Raises:
+        ConfigError: no such dir, no valid checkpoint in ``run_dir/checkpoints`` (the message names
+            the dir and any damaged files), a norm implementation that cannot run on ``device``,
+            weights that do not fit the config, a tokenizer larger than the model's vocabulary.
+        DataError: the tokenizer cannot be loaded.
+    """
+    run_dir = Path(run_dir)
+    if not _DEVICE.match(device):
+        raise ConfigError(f"--device={device} is not allowed: auto, cpu, cuda, cuda:N")
+    if not run_dir.is_dir():
+        raise ConfigError(f"run dir {run_dir} does not exist")
+    dev = resolve_device(device)
+    loaded = load_latest(run_dir / CKPT_DIR)  # on the CPU: the optimizer state never moves
+    if loaded.state is None:
+        damaged = f": {len(loaded.skipped)} damaged ({loaded.skipped[0]})" if loaded.skipped else ""
+        raise ConfigError(
+            f"run dir {run_dir} has no valid checkpoint in {CKPT_DIR}/{damaged} "
+            "(a run writes one every ckpt_interval steps and at its end)"
+        )
+    config = loaded.state.get("config") or {}
+    model_cfg = _build(ModelConfig, "model", config.get("model"))
+    norm = _norm(config.get("norm"), dev.type, norm_impl)
+    data = _build(DataConfig, "data", config.get("data"))
+    model = GPT(model_cfg, norm)
+    mismatched = shape_mismatches(model, loaded.state["model"])
+    if mismatched:
+        raise ConfigError(
+            f"{loaded.path} holds weights that do not fit its config: {'; '.join(mismatched[:3])}"
+        )
+    model.load_state_dict(loaded.state["model"])
+    model.to(dev).eval()
+    tokenizer = run_tokenizer(data, run_dir)
+    if tokenizer.n_vocab > model_cfg.vocab_size:
+        raise ConfigError(
+            f"the {tokenizer.name} tokenizer has {tokenizer.n_vocab} ids, more than the model's "
+            f"vocab_size={model_cfg.vocab_size}: it is not the tokenizer this run trained with"
+        )
+    return TrainedRun(
+        model, tokenizer, int(loaded.state["step"]), loaded.path, loaded.skipped, norm, dev
+    )
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """``prompt``'s token ids (a list of ints; empty for ``""``).
+
+    Raises:
+        ConfigError: ``prompt`` cannot be encoded (a lone surrogate: invalid UTF-8 on the command
+            line), or ``decode(encode(prompt)) != prompt`` (one line naming the first position).
+    """
+    try:  # every tokenizer here reads UTF-8 text: a lone surrogate is what none can encode
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(
+            f"--prompt cannot be encoded by the {tokenizer.name} tokenizer at character {e.start} "
+            f"({prompt[e.start]!r}: not valid UTF-8, e.g. a stray byte on the command line); "
+            "use UTF-8 text"
+        ) from None
+    ids = [int(i) for i in tokenizer.encode([prompt])[0]]
+    back = tokenizer.decode(ids)
+    if back != prompt:
+        at = next(
+            (i for i, (a, b) in enumerate(zip(prompt, back, strict=False)) if a != b), len(back)
+        )
+        raise ConfigError(
+            f"--prompt does not survive the {tokenizer.name} tokenizer: decode(encode(prompt)) "
+            f"differs from character {at} on ({prompt[at : at + 10]!r} -> {back[at : at + 10]!r})"
+        )
+    return ids
+
+
+@torch.no_grad()
+def generate(
+    model: GPT,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    generator: torch.Generator,
+    vocab_limit: int | None = None,
+) -> torch.Tensor:
+    """Extend ``idx`` (B, T0) int64 by ``max_new_tokens`` sampled ids: returns (B, T0 + N) int64.
+
+    Each step feeds the last ``model.cfg.context_length`` ids, takes the logits (fp32) of the last
+    position, divides them by ``temperature``, keeps the ``top_k`` largest (the others get -inf),
+    and draws one id per row from their softmax with ``generator`` (``torch.multinomial``; rows
+    draw one after another from it). ``vocab_limit``: ids >= it (embedding rows no token has) get
+    -inf first. ``top_k=1`` is greedy decoding: the argmax at every step.
+    """
+    context = model.cfg.context_length
+    for _ in range(max_new_tokens):
+        logits, _ = model(idx[:, -context:])  # (B, T, V)
+        logits = logits[:, -1, :].float() / temperature  # (B, V)
+        if vocab_limit is not None:
+            logits[:, vocab_limit:] = -math.inf
+        if top_k is not None and top_k < logits.size(-1):
+            top, where = torch.topk(logits, top_k, dim=-1)  # (B, k): exactly k ids survive
+            logits = torch.full_like(logits, -math.inf).scatter(-1, where, top)
+        probs = torch.softmax(logits, dim=-1)
+        nxt = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+        idx = torch.cat([idx, nxt], dim=1)
+    return idx
+
+
+def sample_texts(run: TrainedRun, prompt: str, opts: SampleOptions) -> list[str]:
+    """``opts.num_samples`` texts, each ``decode(encode(prompt) + new ids)``.
+
+    The samples are one batch drawn with one ``torch.Generator`` on ``run.device`` seeded with
+    ``opts.seed``: the same run, prompt, options and device give the same texts.
+
+    Raises:
+        ConfigError: the prompt is refused (:func:`encode_prompt`).
+    """
+    ids = encode_prompt(run.tokenizer, prompt)
+    start = ids or [int(i) for i in np.asarray(run.tokenizer.separator)]
+    idx = torch.tensor([start] * opts.num_samples, dtype=torch.long, device=run.device)
+    generator = torch.Generator(device=run.device).manual_seed(opts.seed)
+    out = generate(
+        run.model,
+        idx,
+        opts.max_new_tokens,
+        opts.temperature,
+        opts.top_k,
+        generator,
+        vocab_limit=run.tokenizer.n_vocab,
+    )
+    new = out[:, len(start) :].tolist()
+    return [run.tokenizer.decode(ids + row) for row in new]

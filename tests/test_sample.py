@@ -1,0 +1,264 @@
+"""``normlab-sample``: a run's checkpoint -> its model, its norm, its tokenizer -> text."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from normlab.commands.sample import main
+from normlab.config import ConfigError, DataConfig, NormImpl, to_plain
+from normlab.data import tokenizer as tt
+from normlab.data.corpus import DataError
+from normlab.data.tokens import prepare
+from normlab.model import GPT
+from normlab.norms import resolve_norm, unavailable_reason
+from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
+from normlab.training.sample import (
+    SampleOptions,
+    encode_prompt,
+    generate,
+    load_run,
+    run_tokenizer,
+    sample_texts,
+)
+
+from .conftest import REPO, TINY, run_cli
+
+CONTEXT = 32  # TINY's model.context_length
+
+
+def _write_run(run_dir, cfg, seed=0, step=7):
+    """A run dir holding one checkpoint of an untrained model of ``cfg`` (norm resolved, byte
+    vocabulary), as training writes it; returns the model."""
+    cfg = dataclasses.replace(
+        cfg,
+        norm=resolve_norm(cfg.norm, "cpu"),
+        model=dataclasses.replace(cfg.model, vocab_size=256),
+    )
+    torch.manual_seed(seed)
+    model = GPT(cfg.model, cfg.norm)
+    state = {"step": step, "model": model.state_dict(), "config": to_plain(cfg)}
+    save_checkpoint(run_dir / CKPT_DIR, state, keep=2)
+    return model.eval()
+
+
+@pytest.fixture
+def tiny_run(tmp_path, cfg_tiny, one_thread):
+    run_dir = tmp_path / "run"
+    return run_dir, _write_run(run_dir, cfg_tiny("norm=rms"))
+
+
+def _main(argv, capsys):
+    """Run the CLI in-process: (exit status, stdout, stderr)."""
+    try:
+        main([str(a) for a in argv])
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_the_model_is_rebuilt_with_the_norm_and_weights_it_trained_with(tiny_run):
+    run_dir, original = tiny_run
+    run = load_run(run_dir, "cpu")
+    assert run.norm.kind.name == "rms" and run.norm.impl == NormImpl.torch and run.step == 7
+    assert type(run.model.blocks[0].norm1) is type(original.blocks[0].norm1)
+    idx = torch.randint(0, 256, (2, CONTEXT))
+    torch.testing.assert_close(run.model(idx)[0], original(idx)[0], rtol=0, atol=0)
+
+
+def test_a_fixed_seed_gives_the_same_samples_and_another_seed_others(tiny_run):
+    run = load_run(tiny_run[0], "cpu")
+    opts = SampleOptions(max_new_tokens=20, temperature=1.0, top_k=None, num_samples=3, seed=5)
+    first = sample_texts(run, "To be", opts)
+    assert sample_texts(run, "To be", opts) == first
+    assert len(first) == 3 and len(set(first)) == 3  # the rows of one batch differ
+    assert sample_texts(run, "To be", dataclasses.replace(opts, seed=6)) != first
+
+
+def test_top_k_1_is_argmax_decoding_computed_step_by_step(tiny_run):
+    run = load_run(tiny_run[0], "cpu")
+    prompt = "ROMEO:"
+    n_new = CONTEXT + 8  # past the context length: the context is cropped
+    idx = torch.tensor([list(prompt.encode())])
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits = run.model(idx[:, -CONTEXT:])[0][:, -1]
+            idx = torch.cat([idx, logits.argmax(dim=-1, keepdim=True)], dim=1)
+    want = bytes(idx[0].tolist()).decode("utf-8", errors="replace")
+    for temperature in (1.0, 0.3):  # top-k 1 leaves one token whatever the temperature
+        opts = SampleOptions(max_new_tokens=n_new, temperature=temperature, top_k=1, seed=3)
+        assert sample_texts(run, prompt, opts) == [want]
+
+
+def test_ids_beyond_the_tokenizers_vocabulary_are_never_drawn(tiny_run):
+    run = load_run(tiny_run[0], "cpu")
+    g = torch.Generator().manual_seed(0)
+    out = generate(run.model, torch.zeros(4, 1, dtype=torch.long), 50, 5.0, None, g, 100)
+    assert out[:, 1:].max() < 100 and out[:, 1:].unique().numel() > 20  # hot, yet below 100
+
+
+def test_the_sample_text_is_decode_of_the_prompt_ids_and_the_new_ones(tiny_run):
+    run = load_run(tiny_run[0], "cpu")
+    prompt = "Où est-il? ½"
+    assert run.tokenizer.decode(encode_prompt(run.tokenizer, prompt)) == prompt
+    text = sample_texts(run, prompt, SampleOptions(max_new_tokens=5, top_k=1))[0]
+    assert text.startswith(prompt) and len(text.encode()) >= len(prompt.encode()) + 1
+
+
+def test_an_empty_prompt_starts_after_the_document_separator(tiny_run):
+    run = load_run(tiny_run[0], "cpu")
+    opts = SampleOptions(max_new_tokens=12, top_k=1)
+    empty = sample_texts(run, "", opts)[0]
+    after_separator = sample_texts(run, "\n\n", opts)[0]
+    assert after_separator == "\n\n" + empty  # the separator is context, not sample text
+
+
+def test_a_prompt_the_tokenizer_cannot_encode_is_one_line_exit_2(tiny_run, capsys):
+    with pytest.raises(ConfigError, match=r"character 2 \('\\udcff'"):
+        encode_prompt(tt.ByteTokenizer(), "ab\udcff")
+    code, out, err = _main([tiny_run[0], "--prompt", "ab\udcff", "--device", "cpu"], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("normlab-sample: error: --prompt cannot be")
+
+
+def test_invalid_utf8_on_the_real_command_line_is_refused(tiny_run):
+    cmd = [sys.executable, "-m", "normlab.commands.sample", str(tiny_run[0]).encode()]
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1")
+    r = subprocess.run([*cmd, b"--prompt", b"caf\xff"], env=env, capture_output=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert b"--prompt cannot be encoded by the byte tokenizer at character 3" in r.stderr
+
+
+def test_a_run_dir_without_a_checkpoint_is_one_line_naming_it(tmp_path, capsys):
+    code, out, err = _main([tmp_path], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"run dir {tmp_path} has no valid checkpoint" in err
+    code, _, err = _main([tmp_path / "absent"], capsys)
+    assert code == 2 and err.strip().endswith(f"run dir {tmp_path / 'absent'} does not exist")
+
+
+def test_a_damaged_checkpoint_is_skipped_and_named(tiny_run, capsys):
+    run_dir = tiny_run[0]
+    (path,) = (run_dir / CKPT_DIR).iterdir()
+    path.write_bytes(path.read_bytes()[:-10])
+    code, _, err = _main([run_dir], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert "has no valid checkpoint in checkpoints/: 1 damaged" in err and path.name in err
+
+
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--temperature", "0", "--temperature=0.0: must be a finite number > 0"),
+        ("--temperature", "-1", "--temperature=-1.0: must be a finite number > 0"),
+        ("--temperature", "nan", "--temperature=nan: must be a finite number > 0"),
+        ("--top-k", "0", "--top-k=0: must be >= 1"),
+        ("--max-new-tokens", "0", "--max-new-tokens=0: must be >= 1"),
+        ("--num-samples", "0", "--num-samples=0: must be >= 1"),
+        ("--device", "gpu", "--device=gpu is not allowed: auto, cpu, cuda, cuda:N"),
+    ],
+)
+def test_bad_options_are_one_line_exit_2(tiny_run, capsys, flag, value, message):
+    code, out, err = _main([tiny_run[0], flag, value], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"normlab-sample: error: {message}")
+
+
+def test_a_norm_implementation_that_cannot_run_here_is_refused_unless_replaced(
+    tmp_path, cfg_tiny, one_thread, monkeypatch, capsys
+):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if unavailable_reason(NormImpl.triton, "cpu") is None:
+        pytest.skip("triton runs on this CPU")
+    run_dir = tmp_path / "run"
+    cfg = cfg_tiny("norm=rms")
+    model = _write_run(run_dir, cfg)
+    ckpt = next((run_dir / CKPT_DIR).iterdir())
+    state = torch.load(ckpt, weights_only=True)
+    state["config"]["norm"]["impl"] = "triton"  # as if trained on a GPU
+    ckpt.unlink()
+    save_checkpoint(run_dir / CKPT_DIR, state, keep=2)
+    code, _, err = _main([run_dir, "--device", "cpu"], capsys)
+    assert code == 2 and "norm.impl=triton cannot run on device 'cpu'" in err
+    run = load_run(run_dir, "cpu", NormImpl.torch)
+    idx = torch.randint(0, 256, (1, CONTEXT))
+    torch.testing.assert_close(run.model(idx)[0], model(idx)[0], rtol=0, atol=0)
+
+
+def test_a_bpe_run_finds_its_tokenizer_in_its_token_folder_or_the_summarys(tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    data = DataConfig(
+        name="mini", path=str(corpus), cache_dir=str(tmp_path / "c"), tokenizer="bpe",
+        bpe_vocab_size=300, val_fraction=0.1,
+    )  # fmt: skip
+    prepared = prepare(data)
+    folder = prepared.directory
+
+    def no_prepare(cfg):
+        raise AssertionError("prepared again")
+
+    monkeypatch.setattr("normlab.training.sample.prepare", no_prepare)
+    tok = run_tokenizer(data)
+    assert tok.name == "bpe" and 256 < tok.n_vocab == prepared.load_tokenizer().n_vocab <= 300
+    ids = encode_prompt(tok, "the lazy fox")
+    assert len(ids) < len("the lazy fox") and tok.decode(ids) == "the lazy fox"
+    corpus.unlink()  # a run dir copied elsewhere: no corpus, the summary names the folder
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"data": {"cache": str(folder)}}))
+    assert run_tokenizer(data, run_dir).encode(["the lazy fox"])[0].tolist() == ids
+    monkeypatch.undo()
+    with pytest.raises(DataError, match="does not exist"):
+        run_tokenizer(data)  # no folder to read it from, and no corpus to prepare it again
+
+
+@pytest.mark.slow
+def test_a_run_trained_by_the_train_cli_prints_text(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [*TINY, "logger=none", "max_steps=30", "eval_interval=15", "optim.lr=3e-3"]
+    r = run_cli([*overrides, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "normlab.commands.sample", str(run_dir), "--device", "cpu"]
+    args = ["--prompt", "KING:", "--max-new-tokens", "60", "--num-samples", "2", "--seed", "1"]
+    r = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    samples = r.stdout.split("---------------\n")
+    assert len(samples) == 3 and samples[2] == ""
+    assert all(s.startswith("KING:") and len(s) > 40 for s in samples[:2])
+    assert "step 30" in r.stderr and "norm layer/torch" in r.stderr
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe", "gpt2"])
+def test_every_tokenizer_round_trips_a_prompt_and_refuses_a_lone_surrogate(kind, tmp_path):
+    if kind == "gpt2" and not tt.gpt2_cached():
+        pytest.skip("tiktoken's GPT-2 files are not cached here")
+    if kind == "bpe":
+        tok = tt.train_bpe(iter(["to be or not to be, that is it"] * 50), 280, tmp_path / "t.json")
+    else:
+        tok = tt.load(tt.Tokenizer[kind])
+    prompt = "To be, or not <|endoftext|> to bé: ½"
+    assert tok.decode(encode_prompt(tok, prompt)) == prompt
+    with pytest.raises(ConfigError, match=rf"the {kind} tokenizer at character 1 \('\\udc80'"):
+        encode_prompt(tok, "x\udc80y")
+
+
+def test_a_prompt_that_does_not_survive_its_round_trip_is_refused():
+    class Lowercasing(tt.ByteTokenizer):  # a tokenizer that normalizes text (none of ours does)
+        name = "lowercasing"
+
+        def encode(self, texts):
+            return super().encode([t.lower() for t in texts])
+
+    assert encode_prompt(Lowercasing(), "abc") == [97, 98, 99]
+    with pytest.raises(ConfigError, match=r"differs from character 3 on \('Def' -> 'def'\)"):
+        encode_prompt(Lowercasing(), "abcDef")
