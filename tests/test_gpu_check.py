@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from normlab.commands import bench, gpu_check
+from normlab.commands import bench, gpu_check, gpu_oracle
 from normlab.norms import available_impls
 from normlab.training import peak
 
@@ -56,6 +56,12 @@ def test_dry_run_runs_every_step_and_writes_both_files(tmp_path):
     md = (out / "gpu_check.md").read_text()
     assert "dry run on CPU" in md and "all steps ok" in md
     assert all(f"| {name} | ok |" in md for name in STEPS)
+
+
+def dump_env(path: Path) -> list[str]:
+    """A command that writes its environment as JSON to ``path``."""
+    code = f"import os, json; json.dump(dict(os.environ), open({str(path)!r}, 'w'))"
+    return [sys.executable, "-c", code]
 
 
 def canned() -> list[dict]:
@@ -141,14 +147,7 @@ def test_a_failed_or_timed_out_step_is_recorded(tmp_path):
     assert slow["status"] == "timeout" and 1 <= slow["seconds"] < 10
     silent = gpu_check.run_step("oracle", [*py, "pass"], tmp_path, 30, True)
     assert silent["status"] == "failed" and "was not written" in silent["error"]
-    env = "import os, json; json.dump(dict(os.environ), open('oracle.json', 'w'))"
-    ok = gpu_check.run_step(
-        "oracle",
-        [*py, env.replace("oracle.json", str(tmp_path / "oracle.json"))],
-        tmp_path,
-        30,
-        True,
-    )
+    ok = gpu_check.run_step("oracle", dump_env(tmp_path / "oracle.json"), tmp_path, 30, True)
     assert ok["status"] == "ok" and ok["raw"]["TRITON_INTERPRET"] == "1"  # dry run only
 
 
@@ -171,3 +170,47 @@ def test_bench_peak_prints_and_writes_fp32_and_bf16(tmp_path, monkeypatch, capsy
     assert "fp32: 1.500 TFLOP/s" in text and "bf16: 3.000 TFLOP/s" in text
     assert bench.main(["peak", "--device", "cpu", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["fp32"]["cached"]
+
+
+def test_the_gpu_plan_is_the_seed_shape_and_fits_in_8_minutes(tmp_path, monkeypatch):
+    steps = dict(gpu_check.plan(gpu_check.GPU, tmp_path))
+    assert list(steps) == STEPS
+    assert sum(gpu_check.GPU.limits[n] for n in STEPS) <= gpu_check.BUDGET_S == 480
+    train = steps["train"]
+    for override in (
+        "model=gpt2_small",
+        "precision=bf16",
+        "compile=true",
+        "norm=fused",
+        "max_steps=200",
+        "data.batch_size=16",
+        "device=cuda",
+        "logger=none",
+        "progress=false",
+        "peak_tflops=312",
+    ):
+        assert override in train, override
+    assert train[2] == "normlab.commands.train" and not any(a.startswith("data=") for a in train)
+    assert {"--a", "norm.impl=torch", "--b", "norm.impl=triton"} <= set(steps["step_torch"])
+    assert "norm.impl=compiled" in steps["step_compiled"]
+    assert steps["peak"][2:5] == ["normlab.commands.bench", "peak", "--device"]
+    assert "--refresh" in steps["peak"]  # a fresh machine: measure, never a stale cache entry
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    (tmp_path / "logs").mkdir()
+    ran = gpu_check.run_step("oracle", dump_env(tmp_path / "oracle.json"), tmp_path, 30, dry=False)
+    assert "TRITON_INTERPRET" not in ran["raw"]  # on the GPU the Triton kernels are compiled
+
+
+def test_the_device_oracle_check_passes_torch_and_catches_a_wrong_kernel(monkeypatch):
+    cpu = torch.device("cpu")
+    good = gpu_oracle.run_checks(cpu, ["torch"], ["fp32", "bf16"], [(16, 65)])
+    assert good["failed"] == 0 and good["passed"] == 4  # 2 kinds x 2 dtypes
+    layer = next(c for c in good["cases"] if c["kind"] == "layer")
+    assert set(layer["errors"]) == {"output", "dx", "dweight", "dbias"}
+    real = gpu_oracle.oracle
+    monkeypatch.setattr(gpu_oracle, "oracle", lambda kind: lambda *a: real(kind)(*a) * 1.001)
+    bad = gpu_oracle.run_checks(cpu, ["torch"], ["fp32"], [(16, 65)])
+    assert bad["passed"] == 0 and bad["failed"] == 2  # 1e-3 off: above fp32's 1e-4
+    assert gpu_oracle.normwise_error(torch.tensor([1.0, float("nan")]), torch.ones(2)) == float(
+        "inf"
+    )

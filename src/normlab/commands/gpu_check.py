@@ -23,10 +23,12 @@ compile of even the tiny model takes about 20 s) in under a minute.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -88,6 +90,7 @@ DRY = Sizes(
     limits=dict.fromkeys(LIMITS_GPU | {"step_compiled": 0}, 90),
 )
 BUDGET_S = 480  # the whole check: 8 minutes
+CONFIGURED_PEAK = 312.0  # train's default, pinned: MFU is recomputed against the measured one
 
 
 def plan(s: Sizes, out: Path) -> list[tuple[str, list[str]]]:
@@ -106,7 +109,8 @@ def plan(s: Sizes, out: Path) -> list[tuple[str, list[str]]]:
         "bench": f"bench {dev} --dtypes fp32,bf16 --shapes {s.bench_shapes} {s.bench_rounds} "
         f"--json {q['bench']}",
         "peak": f"bench peak {dev}{refresh} --json {q['peak']}",
-        "train": f"train {common} compile={str(s.compile).lower()} progress=false "
+        "train": f"train {common} compile={str(s.compile).lower()} peak_tflops={CONFIGURED_PEAK:g} "
+        "progress=false "
         f"max_steps={s.steps} eval_interval={s.steps} ckpt_interval=0 "
         f"hydra.run.dir={shlex.quote(str(out / 'train'))}",
         "step_torch": f"{step} --a norm.impl=torch --json {q['step_torch']}",
@@ -129,17 +133,21 @@ def run_step(name: str, argv: list[str], out: Path, limit_s: float, dry: bool) -
         env["TRITON_INTERPRET"] = "1"  # Triton on CPU: read when the kernels are imported
     log = out / "logs" / f"{name}.log"
     record = {"name": name, "command": shlex.join(argv), "log": str(log.relative_to(out))}
+    written = out / ("train/summary.json" if name == "train" else f"{name}.json")
+    written.unlink(missing_ok=True)  # a previous check's output in the same --out is not this one's
     t0 = time.perf_counter()
     with log.open("w") as f:
+        proc = subprocess.Popen(
+            argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         try:
-            rc = subprocess.run(
-                argv, stdout=f, stderr=subprocess.STDOUT, env=env, timeout=max(limit_s, 1)
-            ).returncode
-        except subprocess.TimeoutExpired:
+            rc = proc.wait(timeout=max(limit_s, 1))
+        except subprocess.TimeoutExpired:  # the step and what it started (compile workers)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             rc = None
     record["seconds"] = round(time.perf_counter() - t0, 2)
     record["returncode"] = rc
-    written = out / ("train/summary.json" if name == "train" else f"{name}.json")
     if rc is None:
         record |= {"status": "timeout", "error": f"stopped after its limit of {limit_s:.0f} s"}
     elif rc != 0:
@@ -199,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "dry_run": args.dry_run,
         "device": sizes.device,
         "device_name": device_name(torch.device(sizes.device)),
+        "sizes": dataclasses.asdict(sizes),
         "versions": versions(),
         "started": started,
         "seconds": round(time.perf_counter() - t0, 1),
