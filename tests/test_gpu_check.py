@@ -117,7 +117,7 @@ def test_summarize_recomputes_mfu_against_the_measured_peak_and_fails_bad_oracle
     }
     md = gpu_check.render(report)
     assert "SOME STEPS FAILED" in md and "| oracle | failed |" in md
-    assert "MFU 26.0% of the measured peak (50.0% of the configured 312 TFLOP/s)" in md
+    assert "MFU 26.0% of the measured peak (50.00% of the configured 312 TFLOP/s)" in md
     assert "400,000 tokens/s" in md and "B/A 0.950" in md and "bf16 600.00 TFLOP/s" in md
 
 

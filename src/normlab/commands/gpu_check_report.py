@@ -103,9 +103,18 @@ def render(report: dict) -> str:
         "",
         f"Device: {report['device_name']} ({report['device']}); "
         + ", ".join(f"{k} {val}" for k, val in v.items()),
+        "",
         f"Started {report['started']}, {report['seconds']:.0f} s in all; "
         f"{'all steps ok' if report['ok'] else 'SOME STEPS FAILED'}.",
         "",
+        *(
+            [
+                "Dry run: this CPU at tiny sizes, whole-model compile off; CPU figures.",
+                "",
+            ]
+            if report["dry_run"]
+            else []
+        ),
         "| step | status | seconds | command |",
         "|---|---|---|---|",
     ]
@@ -132,7 +141,7 @@ def render(report: dict) -> str:
             f"{r['fwdbwd_ms']:.4f} | {r['fwdbwd_copy_frac']:.0%} |"
             for r in b["rows"]
         ]
-        lines.append("Copy GB/s: " + ", ".join(f"{k} {g:.1f}" for k, g in b["copy_gbps"].items()))
+        lines.append("\nCopy GB/s: " + ", ".join(f"{k} {g:.1f}" for k, g in b["copy_gbps"].items()))
     if p := fig.get("peak"):
         lines += [
             "",
@@ -146,14 +155,15 @@ def render(report: dict) -> str:
             f"{t['compile']}, norm {t['norm_impl']}): {_num(t['tokens_per_s'], ',.0f')} "
             f"tokens/s, median step {_num(t['step_time_ms_median'], '.1f')} ms, MFU "
             f"{_num(t['mfu_measured'], '.1%')} of the measured peak ("
-            f"{_num(t['mfu_configured'], '.1%')} of the configured "
+            f"{_num(t['mfu_configured'], '.2%')} of the configured "
             f"{t['peak_tflops_configured']:g} TFLOP/s); final val loss "
             f"{_num(t['final_val_loss'], '.4f')}",
         ]
     for name in ("step_torch", "step_compiled"):
         if st := fig.get(name):
             lines.append(
-                f"\n**Step** A {st['a']} {st['a_ms']:.1f} ms, B {st['b']} "
+                f"\n**Step {name}** (median per optimizer step): A {st['a']} {st['a_ms']:.1f} ms, "
+                f"B {st['b']} "
                 f"{st['b_ms']:.1f} ms: B/A {st['b_over_a']:.3f} (IQR "
                 f"{st['b_over_a_iqr'][0]:.3f}-{st['b_over_a_iqr'][1]:.3f})"
             )
