@@ -1,5 +1,5 @@
-"""The ``normlab-bench`` command: norm kernels (default) and whole training steps (``normlab-bench
-step``)."""
+"""The ``normlab-bench`` command: norm kernels (default), whole training steps (``normlab-bench
+step``) and the device's measured matmul peak (``normlab-bench peak``)."""
 
 from __future__ import annotations
 
@@ -26,10 +26,12 @@ from normlab.studies.bench_step import bench_step, format_step
 from normlab.studies.bench_tables import format_norm_table
 from normlab.studies.timing import keep_freed_memory
 from normlab.training.distributed import resolve_device
+from normlab.training.peak import device_peak_tflops
 
 NORM_USAGE = """\
 normlab-bench [-h] [--kinds K,..] [--impls I,..] [--dtypes D,..] [--shapes RxH,..] [options]
-       normlab-bench step [-h] [OVERRIDE ...] [--a OVERRIDES] [--b OVERRIDES] [options]"""
+       normlab-bench step [-h] [OVERRIDE ...] [--a OVERRIDES] [--b OVERRIDES] [options]
+       normlab-bench peak [-h] [--device D] [--refresh] [--json PATH]"""
 
 NORM_DESCRIPTION = """\
 Two modes: "normlab-bench [options]" times norm kernels (this help);
@@ -181,9 +183,45 @@ def _parser(step: bool) -> argparse.ArgumentParser:
     return p
 
 
+def peak_main(argv: list[str]) -> int:
+    """``normlab-bench peak``: the device's dense matmul peak in fp32 and bf16 (TFLOP/s, the best
+    timed ``n x n`` matmul, ``2 n^3`` FLOP; ``training.peak``), from the per-machine cache unless
+    ``--refresh``; printed and written to ``--json``."""
+    p = argparse.ArgumentParser(
+        prog="normlab-bench peak",
+        description="Third mode of normlab-bench: the measured dense matmul peak (fp32, bf16) that "
+        "MFU is reported against, cached per machine, thread count and torch version.",
+    )
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    p.add_argument("--refresh", action="store_true", help="measure again, ignoring the cache")
+    p.add_argument("--threads", type=int, help="CPU threads, torch.set_num_threads")
+    p.add_argument("--json", default="bench_peak.json", help="default: ./bench_peak.json")
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        device = resolve_device(args.device)
+    except ConfigError as e:
+        print(f"normlab-bench peak: {e}", file=sys.stderr)
+        return 2
+    result = {"mode": "peak", "device": str(device), "torch": torch.__version__}
+    for dtype in ("fp32", "bf16"):
+        result[dtype] = entry = device_peak_tflops(device, dtype, refresh=args.refresh)
+        origin = f"cached {entry['measured_at']}" if entry["cached"] else "measured now"
+        print(
+            f"{dtype}: {entry['tflops']:.3f} TFLOP/s dense matmul peak ({origin}; {entry['key']})"
+        )
+    Path(args.json).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``normlab-bench [norm options]`` or ``normlab-bench step ...``; returns the exit status."""
+    """``normlab-bench [norm options]``, ``normlab-bench step ...`` or ``normlab-bench peak ...``;
+    returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["peak"]:
+        return peak_main(argv[1:])
     step = argv[:1] == ["step"]
     p = _parser(step)
     args = p.parse_intermixed_args(argv[1:]) if step else p.parse_args(argv)

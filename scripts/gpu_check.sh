@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The first run on a GPU, in one go (at most 8 minutes on one H100/H200): the Triton kernels
+# against the float64 oracle, normlab-bench of every norm in fp32/bf16, the measured matmul peak,
+# a 12 x 768 bf16 compiled training run (tokens/s, MFU against the measured peak) and the step
+# bench of the fused kernel against torch and compiled. Writes gpu_check.md and gpu_check.json
+# under outputs/gpu_check/<time>/ (or --out DIR). --dry-run: the same steps on CPU, tiny sizes.
+# Usage: scripts/gpu_check.sh [--dry-run] [--out DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec python3 -m normlab.commands.gpu_check "$@"
