@@ -182,11 +182,22 @@ def test_divergence_between_log_steps_is_found_at_its_exact_step(
     assert not list((tmp_path / "checkpoints").glob("*.pt"))
 
 
-def test_adamw_is_fused_on_cpu(compose_cfg):
+def test_adamw_on_cpu_is_foreach_and_steps_like_the_for_loop_adamw(compose_cfg):
     from normlab.training.setup import build_run
 
     run = build_run(_tiny(compose_cfg))
-    assert run.optimizer.defaults["fused"] is True
+    assert run.optimizer.defaults["foreach"] is True and not run.optimizer.defaults["fused"]
+    torch.manual_seed(0)
+    params = [torch.randn(8, 4, requires_grad=True), torch.randn(4, requires_grad=True)]
+    twins = [p.detach().clone().requires_grad_(True) for p in params]
+    ours = torch.optim.AdamW(params, lr=1e-2, foreach=True)
+    loop = torch.optim.AdamW(twins, lr=1e-2, foreach=False)
+    for _ in range(5):
+        for opt, ps in ((ours, params), (loop, twins)):
+            opt.zero_grad()
+            (ps[0].sin().sum() + ps[1].square().sum()).backward()
+            opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(params, twins, strict=True))
 
 
 # --- issue 15: runs that say what happened -------------------------------------------------------
