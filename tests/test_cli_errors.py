@@ -239,3 +239,8 @@ def test_resuming_a_completed_run_says_so_in_one_line_and_changes_nothing(tmp_pa
         ]
         assert snapshot(run) == before, "no file may change: no new wandb run, the same summary"
         assert (run / "train.log").read_text().startswith(log_before)
+
+
+def test_help_shows_declared_defaults_not_values_resolved_after_construction():
+    keys = {k.name: k for k in schema_keys(CONF_DIR)}
+    assert keys["norm.bias"].default is None  # null: the kind's default, not layer's True

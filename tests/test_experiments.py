@@ -23,8 +23,16 @@ from .conftest import CONF_DIR, TINY, run_cli
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 #: Studies run by scripts/<name>.sh through their own command, not by `train`.
 SCRIPT_STUDIES = {"fp16_statistics", "norm_cost"}
-#: Sized for a GPU: device=cuda, or GPT-2 small at 1024 positions for 5000 steps.
-GPU = {name for name in EXPERIMENTS if name.endswith("_gpu")} | {"loss_parity"}
+
+
+def needs_gpu_or_hub(name: str) -> bool:
+    """Sized for a GPU (``*_gpu``, device=cuda) or reading a Hub corpus (the FineWeb-Edu
+    recipes): composed and validated here, never trained on this CPU."""
+    cfg = compose_cli([f"experiment={name}"])
+    return name.endswith("_gpu") or cfg.device.startswith("cuda") or cfg.data.format.name == "hub"
+
+
+GPU = {name for name in EXPERIMENTS if needs_gpu_or_hub(name)}
 TRAINED_ON_CPU = [n for n in EXPERIMENTS if n not in GPU and n not in SCRIPT_STUDIES]
 #: TINY with 2 steps; logger=none (wandb is covered by test_cli), one evaluation.
 SHRINK = [o for o in TINY if not o.startswith(("max_steps", "eval_interval"))]
@@ -38,6 +46,7 @@ def experiment_file(name: str) -> dict:
 def test_the_classification_covers_every_experiment_file():
     assert set(TRAINED_ON_CPU) | GPU | SCRIPT_STUDIES == set(EXPERIMENTS)
     assert "quickstart" in TRAINED_ON_CPU and "loss_parity_cpu" in TRAINED_ON_CPU
+    assert {"loss_parity", "loss_parity_1h"} <= GPU
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)

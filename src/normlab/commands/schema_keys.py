@@ -108,6 +108,8 @@ def schema_keys(conf_dir: Path) -> tuple[Key, ...]:
         instance = cls()
         for f in dataclasses.fields(cls):
             value = getattr(instance, f.name)
+            if f.default is not dataclasses.MISSING:  # as declared: __post_init__ may resolve it
+                value = f.default
             if dataclasses.is_dataclass(value):
                 path = conf_dir / f.name / f"{defaults.get(f.name)}.yaml"
                 walk(type(value), f"{prefix}{f.name}.", _yaml_comments(path))
