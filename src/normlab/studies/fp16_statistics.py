@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from normlab.config import NormConfig, NormImpl, NormKind
+from normlab.config import NormConfig, NormImpl
 from normlab.norms import available_impls, build_norm, resolve_norm
-from normlab.norms.reference import layer_norm_ref, rms_norm_ref
+from normlab.norms import oracle as norm_oracle
 from normlab.norms.table import IMPLS, KINDS
 from normlab.training.diagnostics import first_nonfinite, norm_statistics_finite
 
@@ -89,9 +89,8 @@ def oracle(cfg: NormConfig, x: torch.Tensor) -> torch.Tensor:
     """The fp64 reference output of a fresh norm (gain 1, bias 0) for the (rounded) input ``x``."""
     x64 = x.double()
     w = torch.ones(x.shape[-1], dtype=torch.float64, device=x.device)
-    if cfg.kind == NormKind.layer:
-        return layer_norm_ref(x64, w, torch.zeros_like(w) if cfg.bias else None, cfg.resolved_eps)
-    return rms_norm_ref(x64, w, cfg.resolved_eps)
+    b = torch.zeros_like(w) if cfg.bias else None
+    return norm_oracle(cfg.kind)(x64, w, b, cfg.resolved_eps)  # the kind's, from the norm table
 
 
 def norm_error_sweep(
