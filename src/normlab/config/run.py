@@ -78,7 +78,7 @@ class PrecisionConfig:
     """``dtype`` is the autocast dtype; fp16 also turns on a gradient scaler (``init_scale``)."""
 
     dtype: Precision = Precision.fp32
-    init_scale: float = 65536.0
+    init_scale: float = 65536.0  # fp16: the grad scaler's first loss scale
 
     def __post_init__(self) -> None:
         _require(self.init_scale > 0, "precision.init_scale", self.init_scale, "must be > 0")
@@ -88,14 +88,14 @@ class PrecisionConfig:
 class OptimConfig:
     """AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to ``min_lr``."""
 
-    name: OptimName = OptimName.adamw
-    lr: float = 6e-4
-    min_lr: float = 6e-5
+    name: OptimName = OptimName.adamw  # the optimizer (adamw only)
+    lr: float = 6e-4  # peak learning rate, after warm-up
+    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
     weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    warmup_steps: int = 100
+    beta1: float = 0.9  # AdamW first-moment decay
+    beta2: float = 0.95  # AdamW second-moment decay
+    eps: float = 1e-8  # AdamW denominator eps (not the norms' eps)
+    warmup_steps: int = 100  # linear warm-up steps from lr/warmup_steps to lr
     decay: bool = True  # cosine decay to min_lr over max_steps; false keeps lr constant
     grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
     grad_accum: int = 1
@@ -128,11 +128,11 @@ class LoggerConfig:
 
     kind: LoggerKind = LoggerKind.wandb
     mode: WandbMode = WandbMode.offline
-    project: str = "normlab"
-    entity: str | None = None
+    project: str = "normlab"  # wandb project
+    entity: str | None = None  # wandb entity (user or team); null: your default
     group: str | None = None  # null: <model>-<norm kind>-<impl>-<placement>-<precision>
     name: str | None = None  # null: the group plus the seed
-    tags: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)  # wandb run tags
     init_timeout_s: float = 30.0  # seconds wandb.init waits for its server; then metrics.jsonl only
 
     def __post_init__(self) -> None:
