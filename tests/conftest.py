@@ -37,6 +37,16 @@ TINY = [
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _one_intra_op_thread():
+    """Tests run on one thread: on 2 shared cores, two-thread torch regions wait for the busier
+    core and tiny steps run many times slower. Tests of thread counts set their own."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _isolated_env(tmp_path_factory):
     """One token cache for the whole session, wandb offline and quiet, outside the user's home."""
     cache = tmp_path_factory.mktemp("normlab-cache")
