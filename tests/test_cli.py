@@ -40,6 +40,11 @@ def test_single_run_writes_hydra_config_metrics_summary_and_offline_wandb_run(tm
     assert (
         summary["status"] == "completed" and summary["precision"] == "bf16" and summary["seed"] == 7
     )
+    # the result and where it is, as the last line (a new user need not know the run dir)
+    assert r.stderr.splitlines()[-1] == (
+        f"normlab: completed 6 steps: final val loss {summary['final_val_loss']:.4f} nats/token; "
+        f"{(run / 'summary.json').resolve()}"
+    )
     for key in (
         "final_val_loss",
         "step_time_ms_median",

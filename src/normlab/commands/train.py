@@ -220,7 +220,12 @@ def _task(cfg: DictConfig) -> float | JobFailure:
         s = summary
         why = f"{s['diverged_reason']} (last finite loss {s['last_finite_loss']})"
         return fail(f"diverged at step {s['diverged_at_step']}: {why}", 1, f" in {run_dir}")
-    return summary["final_val_loss"]
+    loss = summary["final_val_loss"]
+    say(
+        f"completed {summary['steps_completed']} steps: final val loss {loss:.4f} nats/token; "
+        f"{run_dir / 'summary.json'}"
+    )
+    return loss
 
 
 def _refused_before_hydra(args: list[str], conf_dir: Path) -> list[str]:
