@@ -90,11 +90,24 @@ def compose_cfg() -> Callable[[list[str] | None], DictConfig]:
     return lambda overrides=None: compose_dict(list(overrides or []))
 
 
-def run_cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run the real ``train`` console script in ``cwd`` (outputs/ lands there)."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
-    cmd = [sys.executable, "-c", "from normlab.commands.train import main; main()", *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+#: What the ``train`` console script runs.
+TRAIN_MAIN = "from normlab.commands.train import main; main()"
+#: Environment for subprocesses that must run on one thread.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def run_cli(
+    args: list[str],
+    cwd: Path,
+    timeout: float = 300,
+    code: str = TRAIN_MAIN,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess:
+    """Run ``python -c code args`` (by default the real ``train`` console script) in ``cwd``
+    (outputs/ lands there), with ``env`` added to this process's environment."""
+    full = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", **(env or {}))
+    cmd = [sys.executable, "-c", code, *args]
+    return subprocess.run(cmd, cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

@@ -6,9 +6,7 @@ finished run changes nothing; ``threads`` sets torch's threads without touching 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from normlab.commands import train as cli
 from normlab.commands.schema_keys import help_text, schema_keys
 from normlab.compose import compose_cli
 
-from .conftest import CONF_DIR, TINY, run_cli
+from .conftest import CONF_DIR, ONE_THREAD, TINY, run_cli
 
 #: The real CLI; at exit it says on stderr whether torch was ever imported.
 TORCH_PROBE = """
@@ -29,9 +27,7 @@ main()
 
 
 def cli_with(code: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-c", code, *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return run_cli(args, cwd, code=code, env=ONE_THREAD)
 
 
 RSM = "norm=rsm: no option 'rsm' in group norm; did you mean norm=rms? (options: fused, layer, rms)"

@@ -6,9 +6,7 @@ import gc
 import json
 import logging
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +23,7 @@ from normlab.config import ConfigError
 from normlab.model import GPT
 from normlab.training.loop import RunOptions, train
 
-from .conftest import TINY
+from .conftest import ONE_THREAD, TINY, TRAIN_MAIN, run_cli
 
 
 @pytest.fixture(autouse=True)
@@ -33,18 +31,8 @@ def _one_thread(one_thread):
     """One intra-op thread for every test here (see conftest.one_thread)."""
 
 
-def cli_run(
-    args: list[str], cwd: Path, code: str = "from normlab.commands.train import main; main()"
-) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def cli_run(args: list[str], cwd: Path, code: str = TRAIN_MAIN) -> subprocess.CompletedProcess:
+    return run_cli(args, cwd, code=code, env=ONE_THREAD)
 
 
 #: The real CLI, with one fault: the job with optim.lr=2e-3 raises at its third step.

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from normlab.training import checkpoint as ckpt
 from normlab.training import resume, tracking
 from normlab.training.loop import RunOptions, train
 
-from .conftest import TINY
+from .conftest import ONE_THREAD, TINY, run_cli
 
 #: TINY with dropout on (so the torch RNG state matters), evaluation every 4 steps.
 RUN = [*TINY, "model.dropout=0.1", "eval_interval=4"]
@@ -49,19 +47,11 @@ def _one_thread(one_thread):
 def cli(
     args: list[str], cwd: Path, signal_at: tuple[str, int] | None = None
 ) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
-    code = "from normlab.commands.train import main; main()"
-    if signal_at:
-        env.update(NORMLAB_TEST_SIGNAL=signal_at[0], NORMLAB_TEST_SIGNAL_AT=str(signal_at[1]))
-        code = DRIVER
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    if not signal_at:
+        return run_cli(args, cwd, env=ONE_THREAD)
+    sig, at = signal_at
+    env = {**ONE_THREAD, "NORMLAB_TEST_SIGNAL": sig, "NORMLAB_TEST_SIGNAL_AT": str(at)}
+    return run_cli(args, cwd, code=DRIVER, env=env)
 
 
 def losses(run_dir: Path) -> list[tuple[int, dict]]:

@@ -115,11 +115,17 @@ def fingerprint(cfg: DataConfig, files: list[Path]) -> str:
     return h.hexdigest()[:16]
 
 
+def default_cache_root() -> Path:
+    """normlab's cache folder when no config names one: ``$NORMLAB_CACHE``, else
+    ``~/.cache/normlab`` (token folders, the measured matmul peak)."""
+    return Path(os.environ.get("NORMLAB_CACHE", "~/.cache/normlab")).expanduser()
+
+
 def cache_root(cfg: DataConfig) -> Path:
-    """``data.cache_dir``, else ``$NORMLAB_CACHE``, else ``~/.cache/normlab``."""
+    """``data.cache_dir``, else :func:`default_cache_root`."""
     if cfg.cache_dir is not None:
         return Path(cfg.cache_dir).expanduser()
-    return Path(os.environ.get("NORMLAB_CACHE", "~/.cache/normlab")).expanduser()
+    return default_cache_root()
 
 
 def token_dir(cfg: DataConfig) -> Path:

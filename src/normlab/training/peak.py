@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from normlab.data.tokens import default_cache_root
+
 #: Square matmul sizes timed per device type: large enough to reach the plateau, small enough to
 #: finish in about a second (CPU: 2 n^3 = 17 GFLOP at n=2048).
 SIZES = {"cpu": (1024, 2048), "cuda": (4096, 8192)}
@@ -27,7 +29,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def cache_file() -> Path:
     """``$NORMLAB_CACHE/peak.json`` (default ``~/.cache/normlab/peak.json``)."""
-    return Path(os.environ.get("NORMLAB_CACHE", "~/.cache/normlab")).expanduser() / "peak.json"
+    return default_cache_root() / "peak.json"
 
 
 def device_name(device: torch.device) -> str:
