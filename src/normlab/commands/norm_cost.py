@@ -49,11 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     common = with_default_experiment(args.overrides, "norm_cost")
     try:
-        from normlab.studies.common import compose_config
+        from normlab.compose import compose
         from normlab.training.distributed import resolve_device
         from normlab.training.setup import versions
 
-        device = resolve_device(compose_config(common).device)
+        device = resolve_device(compose(common).device)
         rows = measure(
             common,
             variants(device.type, args.kinds.split(","), args.impls and args.impls.split(",")),

@@ -10,7 +10,6 @@ import time
 
 from normlab.commands.overrides import expand
 from normlab.compose import compose
-from normlab.config import DataConfig
 from normlab.data.corpus import DataError
 
 USAGE = (
@@ -21,11 +20,6 @@ HEADER = (
     f"{'data':<14} {'tokenizer':<16} {'vocab':>6} {'train tokens':>14} {'val tokens':>12} "
     f"{'shards':>6} {'seconds':>8}  folder"
 )
-
-
-def compose_data(overrides: list[str]) -> DataConfig:
-    """The validated :class:`~normlab.config.DataConfig` of ``conf/train.yaml`` + ``overrides``."""
-    return compose(overrides).data
 
 
 def row(data) -> str:
@@ -67,9 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     for job in jobs:
         tmp = tempfile.mkdtemp(prefix="normlab-prepare-") if fresh else None
         try:
-            cfg = compose_data(
-                job + ([f"data.cache_dir={tmp}", "data.token_dir=null"] if fresh else [])
-            )
+            fresh_cache = [f"data.cache_dir={tmp}", "data.token_dir=null"] if fresh else []
+            cfg = compose([*job, *fresh_cache]).data
             t0 = time.perf_counter()
             data = prepare(cfg)
             if fresh:

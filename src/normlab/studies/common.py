@@ -29,15 +29,6 @@ def with_default_experiment(overrides: list[str], name: str) -> list[str]:
     )
 
 
-def compose_config(overrides: list[str]) -> TrainConfig:
-    """``conf/train.yaml`` composed with ``overrides`` and validated, exactly as ``train`` would.
-
-    Raises:
-        ConfigError: a bad value, one line naming it.
-    """
-    return compose(overrides)
-
-
 @dataclass
 class StudyInputs:
     """A config resolved for its device (concrete norm impl, vocabulary from the tokenizer) and one
@@ -58,7 +49,7 @@ def study_inputs(overrides: list[str]) -> StudyInputs:
     """
     from normlab.training.setup import build_run
 
-    run = build_run(compose_config(overrides))
+    run = build_run(compose(overrides))
     x, y = run.sampler.train_batch(0, 0)
     return StudyInputs(run.cfg, run.device, x, y)
 
