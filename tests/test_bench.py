@@ -506,7 +506,10 @@ def test_step_benchmark_reports_a_finite_positive_ratio(tmp_path):
     )
     data = json.loads(path.read_text())
     assert data["mode"] == "step" and data["pairs"] == 2
-    assert (data["a"]["norm"], data["b"]["norm"]) == ("layer/torch", "rms/torch")
+    assert (data["a"]["norm"], data["b"]["norm"]) == (
+        "layer/cpp",
+        "rms/cpp",
+    )  # the fair default: both auto
     assert data["a"]["overrides"] == ["norm=layer"] and data["b"]["composed_with"] == [
         *TINY,
         "norm=rms",

@@ -44,7 +44,7 @@ def test_defaults_are_gpt2_small_layernorm_fp32_shakespeare_wandb_offline(compos
         12,
         1024,
     )
-    assert tc.norm.kind == NormKind.layer and tc.norm.impl == NormImpl.torch
+    assert tc.norm.kind == NormKind.layer and tc.norm.impl == NormImpl.auto
     assert tc.precision.dtype == Precision.fp32
     assert (
         tc.data.name == "shakespeare"

@@ -139,7 +139,10 @@ def test_training_refuses_to_start_when_the_implementation_disagrees_with_the_re
     real_forward = TorchRMSNorm.forward
     monkeypatch.setattr(TorchRMSNorm, "forward", lambda self, x: real_forward(self, x) * 1.01)
     with pytest.raises(ConfigError, match="disagrees with the reference"):
-        train(to_train_config(compose_cfg([*TINY, "logger=none", "norm=rms"])), tmp_path)
+        train(
+            to_train_config(compose_cfg([*TINY, "logger=none", "norm=rms", "norm.impl=torch"])),
+            tmp_path,
+        )
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
@@ -150,7 +153,10 @@ def test_a_run_records_its_preflight_errors(compose_cfg, tmp_path):
     from .conftest import TINY
 
     summary = train(
-        to_train_config(compose_cfg([*TINY, "logger=none", "norm=rms", "max_steps=1"])), tmp_path
+        to_train_config(
+            compose_cfg([*TINY, "logger=none", "norm=rms", "norm.impl=torch", "max_steps=1"])
+        ),
+        tmp_path,
     )
     assert summary["preflight"]["impl"] == "torch"
     assert summary["preflight"]["max_error"] < 1e-5

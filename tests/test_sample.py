@@ -51,7 +51,7 @@ def _write_run(run_dir, cfg, seed=0, step=7):
 @pytest.fixture
 def tiny_run(tmp_path, cfg_tiny, one_thread):
     run_dir = tmp_path / "run"
-    return run_dir, _write_run(run_dir, cfg_tiny("norm=rms"))
+    return run_dir, _write_run(run_dir, cfg_tiny("norm=rms", "norm.impl=torch"))
 
 
 def _main(argv, capsys):
@@ -179,7 +179,7 @@ def test_a_norm_implementation_that_cannot_run_here_is_refused_unless_replaced(
     if unavailable_reason(NormImpl.triton, "cpu") is None:
         pytest.skip("triton runs on this CPU")
     run_dir = tmp_path / "run"
-    cfg = cfg_tiny("norm=rms")
+    cfg = cfg_tiny("norm=rms", "norm.impl=torch")
     model = _write_run(run_dir, cfg)
     ckpt = next((run_dir / CKPT_DIR).iterdir())
     state = torch.load(ckpt, weights_only=True)
@@ -235,7 +235,7 @@ def test_a_run_trained_by_the_train_cli_prints_text(tmp_path):
     samples = r.stdout.split("---------------\n")
     assert len(samples) == 3 and samples[2] == ""
     assert all(s.startswith("KING:") and len(s) > 40 for s in samples[:2])
-    assert "step 30" in r.stderr and "norm layer/torch" in r.stderr
+    assert "step 30" in r.stderr and "norm layer/cpp" in r.stderr
 
 
 @pytest.mark.parametrize("kind", ["byte", "bpe", "gpt2"])

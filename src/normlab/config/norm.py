@@ -54,7 +54,7 @@ class NormConfig:
     """
 
     kind: NormKind = NormKind.layer
-    impl: NormImpl = NormImpl.torch
+    impl: NormImpl = NormImpl.auto
     eps: float | None = None
     placement: Placement = Placement.pre
     affine: bool = True
