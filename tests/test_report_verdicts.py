@@ -312,7 +312,7 @@ def test_context_section_states_tokens_epochs_eval_size_and_gap(tmp_path):
     assert main([str(tmp_path)]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## Context" in md and "48 validation tokens scored per evaluation" in md
-    assert "worth about 2 of its last training steps" in md and "2.00 epochs" in md
+    assert "worth about 2 of its last training steps" in md and "2 epochs" in md
 
 
 @pytest.mark.slow

@@ -28,8 +28,8 @@ def _worth(rep: Report) -> str:
         )
     where = (
         f"the baseline's mean validation curve was {m:g} nats above its final value "
-        f"({fmt(w['final'])}) last at step {fmt(w['step'], '.0f')}, so the margin is worth about "
-        f"{fmt(w['steps'], '.0f')} of its last training steps "
+        f"({fmt(w['final'])}) last at step {fmt(w['step'], '.4g')}, so the margin is worth about "
+        f"{fmt(w['steps'], '.3g')} of its last training steps "
         f"({fmt(w['steps'] / w['last_step'], '.0%')} of the run)"
         if math.isfinite(w["step"])
         else f"the baseline's mean validation curve never was {m:g} nats above its final value "
@@ -55,13 +55,13 @@ def render_context(rep: Report) -> list[str]:
         f"{_joined(st['model.context_length'])}); {fmt(c['params'], ',.0f')} parameters (median)",
         f"- Data: {_joined(st['data.name'])}, tokenizer {_joined(st['data.tokenizer'])}, batch "
         f"{_joined(st['data.batch_size'])}; tokens seen {fmt(c['tokens_seen'], ',.0f')} per run "
-        f"(median), {fmt(c['epochs'], '.2f')} epochs of the training split",
+        f"(median), {fmt(c['epochs'], '.3g')} epochs of the training split",
         f"- Schedule: peak lr {_joined(st['optim.lr'])}, min lr {_joined(st['optim.min_lr'])}, "
         f"warm-up {_joined(st['optim.warmup_steps'])} steps, cosine decay "
         f"{_joined(st['optim.decay'])}, weight decay {_joined(st['optim.weight_decay'])}; "
         f"max_steps {_joined(st['max_steps'])}, max_time_s {_joined(st['max_time_s'])}",
         "- Stopped by: "
-        + "; ".join(f"`{lab}`: {', '.join(v)}" for lab, v in c["stopped_by"].items()),
+        + "; ".join(f"`{lab}`: {_joined(v)}" for lab, v in c["stopped_by"].items()),
         f"- Precision {_joined(st['precision.dtype'])}, norm implementation "
         f"{_joined(st['norm.impl'])}, compile {_joined(st['compile'])}",
         f"- Device {_joined(st['device'])} ({_joined(st['device model'])}), torch "
