@@ -324,5 +324,12 @@ def test_wandb_offline_logs_the_report(tmp_path, monkeypatch):
     sweep(tmp_path / "s")
     out = tmp_path / "out"
     assert main([str(tmp_path / "s"), "--out", str(out), "--wandb"]) == 0
-    runs = list(out.glob("wandb/offline-run-*/run-*.wandb"))
-    assert len(runs) == 1 and runs[0].stat().st_size > 1000
+    (run,) = out.glob("wandb/offline-run-*")  # offline, in the report's dir
+    tables = {p.name.split("_0_")[0]: p for p in run.glob("files/media/table/report/*.table.json")}
+    assert {"variants", "comparisons", "bpb", "time_to_target", "heldout_wiki_vital_loss"} <= set(
+        tables
+    )
+    variants = json.loads(tables["variants"].read_text())
+    assert [row[0] for row in variants["data"]] == ["norm=layer", "norm=rms"]
+    images = {p.name.split("_0_")[0] for p in run.glob("files/media/images/report/*.png")}
+    assert {"val_loss", "val_diff", "val_time", "val_tokens"} <= images
