@@ -333,3 +333,13 @@ def test_wandb_offline_logs_the_report(tmp_path, monkeypatch):
     assert [row[0] for row in variants["data"]] == ["norm=layer", "norm=rms"]
     images = {p.name.split("_0_")[0] for p in run.glob("files/media/images/report/*.png")}
     assert {"val_loss", "val_diff", "val_time", "val_tokens"} <= images
+
+
+def test_runs_stopped_by_the_time_budget_and_by_steps_are_a_confound(tmp_path):
+    sweep(tmp_path)
+    for d in tmp_path.glob("rms-seed*"):
+        s = json.loads((d / "summary.json").read_text())
+        (d / "summary.json").write_text(json.dumps({**s, "stopped_by": "max_time_s"}))
+    rep = build_report(tmp_path)
+    assert any("neither equal steps nor equal training time" in w for w in rep.confounds)
+    assert rep.context["stopped_by"] == {"norm=layer": ["max_steps"], "norm=rms": ["max_time_s"]}

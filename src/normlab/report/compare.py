@@ -211,6 +211,13 @@ def build_report(
         )
     rep.target = time_to_target(included, base, target, alpha)
     rep.context = build_context(included, base, margin)
+    stops = {str((r.summary or {}).get("stopped_by")) for r in done}
+    if "max_time_s" in stops and len(stops) > 1:
+        rep.confounds.append(
+            "some runs were stopped by the time budget (max_time_s), others were not ("
+            + ", ".join(sorted(stops))
+            + "): their final losses compare at neither equal steps nor equal training time"
+        )
     found = load_step_bench(sources)
     if found is not None:
         ratios = {lab: bench_ratio(found[1], base, lab, alpha) for lab in rep.labels[1:]}

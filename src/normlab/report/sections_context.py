@@ -39,6 +39,13 @@ def _worth(rep: Report) -> str:
     return f"- What ±{m:g} nats means in compute: {where} (linear between evaluations)."
 
 
+def _budget_note(stopped_by: dict[str, list[str]]) -> str:
+    every = {v for vals in stopped_by.values() for v in vals}
+    if every == {"max_time_s"}:
+        return " (every run: the final losses compare at equal training time, not equal steps)"
+    return ""
+
+
 def render_context(rep: Report) -> list[str]:
     """``## Context``: the setting the verdict holds in."""
     c = rep.context
@@ -61,7 +68,8 @@ def render_context(rep: Report) -> list[str]:
         f"{_joined(st['optim.decay'])}, weight decay {_joined(st['optim.weight_decay'])}; "
         f"max_steps {_joined(st['max_steps'])}, max_time_s {_joined(st['max_time_s'])}",
         "- Stopped by: "
-        + "; ".join(f"`{lab}`: {_joined(v)}" for lab, v in c["stopped_by"].items()),
+        + "; ".join(f"`{lab}`: {_joined(v)}" for lab, v in c["stopped_by"].items())
+        + _budget_note(c["stopped_by"]),
         f"- Precision {_joined(st['precision.dtype'])}, norm implementation "
         f"{_joined(st['norm.impl'])}, compile {_joined(st['compile'])}",
         f"- Device {_joined(st['device'])} ({_joined(st['device model'])}), torch "
