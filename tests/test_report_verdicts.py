@@ -19,7 +19,13 @@ import pytest
 import yaml
 
 from normlab.commands.report import main
-from normlab.report import ReportError, build_report, paired_difference, report_tables
+from normlab.report import (
+    ReportError,
+    build_report,
+    paired_difference,
+    report_tables,
+    wandb_settings,
+)
 from normlab.report.context import steps_worth
 from normlab.report.stats import ratio_interval
 
@@ -343,3 +349,21 @@ def test_runs_stopped_by_the_time_budget_and_by_steps_are_a_confound(tmp_path):
     rep = build_report(tmp_path)
     assert any("neither equal steps nor equal training time" in w for w in rep.confounds)
     assert rep.context["stopped_by"] == {"norm=layer": ["max_steps"], "norm=rms": ["max_time_s"]}
+
+
+def test_wandb_settings_come_from_the_runs_logger_config_or_the_flags(tmp_path):
+    rep = build_report(sweep(tmp_path / "my_sweep"))
+    got = wandb_settings(rep)
+    assert got == {
+        "mode": "offline",  # the runs' logger.mode
+        "project": "normlab",
+        "group": "g",  # the runs' logger.group
+        "job_type": "report",
+        "name": "report-g",
+    }
+    assert wandb_settings(rep, "online", "p")["mode"] == "online"
+    for r in rep.runs:
+        r.config["logger.group"] = None if r.seed else "other"  # no shared group
+        r.config["logger.kind"] = "none"
+    got = wandb_settings(rep)
+    assert got["group"] == "my_sweep" and got["mode"] == "offline"  # the sweep dir's name
