@@ -367,3 +367,19 @@ def test_wandb_settings_come_from_the_runs_logger_config_or_the_flags(tmp_path):
         r.config["logger.kind"] = "none"
     got = wandb_settings(rep)
     assert got["group"] == "my_sweep" and got["mode"] == "offline"  # the sweep dir's name
+
+
+def test_an_evaluation_row_without_training_seconds_takes_its_steps_time(tmp_path):
+    d = write(tmp_path, "layer", 0, 2.0, s_per_step=0.5)
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:  # evaluations written as rows of their own, without perf/train_time_s
+        if "val/loss" in row and row["step"] == 30:
+            row.pop("perf/train_time_s")
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from normlab.report.runs import load_run
+    from normlab.report.totarget import first_reach
+
+    run = load_run(d)
+    assert first_reach(run, 2.10) == {"step": 30.0, "seconds": 14.5, "tokens": 30.0 * 16}
+    assert first_reach(run, 2.20)["seconds"] == 10.0  # its own row's seconds at step 20
+    assert first_reach(run, 1.5) is None

@@ -19,19 +19,31 @@ from normlab.report.stats import describe, ratio_interval
 TIME_KEY = "perf/train_time_s"
 
 
+def seconds_at(run: Run, step: float) -> float:
+    """Training seconds of ``run`` at ``step``: ``perf/train_time_s`` of a row of that step, else
+    of the latest earlier row that has it (an evaluation row written apart from its step's row);
+    nan when no row up to ``step`` records it."""
+    times = [
+        (float(r["step"]), float(r[TIME_KEY]))
+        for r in run.metrics
+        if "step" in r and r.get(TIME_KEY) is not None and float(r["step"]) <= step
+    ]
+    return max(times)[1] if times else NAN
+
+
 def first_reach(run: Run, target: float, key: str = "val/loss") -> dict[str, float] | None:
     """The first evaluation row (by step) of ``run`` whose ``key`` is at or below ``target``:
-    ``{"step", "seconds", "tokens"}`` (seconds nan without ``perf/train_time_s``, tokens nan
-    without tokens per step); None when no evaluation reaches it."""
+    ``{"step", "seconds", "tokens"}`` (seconds: :func:`seconds_at`, nan without
+    ``perf/train_time_s``; tokens nan without tokens per step); None when no evaluation reaches
+    it."""
     rows = sorted((r for r in run.metrics if "step" in r and r.get(key) is not None), key=_step)
     k = run.tokens_per_step
     for row in rows:
         v = float(row[key])
         if math.isfinite(v) and v <= target:
-            t = row.get(TIME_KEY)
             return {
                 "step": float(row["step"]),
-                "seconds": float(t) if t is not None else NAN,
+                "seconds": seconds_at(run, float(row["step"])),
                 "tokens": float(row["step"] * k) if k else NAN,
             }
     return None
@@ -97,14 +109,14 @@ def time_to_target(
 
 
 def time_curves(runs: list[Run], key: str = "val/loss") -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per run ``(training seconds, key)`` at its evaluations that carry ``perf/train_time_s``
-    (float arrays of shape ``(k,)``; empty for runs written before it)."""
+    """Per run ``(training seconds, key)`` at its evaluations (seconds: :func:`seconds_at`;
+    float arrays of shape ``(k,)``; empty for runs written before ``perf/train_time_s``)."""
     out = []
     for r in runs:
         pts = [
-            (float(row[TIME_KEY]), float(row[key]))
+            (seconds_at(r, float(row["step"])), float(row[key]))
             for row in sorted(r.metrics, key=lambda x: x.get("step", 0))
-            if row.get(TIME_KEY) is not None and row.get(key) is not None
+            if "step" in row and row.get(key) is not None
         ]
         pts = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
         out.append((np.array([p[0] for p in pts]), np.array([p[1] for p in pts])))
