@@ -111,7 +111,8 @@ def build_context(included: dict[str, list[Run]], baseline: str, margin: float) 
     setting = {k: _values(runs, k) for k in keys}
     versions = [(r.summary or {}).get("versions") or {} for r in runs]
     setting["device"] = list(dict.fromkeys(str((r.summary or {}).get("device")) for r in runs))
-    setting["device model"] = list(dict.fromkeys(str(v.get("device")) for v in versions))
+    models = (v.get("cpu_model") or v.get("device") for v in versions)  # cpu_model: if recorded
+    setting["device model"] = list(dict.fromkeys(map(str, models)))
     setting["torch"] = list(dict.fromkeys(str(v.get("torch")) for v in versions))
     threads = [((r.summary or {}).get("run_options") or {}).get("threads") for r in runs]
     setting["threads"] = list(dict.fromkeys(map(str, threads)))
