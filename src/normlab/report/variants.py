@@ -65,19 +65,20 @@ def _effect(run: Run, key: str, override: str | None) -> str:
     return _canon(yaml.safe_load(override.split("=", 1)[1]) if "=" in override else override)
 
 
-def _label_overrides(run: Run) -> dict[str, str]:
+def _label_overrides(run: Run, ignore: tuple[str, ...] = ()) -> dict[str, str]:
     keys = {override_key(o): o for o in run.overrides}
-    return {k: o for k, o in keys.items() if k != "seed" and not is_inert(k)}
+    return {k: o for k, o in keys.items() if k != "seed" and k not in ignore and not is_inert(k)}
 
 
-def label_runs(runs: list[Run]) -> list[str]:
+def label_runs(runs: list[Run], ignore: tuple[str, ...] = ()) -> list[str]:
     """Set each run's ``label``; returns the overrides left out of every label (sorted).
 
     Label: the run's overrides of keys whose effect (:func:`_effect`) differs between runs, sorted
-    and joined by ","; ``seed`` and :data:`INERT_KEYS` never label. When none is left:
+    and joined by ","; ``seed``, :data:`INERT_KEYS` and the keys of ``ignore`` (a tuned study's
+    ``optim.lr``: one variant spans its learning rates) never label. When none is left:
     ``"{norm.kind}/{norm.impl}"``.
     """
-    own = [_label_overrides(r) for r in runs]
+    own = [_label_overrides(r, ignore) for r in runs]
     keys = sorted(set().union(*own))
     differ = {
         k
