@@ -49,8 +49,8 @@ def test_residual_rms_per_block_matches_hand_computation_on_a_fixed_input():
         )
     assert math.isclose(rec.stats["diag/final/resid_rms"], hand_rms(x2), rel_tol=1e-6)
     # an RMSNorm with unit gain outputs rows of RMS 1 (up to eps)
-    assert math.isclose(rec.stats["diag/block0/norm1_out_rms"], 1.0, rel_tol=1e-2)
-    logits = model.head(model.norm_f(x2))
+    assert math.isclose(rec.stats["diag/block0/attn_in_out_rms"], 1.0, rel_tol=1e-2)
+    logits = model.head(model.final(x2))
     assert math.isclose(rec.stats["diag/max_logit"], logits.abs().max().item(), rel_tol=1e-6)
 
 
@@ -64,10 +64,10 @@ def test_hooks_are_removed_after_the_diagnosed_pass():
 def test_gain_statistics_and_block_gradient_norms():
     model = two_layer()
     with torch.no_grad():
-        model.blocks[1].norm2.weight.copy_(torch.linspace(0.5, 2.0, 16))
+        model.blocks[1].mlp_in.weight.copy_(torch.linspace(0.5, 2.0, 16))
     g = gain_stats(model)
-    assert g["diag/block0/norm1_gain_mean"] == 1.0
-    assert (g["diag/block1/norm2_gain_min"], g["diag/block1/norm2_gain_max"]) == (0.5, 2.0)
+    assert g["diag/block0/attn_in_gain_mean"] == 1.0
+    assert (g["diag/block1/mlp_in_gain_min"], g["diag/block1/mlp_in_gain_max"]) == (0.5, 2.0)
     _, loss = model(torch.zeros(1, 8, dtype=torch.long), torch.ones(1, 8, dtype=torch.long))
     loss.backward()
     norms = block_grad_norms(model)
@@ -82,8 +82,8 @@ def test_fp16_detector_names_the_first_norm_whose_squares_overflow_without_fp32_
     with torch.no_grad():
         model.tok_emb.weight.fill_(300.0)  # 300^2 = 90000 > 65504, the largest fp16
     found = first_nonfinite(model, torch.zeros(1, 8, dtype=torch.long))
-    assert found is not None and found.module == "blocks.0.norm1" and found.where == "statistics"
-    assert "blocks.0.norm1" in str(found)
+    assert found is not None and found.module == "blocks.0.attn_in" and found.where == "statistics"
+    assert "blocks.0.attn_in" in str(found)
 
 
 def test_fp16_detector_finds_nothing_when_statistics_are_fp32():
@@ -98,7 +98,7 @@ def test_fp16_detector_names_a_layer_that_makes_inf_from_finite_input():
     with torch.no_grad():
         model.tok_emb.weight.fill_(1.0)
         model.pos_emb.weight.zero_()
-        model.blocks[0].attn.proj.weight.zero_()  # the stream entering norm2 stays all ones
+        model.blocks[0].attn.proj.weight.zero_()  # the stream entering mlp_in stays all ones
         model.blocks[0].attn.proj.bias.zero_()
         model.blocks[0].mlp.fc.weight.fill_(
             5000.0
@@ -124,10 +124,10 @@ def test_diag_interval_logs_diag_keys_on_those_steps_only(compose_cfg, tmp_path)
     assert [r["step"] for r in rows if "diag/block0/resid_rms" in r] == [2, 4, 6]
     row = rows[1]
     for key in (
-        "diag/block1/norm2_out_rms",
+        "diag/block1/mlp_in_out_rms",
         "diag/block0/grad_norm",
         "diag/max_logit",
-        "diag/block0/norm1_gain_max",
+        "diag/block0/attn_in_gain_max",
         "diag/final/resid_rms",
     ):
         assert math.isfinite(row[key]), key
@@ -156,7 +156,7 @@ def test_zero_rows_counts_rows_zeroed_from_a_non_zero_input_only():
 
 def test_an_fp32_statistic_overflow_is_seen_though_the_output_is_finite_zeros():
     model = two_layer(NormKind.layer).eval()
-    norm = model.blocks[0].norm1
+    norm = model.blocks[0].attn_in
     x = torch.full((3, 8, model.cfg.d_model), 2e19)  # x^2 = 4e38 > fp32's 3.4e38
     x[..., ::2] *= -1  # mean 0, variance 4e38: inf in fp32
     out = norm(x)
@@ -165,4 +165,4 @@ def test_an_fp32_statistic_overflow_is_seen_though_the_output_is_finite_zeros():
     rec = ActivationRecorder()
     with rec.hooks(model), torch.no_grad():
         model.blocks[0](x)
-    assert rec.stats["diag/block0/norm1_zero_rows"] == 24
+    assert rec.stats["diag/block0/attn_in_zero_rows"] == 24
