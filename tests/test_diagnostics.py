@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from normlab.config import ModelConfig, NormConfig, NormImpl, NormKind
@@ -166,3 +167,81 @@ def test_an_fp32_statistic_overflow_is_seen_though_the_output_is_finite_zeros():
     with rec.hooks(model), torch.no_grad():
         model.blocks[0](x)
     assert rec.stats["diag/block0/attn_in_zero_rows"] == 24
+
+
+# --- every norm by its position name --------------------------------------------------------------
+
+
+def designed(**norm):
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="t", n_layer=2, n_head=2, d_model=16, context_length=8, vocab_size=32)
+    return GPT(cfg, resolve_norm(NormConfig(impl=NormImpl.reference, **norm), "cpu"))
+
+
+def test_diag_keys_name_every_norm_by_position_for_peri_qk_and_embedding():
+    from normlab.config import Placement, QKNorm
+    from normlab.training.diagnostics import named_norms
+
+    model = designed(placement=Placement.peri, qk=QKNorm.head, embedding=True)
+    names = [n for n, _, _ in named_norms(model)]
+    per_block = ["attn_in", "qk_q", "qk_k", "attn_out", "mlp_in", "mlp_out"]
+    assert names == [
+        "embedding/norm",
+        *[f"block{i}/{p}" for i in range(2) for p in per_block],
+        "final/norm",
+    ]
+    modules = dict(model.named_modules())
+    assert all(modules[q] is m for _, q, m in named_norms(model))  # qualified names are real
+    rec = ActivationRecorder()
+    with rec.hooks(model):
+        model(torch.arange(16).view(2, 8) % 32)
+    gains = gain_stats(model)
+    for n in names:
+        assert math.isfinite(rec.stats[f"diag/{n}_out_rms"]) and f"diag/{n}_zero_rows" in rec.stats
+        assert gains[f"diag/{n}_gain_mean"] == 1.0
+    assert "diag/final/resid_rms" in rec.stats
+
+
+def test_post_norm_has_no_final_norm_but_the_stream_entering_the_head_is_recorded():
+    from normlab.config import Placement
+
+    model = designed(placement=Placement.post)
+    rec = ActivationRecorder()
+    with rec.hooks(model):
+        model(torch.arange(16).view(2, 8) % 32)
+    assert "diag/final/resid_rms" in rec.stats and "diag/final/norm_out_rms" not in rec.stats
+    assert "diag/block1/mlp_out_out_rms" in rec.stats  # the last block ends in its norm
+    assert math.isclose(rec.stats["diag/final/resid_rms"], 1.0, rel_tol=0.05)  # LayerNorm output
+
+
+def test_norm_cost_counts_time_once_nested_norms_inside_attention_and_norm_wrappers(monkeypatch):
+    """A fake clock advancing 1 ms per read: each slice between two hook events goes to the
+    innermost open module, so the QK-norms' slices are norm time and not attention time too."""
+    import itertools
+
+    from normlab.config import QKNorm
+    from normlab.studies import norm_cost
+
+    model = designed(qk=QKNorm.head)
+    model.blocks = model.blocks[:1]
+
+    class Wrapper(torch.nn.Module):  # a norm wrapping another: both look like norms
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.eps, self.upcast, self.weight = inner, inner.eps, True, inner.weight
+
+        def forward(self, x):
+            return self.inner(x)
+
+    model.final = Wrapper(model.final)
+    clock = itertools.count(0.0, 1e-3)
+    monkeypatch.setattr(norm_cost.time, "perf_counter", lambda: next(clock))
+    timer = norm_cost.ModuleTimer(model, torch.device("cpu"))
+    with timer.attached(), torch.no_grad():
+        model(torch.zeros(1, 8, dtype=torch.long))
+    # attn_in, q_norm, k_norm, mlp_in, final (the wrapper, not its inner norm): 5 norm calls
+    assert timer.calls[("norm", "fwd")] == 5 and timer.calls[("attention", "fwd")] == 1
+    # attention: [start, q start], [q stop, k start], [k stop, stop] = 3 slices; each norm 1
+    assert timer.ms[("attention", "fwd")] == pytest.approx(3.0)
+    assert timer.ms[("norm", "fwd")] == pytest.approx(5.0)
+    assert timer.ms[("mlp", "fwd")] == pytest.approx(1.0)
