@@ -93,7 +93,7 @@ class NormConfig:
     bias: bool | None = None
     upcast: bool = True
     # where the norms sit (model12)
-    qk: QKNorm = QKNorm.none  # none | head | full
+    qk: QKNorm = QKNorm.none  # QK-norm: none | head (over head_dim) | full (over d_model)
     embedding: bool = False  # a norm after token + position embedding
     blocks: str | None = None  # block schedule, e.g. "0-2:rms/3:layer@torch"; null: none
     positions: NormPositions = field(default_factory=lambda: NormPositions())
@@ -227,7 +227,12 @@ NormOverride = make_dataclass(
     [(f.name, Any, field(default=None)) for f in fields(NormConfig) if f.name not in WHERE_KEYS],
 )
 NormOverride.__module__ = __name__
-NormOverride.__doc__ = "Partial NormConfig for one position (``norm.positions.final.kind=rms``)."
+NormOverride.__doc__ = (
+    "Partial NormConfig for one position (``norm.positions.final.kind=rms``). "
+    + " / ".join(f"``{f.name}``" for f in fields(NormOverride))
+    + ": this position's own value of that norm key (null: the base norm's, then the block"
+    " schedule's kind and impl)."
+)
 
 #: ``norm.positions``: one :data:`NormOverride` per position name (:data:`schedule.POSITIONS`).
 NormPositions = make_dataclass(
