@@ -215,6 +215,7 @@ def test_report_labels_a_design_sweep_by_its_tags_and_takes_pre_layernorm_as_bas
     assert [r.label for r in sched] == ["layer-pre", "layer[0:rms]-pre", "layer[0-1:rms]-pre"]
 
 
+@pytest.mark.slow  # three train subprocesses
 def test_bad_schedules_stop_train_with_one_line_and_exit_2(tmp_path):
     for override, says in (
         ("norm.blocks=0-1:rms/1:rms", "overlap"),
@@ -226,6 +227,7 @@ def test_bad_schedules_stop_train_with_one_line_and_exit_2(tmp_path):
         assert res.returncode == 2 and len(err.splitlines()) == 1 and says in err, err
 
 
+@pytest.mark.slow  # two short trainings
 def test_resume_and_sample_rebuild_the_model_with_its_placement_qk_and_schedule(
     cfg_tiny, tmp_path, one_thread
 ):
