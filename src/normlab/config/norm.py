@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from enum import Enum
+from functools import cache
 from typing import Any, get_type_hints
 
 from normlab.config import schedule
@@ -216,6 +217,7 @@ class NormConfig:
             raise ConfigError(f"{where}: {e}") from None
 
 
+@cache
 def _hints() -> dict[str, Any]:
     return get_type_hints(NormConfig)
 
