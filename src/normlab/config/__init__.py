@@ -20,7 +20,10 @@ from normlab.config.norm import (
     NormConfig,
     NormImpl,
     NormKind,
+    NormOverride,
+    NormPositions,
     Placement,
+    QKNorm,
 )
 from normlab.config.run import (
     CliConfig,
@@ -45,6 +48,9 @@ __all__ = [
     "KINDS_WITH_BIAS",
     "IMPLS_WITH_UPCAST_FALSE",
     "Placement",
+    "QKNorm",
+    "NormOverride",
+    "NormPositions",
     "NormConfig",
     "Tokenizer",
     "DataFormat",
