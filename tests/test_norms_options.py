@@ -17,9 +17,11 @@ import pytest
 import torch
 
 import normlab.norms as norms
+from normlab.commands.bench import _parser as bench_parser
 from normlab.config import ConfigError, NormCast, NormConfig, NormImpl, NormKind
 from normlab.norms.table import IMPLS, KINDS
-from normlab.studies.norm_cost import category
+from normlab.studies.bench_tables import summarize, summary_line
+from normlab.studies.norm_cost import category, variants
 
 from .conftest import TINY, run_cli
 from .test_norm_contract import _environment, contract_cases, make  # noqa: F401 (fixture)
@@ -153,3 +155,20 @@ def test_the_cli_refuses_a_bad_option_with_one_line_and_exit_2(tmp_path, args, l
     r = run_cli([*TINY, *args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"normlab: error: {line}"]
+
+
+def test_the_bench_summary_compares_dyt_with_layernorm_too():
+    rows = [
+        {"kind": k, "impl": "compiled", "dtype": "fp32", "shape": [64, 128], "fwdbwd_ms": ms}
+        for k, ms in (("layer", 2.0), ("rms", 1.6), ("dyt", 1.0))
+    ]
+    rms, dyt = summarize(rows)
+    assert (rms["kind"], dyt["kind"]) == ("rms", "dyt") and dyt["dyt_faster_pct"] == 100.0
+    assert summary_line(dyt) == (
+        "fp32 64x128: DyT fastest (compiled, 1.000 ms) is 100% faster than LayerNorm fastest "
+        "(compiled, 2.000 ms) fwd+bwd (50% less time)"
+    )
+    assert bench_parser(False).parse_args([]).kinds == [k.name for k in KINDS]  # dyt included
+    assert variants("cpu", ["dyt"], None) == [
+        ["norm=dyt", f"norm.impl={i}"] for i in norms.available_impls("cpu", NormKind.dyt)
+    ]
