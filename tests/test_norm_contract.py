@@ -37,9 +37,11 @@ from torch.func import jvp  # noqa: E402
 if importlib.util.find_spec("triton") is not None:
     from triton.runtime.interpreter import InterpretedFunction
 
-    _tk = sys.modules.get("normlab.norms.triton_kernels")
-    if _tk is not None and not isinstance(_tk._norm_fwd, InterpretedFunction):
-        importlib.reload(_tk)  # imported earlier without the interpreter
+    for _name, _kernel in (("triton_kernels", "_norm_fwd"), ("triton_dyt", "_dyt_fwd")):
+        _mod = sys.modules.get(f"normlab.norms.{_name}")
+        if _mod is not None and not isinstance(getattr(_mod, _kernel), InterpretedFunction):
+            importlib.reload(_mod)  # imported earlier without the interpreter
+    import normlab.norms.triton_dyt  # noqa: F401
     import normlab.norms.triton_kernels  # noqa: F401
 if _PREVIOUS_INTERPRET is None:
     del os.environ["TRITON_INTERPRET"]
