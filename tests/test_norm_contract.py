@@ -120,13 +120,23 @@ CASES = params(contract_cases())
 STATISTIC_CASES = params(contract_cases(statistic_only=True))
 
 
-def option_cases() -> list:
+def option_cases(slow_interpreted: bool = False) -> list:
     """``(kind, impl, zero_centered, cast)`` for every contract case and every option combination
     its implementation honours (``Impl.zero_centered``, ``Impl.casts``) except the default one,
-    which the plain contract cases cover."""
+    which the plain contract cases cover. ``slow_interpreted``: mark the cases of implementations
+    that run interpreted on CPU (``Impl.interpreter_env``: Triton, ~10 s per float64 gradcheck)
+    slow."""
     default = NormConfig()
+    slow = lambda i: slow_interpreted and IMPLS[i].interpreter_env is not None  # noqa: E731
     return [
-        pytest.param(k, i, zc, cast, id=f"{k.name}-{i.name}-{'zc' if zc else 'w'}-{cast.name}")
+        pytest.param(
+            k,
+            i,
+            zc,
+            cast,
+            id=f"{k.name}-{i.name}-{'zc' if zc else 'w'}-{cast.name}",
+            marks=pytest.mark.slow if slow(i) else (),
+        )
         for k, i in contract_cases()
         for zc in (False, True)
         if IMPLS[i].zero_centered or not zc
@@ -151,6 +161,7 @@ def refused_options() -> list:
 
 
 OPTION_CASES = option_cases()
+OPTION_GRADCHECK_CASES = option_cases(slow_interpreted=True)
 REFUSED_OPTIONS = refused_options()
 
 
@@ -357,7 +368,7 @@ def test_every_honoured_option_matches_the_float64_oracle(kind, impl, zero_cente
     check_oracle(kind, impl, dtype, bias=KINDS[kind].bias, zero_centered=zero_centered, cast=cast)
 
 
-@pytest.mark.parametrize(("kind", "impl", "zero_centered", "cast"), OPTION_CASES)
+@pytest.mark.parametrize(("kind", "impl", "zero_centered", "cast"), OPTION_GRADCHECK_CASES)
 def test_every_honoured_option_passes_float64_gradcheck(kind, impl, zero_centered, cast):
     if not IMPLS[impl].float64:
         pytest.skip(f"the table says {impl.name} takes no fp64 input")

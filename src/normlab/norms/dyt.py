@@ -85,7 +85,8 @@ class ReferenceDyT(NormBase):
         return dyt_ref(x, self.alpha, self.gain(), self.bias, self.upcast, self.after)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, alpha={self.alpha.detach().flatten()[0].item():g}"
+        base = super().extra_repr().replace(f", eps={self.eps:g}", "")  # DyT has no eps
+        return f"{base}, alpha={self.alpha.detach().flatten()[0].item():g}"
 
 
 class TorchDyT(ReferenceDyT):
