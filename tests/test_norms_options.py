@@ -11,6 +11,7 @@ RMSNorm alike: mean 0, mean square 4 * 512^2 = 2^20, which absorbs eps in fp32).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -18,10 +19,12 @@ import torch
 
 import normlab.norms as norms
 from normlab.commands.bench import _parser as bench_parser
+from normlab.compose import to_train_config
 from normlab.config import ConfigError, NormCast, NormConfig, NormImpl, NormKind
 from normlab.norms.table import IMPLS, KINDS
 from normlab.studies.bench_tables import summarize, summary_line
 from normlab.studies.norm_cost import category, variants
+from normlab.training.setup import build_run
 
 from .conftest import TINY, run_cli
 from .test_norm_contract import _environment, contract_cases, make  # noqa: F401 (fixture)
@@ -172,3 +175,30 @@ def test_the_bench_summary_compares_dyt_with_layernorm_too():
     assert variants("cpu", ["dyt"], None) == [
         ["norm=dyt", f"norm.impl={i}"] for i in norms.available_impls("cpu", NormKind.dyt)
     ]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [["norm=dyt"], ["norm.zero_centered=true"], ["norm.cast=after_weight"]],
+    ids=lambda v: v[0],
+)
+def test_each_new_option_keeps_the_runs_of_a_seed_paired(compose_cfg, variant):
+    """Same first batches and the same initial weights for every parameter both share outside
+    the norms (a norm's own parameters differ by design: a zero-centred weight starts at 0)."""
+
+    def setup(overrides):
+        args = ["experiment=loss_parity_cpu", "norm=layer", "seed=3", "norm.impl=torch"]
+        cfg = to_train_config(compose_cfg([*args, *overrides]))
+        run = build_run(dataclasses.replace(cfg, device="cpu"))
+        return run.model, run.sampler
+
+    (ma, a), (mb, b) = setup([]), setup(variant)
+    for step in (0, 1, 599):
+        assert torch.equal(a.train_batch(step)[0], b.train_batch(step)[0])
+    sa, sb = ma.state_dict(), mb.state_dict()
+    norm_names = {n for n, m in mb.named_modules() if category(m) == "norm"}
+    shared = [k for k in sa if k in sb and k.rsplit(".", 1)[0] not in norm_names]
+    assert any(".attn." in k for k in shared) and any(".mlp." in k for k in shared)
+    assert all(torch.equal(sa[k], sb[k]) for k in shared)
+    built = {type(m).__name__ for m in mb.modules() if category(m) == "norm"}
+    assert built == ({"TorchDyT"} if variant == ["norm=dyt"] else {"TorchLayerNorm"})

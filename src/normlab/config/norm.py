@@ -38,7 +38,7 @@ class NormImpl(Enum):
     auto = "auto"  # the fastest fused implementation for the device
 
 
-#: Copies of two facts of the norm table (``normlab.norms.table``), to validate without torch;
+#: Copies of facts of the norm table (``normlab.norms.table``), to validate without torch;
 #: ``tests/test_norm_contract.py`` fails when they disagree with it.
 KINDS_WITH_BIAS = frozenset({NormKind.layer, NormKind.dyt})
 #: Kinds without a statistic (the table's ``Kind.statistic=False``): eps has no meaning for them.

@@ -78,8 +78,10 @@ def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
     (statistic kinds; the others have none and keep ``eps=None``).
 
     Raises:
-        ConfigError: the kind has no such implementation, or it cannot run on ``device_type``
-            (one line naming the value and the allowed ones; never a silent fallback).
+        ConfigError: the kind has no such implementation, or it cannot run on ``device_type``,
+            or it does not honour ``norm.upcast`` / ``norm.cast`` / ``norm.zero_centered`` as
+            set (``Impl`` flags); one line naming the value and the allowed ones, never a silent
+            fallback.
     """
     impl = auto_impl(cfg.kind, device_type) if cfg.impl == NormImpl.auto else cfg.impl
     shown = f"norm.impl={cfg.impl.name}" + (f" (-> {impl.name})" if impl != cfg.impl else "")
