@@ -8,9 +8,11 @@ non-null ``norm.eps`` for ``kind=dyt``).
 Initialisation of alpha (the paper, section 7): ``alpha_init = 0.5`` is its default and works for
 the non-LLM models it trains; for LLMs it reports that alpha_init must be tuned, smaller for wider
 models, and larger in the DyT before attention than in the other DyT layers (FFN input, final):
-for LLaMA 7B 0.8 (attention) / 0.2 (other), 13B 0.6 / 0.15, 34B and 70B 0.2 / 0.05; it also adds a
-learnable scalar after the embedding. normlab's default is the paper's 0.5 (``norm.alpha_init``);
-set a position's alpha through the model's per-position norm overrides.
+for LLaMA 7B 0.8 (attention) / 0.2 (other), 13B 0.6 / 0.15, 34B and 70B 0.2 / 0.05 (the values of
+its LLaMA scripts, ``other_tasks/LLaMA`` in github.com/jiachenzhu/DyT, where DyT has no bias, as
+RMSNorm: ``norm.bias=false``); it also adds a learnable scalar after the embedding (initialised at
+sqrt(d_model) in that code). normlab's default is the paper's 0.5 (``norm.alpha_init``); set a
+position's alpha through the model's per-position norm overrides.
 
 Implementations: ``ReferenceDyT`` (eager, the dtype policy of ``reference.py``: tanh in at least
 fp32, the ``norm.cast`` order for the affine step, fp32 gradients; the float64-able oracle's twin),
