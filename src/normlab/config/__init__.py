@@ -15,8 +15,12 @@ from __future__ import annotations
 from normlab.config.base import DEFAULT_EPS, ConfigError, to_plain
 from normlab.config.data import DataConfig, DataFormat, Tokenizer
 from normlab.config.norm import (
+    DEFAULT_ALPHA_INIT,
     IMPLS_WITH_UPCAST_FALSE,
+    KINDS_WITH_ALPHA,
     KINDS_WITH_BIAS,
+    KINDS_WITHOUT_EPS,
+    NormCast,
     NormConfig,
     NormImpl,
     NormKind,
@@ -47,6 +51,10 @@ __all__ = [
     "NormImpl",
     "KINDS_WITH_BIAS",
     "IMPLS_WITH_UPCAST_FALSE",
+    "KINDS_WITHOUT_EPS",
+    "KINDS_WITH_ALPHA",
+    "DEFAULT_ALPHA_INIT",
+    "NormCast",
     "Placement",
     "QKNorm",
     "NormOverride",

@@ -13,10 +13,21 @@ from normlab.config.base import DEFAULT_EPS, ConfigError, _as_enum, _require
 
 
 class NormKind(Enum):
-    """Which normalization: LayerNorm (Ba et al. 2016) or RMSNorm (Zhang & Sennrich 2019)."""
+    """Which normalization: LayerNorm (Ba et al. 2016), RMSNorm (Zhang & Sennrich 2019) or DyT
+    (Dynamic Tanh, Zhu et al. 2025: ``weight * tanh(alpha x) + bias``, no statistic)."""
 
     layer = "layer"
     rms = "rms"
+    dyt = "dyt"
+
+
+class NormCast(Enum):
+    """Where the result is cast back to the input dtype: ``before_weight`` (Llama: normalize in
+    fp32, cast, then multiply by the weight in the input dtype) or ``after_weight`` (Gemma / OLMo:
+    multiply by the weight, add the bias, in fp32, then cast once)."""
+
+    before_weight = "before_weight"
+    after_weight = "after_weight"
 
 
 class NormImpl(Enum):
@@ -30,9 +41,15 @@ class NormImpl(Enum):
     auto = "auto"  # the fastest fused implementation for the device
 
 
-#: Copies of two facts of the norm table (``normlab.norms.table``), to validate without torch;
+#: Copies of facts of the norm table (``normlab.norms.table``), to validate without torch;
 #: ``tests/test_norm_contract.py`` fails when they disagree with it.
-KINDS_WITH_BIAS = frozenset({NormKind.layer})
+KINDS_WITH_BIAS = frozenset({NormKind.layer, NormKind.dyt})
+#: Kinds without a statistic (the table's ``Kind.statistic=False``): eps has no meaning for them.
+KINDS_WITHOUT_EPS = frozenset({NormKind.dyt})
+#: Kinds with a learnable ``alpha`` (``norm.alpha_init``), and its default: DyT's paper
+#: (Zhu et al. 2025, arXiv:2503.10622, section 7 and its code) initialises alpha at 0.5.
+KINDS_WITH_ALPHA = frozenset({NormKind.dyt})
+DEFAULT_ALPHA_INIT = 0.5
 
 
 IMPLS_WITH_UPCAST_FALSE = frozenset({NormImpl.reference})
@@ -79,6 +96,10 @@ class NormConfig:
     computes the statistics in fp32 whatever the input dtype; turning it off exists to reproduce
     low-precision failures.
 
+    ``alpha_init`` (DyT only; null: :data:`DEFAULT_ALPHA_INIT`): the initial value of DyT's scalar
+    alpha. ``zero_centered``: the weight is stored as w, initialised at 0, and applied as
+    ``1 + w`` with the addition in fp32 (Gemma). ``cast``: :class:`NormCast`.
+
     Where the norms sit (``placement``, ``qk``, ``embedding``, ``blocks``, ``positions``): the
     other fields are the *base* norm; :meth:`at` derives the norm of one position (and block):
     the base, then ``positions.<pos>`` (its non-null keys), then the ``blocks`` schedule entry
@@ -93,6 +114,10 @@ class NormConfig:
     affine: bool = True
     bias: bool | None = None
     upcast: bool = True
+    # what each norm computes (norms12)
+    alpha_init: float | None = None
+    zero_centered: bool = False
+    cast: NormCast = NormCast.before_weight
     # where the norms sit (model12)
     qk: QKNorm = QKNorm.none  # QK-norm: none | head (over head_dim) | full (over d_model)
     embedding: bool = False  # a norm after token + position embedding
@@ -100,6 +125,7 @@ class NormConfig:
     positions: NormPositions = field(default_factory=lambda: NormPositions())
 
     def __post_init__(self) -> None:
+        self._check_options()
         if self.eps is not None:
             _require(
                 math.isfinite(self.eps) and self.eps > 0,
@@ -126,6 +152,49 @@ class NormConfig:
             f"upcast=false is only available for impl={ok}, not impl={self.impl.name}",
         )
         self._check_where()
+
+    def _check_options(self) -> None:
+        """alpha_init, zero_centered, cast and eps against the kind (one line each)."""
+        name = self.kind.name
+        _require(
+            self.eps is None or self.kind not in KINDS_WITHOUT_EPS,
+            "norm.eps",
+            self.eps,
+            f"norm.kind={name} has no statistic, so no eps (use norm.eps=null)",
+        )
+        if self.alpha_init is not None:
+            _require(
+                self.kind in KINDS_WITH_ALPHA,
+                "norm.alpha_init",
+                self.alpha_init,
+                f"only norm.kind={'|'.join(k.name for k in KINDS_WITH_ALPHA)} has an alpha "
+                f"(use norm.alpha_init=null with norm.kind={name})",
+            )
+            _require(
+                math.isfinite(self.alpha_init) and self.alpha_init > 0,
+                "norm.alpha_init",
+                self.alpha_init,
+                f"must be a finite number > 0 (or null for the default {DEFAULT_ALPHA_INIT})",
+            )
+        _require(
+            self.affine or not self.zero_centered,
+            "norm.zero_centered",
+            True,
+            "a zero-centred weight needs norm.affine=true",
+        )
+        if not self.upcast and self.cast != NormCast.before_weight:
+            raise ConfigError(
+                f"norm.cast={self.cast.name} is not allowed: it needs norm.upcast=true (with "
+                "upcast=false nothing is computed in fp32; allowed: before_weight)"
+            )
+
+    @property
+    def resolved_alpha_init(self) -> float | None:
+        """DyT's initial alpha: ``alpha_init`` or :data:`DEFAULT_ALPHA_INIT`; None for kinds
+        without an alpha."""
+        if self.kind not in KINDS_WITH_ALPHA:
+            return None
+        return DEFAULT_ALPHA_INIT if self.alpha_init is None else float(self.alpha_init)
 
     @property
     def resolved_eps(self) -> float:

@@ -173,11 +173,14 @@ def hooked_step(setup, timer: ModuleTimer) -> dict[str, float]:
 
 def variants(device_type: str, kinds: list[str], impls: list[str] | None) -> list[list[str]]:
     """Overrides per variant: ``norm=<kind> norm.impl=<impl>`` for every kind x implementation
-    (default: :func:`normlab.norms.available_impls` of the device)."""
+    (default: those of the kind the device runs, :func:`normlab.norms.available_impls`)."""
+    from normlab.config import NormKind
     from normlab.norms import available_impls
 
-    impls = impls or available_impls(device_type)
-    return [[f"norm={k}", f"norm.impl={i}"] for k in kinds for i in impls]
+    def pick(kind: str) -> list[str]:  # an unknown kind is refused when its config is composed
+        return impls or available_impls(device_type, NormKind.__members__.get(kind))
+
+    return [[f"norm={k}", f"norm.impl={i}"] for k in kinds for i in pick(k)]
 
 
 def measure(
