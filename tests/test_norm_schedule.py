@@ -85,7 +85,9 @@ def _norms(m):
 
 
 def test_a_schedule_switches_every_norm_of_its_blocks_qk_too_and_nothing_else():
-    layer, rms = (norm_class(k, NormImpl.reference).__name__ for k in NormKind)
+    layer, rms = (
+        norm_class(k, NormImpl.reference).__name__ for k in (NormKind.layer, NormKind.rms)
+    )
     got = kinds_of(model(blocks="1-2:rms", qk=QKNorm.head, embedding=True))
     assert got == {
         "embedding/norm": layer,

@@ -23,7 +23,8 @@ from normlab.compose import to_train_config
 from normlab.config import ConfigError, NormCast, NormConfig, NormImpl, NormKind
 from normlab.norms.table import IMPLS, KINDS
 from normlab.studies.bench_tables import summarize, summary_line
-from normlab.studies.norm_cost import category, variants
+from normlab.studies.norm_cost import variants
+from normlab.training.diagnostics import named_norms
 from normlab.training.setup import build_run
 
 from .conftest import TINY, run_cli
@@ -107,7 +108,6 @@ def test_dyt_is_weight_times_tanh_of_alpha_x_plus_bias_and_differs_from_layernor
         dyt.weight.mul_(2.0), dyt.bias.add_(0.25)
     torch.testing.assert_close(dyt(x), 2.0 * torch.tanh(0.5 * x) + 0.25, rtol=1e-6, atol=1e-6)
     assert (dyt(x) - layer(x)).abs().max() > 0.1
-    assert category(dyt) == "norm"  # norm_cost and the diagnostics know it as a norm
 
 
 def test_alpha_init_reaches_every_dyt_implementation_and_auto_picks_one_on_cpu():
@@ -196,9 +196,9 @@ def test_each_new_option_keeps_the_runs_of_a_seed_paired(compose_cfg, variant):
     for step in (0, 1, 599):
         assert torch.equal(a.train_batch(step)[0], b.train_batch(step)[0])
     sa, sb = ma.state_dict(), mb.state_dict()
-    norm_names = {n for n, m in mb.named_modules() if category(m) == "norm"}
+    norm_names = {qual for _, qual, _ in named_norms(mb)}  # what diagnostics and norm_cost hook
     shared = [k for k in sa if k in sb and k.rsplit(".", 1)[0] not in norm_names]
     assert any(".attn." in k for k in shared) and any(".mlp." in k for k in shared)
     assert all(torch.equal(sa[k], sb[k]) for k in shared)
-    built = {type(m).__name__ for m in mb.modules() if category(m) == "norm"}
+    built = {type(m).__name__ for _, _, m in named_norms(mb)}
     assert built == ({"TorchDyT"} if variant == ["norm=dyt"] else {"TorchLayerNorm"})
