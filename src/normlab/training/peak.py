@@ -105,3 +105,28 @@ def device_peak_tflops(device: torch.device, dtype: str, refresh: bool = False) 
     except OSError:
         pass
     return {**entry, "key": key, "cached": False}
+
+
+#: The matmul dtype of each autocast precision (``precision.dtype``).
+PRECISION_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+
+
+def resolve_peak(setting: float | int | str, device: torch.device, precision: str) -> dict:
+    """The peak MFU is reported against: ``setting`` is ``peak_tflops`` (``"auto"`` or TFLOP/s).
+
+    ``"auto"``: :func:`device_peak_tflops` of ``device`` in the run's matmul dtype (``precision``:
+    fp32, bf16 or fp16), from the per-machine cache or measured once (about 1-2 s on a CPU core).
+    Returns ``{"peak_tflops": float, "peak_tflops_source": "measured" | "configured",
+    "peak_dtype": str}``, the keys ``summary.json`` records.
+
+    Raises:
+        ValueError: ``precision`` is not fp32, bf16 or fp16.
+    """
+    if precision not in PRECISION_DTYPE:
+        raise ValueError(f"precision {precision!r} is not allowed: one of {', '.join(DTYPES)}")
+    dtype = PRECISION_DTYPE[precision]
+    if setting == "auto":
+        tflops, source = device_peak_tflops(device, dtype)["tflops"], "measured"
+    else:
+        tflops, source = float(setting), "configured"
+    return {"peak_tflops": tflops, "peak_tflops_source": source, "peak_dtype": dtype}
