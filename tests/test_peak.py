@@ -19,6 +19,21 @@ def test_measured_peak_is_2n3_flop_over_the_best_time(monkeypatch, one_thread):
     assert peak.measure_tflops(CPU, "fp32", repeats=3) == pytest.approx(2 * 64**3 / 0.25 / 1e12)
 
 
+def test_a_size_that_would_be_slow_at_the_measured_rate_is_not_timed(monkeypatch, one_thread):
+    """fp16 on a CPU without fp16 matmuls ran minutes at n=2048 (a test took 600 s): sizes whose
+    call the rate so far predicts above MAX_CALL_S are skipped."""
+    monkeypatch.setattr(peak, "SIZES", {"cpu": (64, 4096)})
+    clock = iter([0.0, 0.5, 1.0, 1.5])  # n=64: 0.5 s a call -> n=4096 predicted far above 0.5 s
+    monkeypatch.setattr(peak.time, "perf_counter", lambda: next(clock))
+    sizes = []
+    real_randn = torch.randn
+    monkeypatch.setattr(
+        peak.torch, "randn", lambda n, *a, **k: sizes.append(n) or real_randn(n, *a, **k)
+    )
+    assert peak.measure_tflops(CPU, "fp32", repeats=2) == pytest.approx(2 * 64**3 / 0.5 / 1e12)
+    assert sizes == [64, 64]  # a and b at n=64 only
+
+
 def test_peak_is_cached_per_device_dtype_and_thread_count(tmp_path, monkeypatch):
     monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path))
     calls = []
