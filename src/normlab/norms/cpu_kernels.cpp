@@ -22,8 +22,8 @@
 // LayerNorm) and the block's column sums for dweight (and dbias): dweight costs no extra pass over
 // memory. A second sweep over the same rows (now in L1/L2) writes
 //   dx = rstd * (g - mean_d(g) - x_hat * mean_d(g * x_hat))   (RMSNorm: without mean_d(g))
-// with g = dy * w. Column sums go to one partial row per thread; the caller sums them in the
-// accumulation dtype.
+// with g = dy * w. Column sums go to one partial row per thread; norm_bwd adds the rows in
+// thread order, in the accumulation dtype.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>

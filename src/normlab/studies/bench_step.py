@@ -91,7 +91,7 @@ def _info(s, own: list[str], t: list[float]) -> dict:
     return {
         "loop": "plain" if isinstance(s, PlainLoop) else "normlab",
         "overrides": list(own),
-        "composed_with": list(getattr(s, "overrides", own)),
+        "composed_with": list(s.overrides),
         "norm": f"{cfg.norm.kind.name}/{cfg.norm.impl.name}",
         "precision": cfg.precision.dtype.name,
         "model": cfg.model.name,

@@ -43,6 +43,7 @@ class PlainLoop:
             ),
         )
         self.cfg, self.device, self.step = cfg, device, 0
+        self.overrides: list[str] = []  # what it was composed from (build_plain sets them)
         self.model = build_model(cfg, device)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
@@ -110,4 +111,6 @@ def build_plain(overrides: list[str], device: torch.device) -> PlainLoop:
     Raises:
         ConfigError, DataError: as ``compose`` and ``prepare`` raise them.
     """
-    return PlainLoop(compose(list(overrides)), device)
+    plain = PlainLoop(compose(list(overrides)), device)
+    plain.overrides = list(overrides)
+    return plain
