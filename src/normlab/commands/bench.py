@@ -10,10 +10,17 @@ import sys
 
 import torch
 
-from normlab.commands.bench_modes import MODES, add_common, set_threads, write_result
+from normlab.commands.bench_modes import (
+    MODES,
+    add_common,
+    set_threads,
+    step_parser,
+    write_result,
+)
 from normlab.config import ConfigError, NormImpl, NormKind
 from normlab.data.tokens import DataError
 from normlab.norms import available_impls
+from normlab.norms.table import KINDS
 from normlab.studies.bench_norms import (
     CACHE_REGIMES,
     DTYPES,
@@ -45,9 +52,11 @@ practical memory-bandwidth ceiling). Prints the median ms per call, GB/s and the
 fraction of the copy's GB/s, then RMSNorm's fastest against LayerNorm's fastest."""
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(step: bool = False) -> argparse.ArgumentParser:
+    """The norm-kernel mode's parser; ``step``: the step mode's (``bench_modes.step_parser``)."""
+    if step:
+        return step_parser()
     raw = argparse.RawDescriptionHelpFormatter
-    # the norm-kernel mode (the step, settings and peak modes: bench_modes.py)
     p = argparse.ArgumentParser(
         prog="normlab-bench",
         usage=NORM_USAGE,
@@ -58,8 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--kinds",
         type=csv,
-        default=["layer", "rms"],
-        help="norm kinds, comma separated (default: layer,rms)",
+        default=[k.name for k in KINDS],
+        help="norm kinds, comma separated (default: every kind of the norm table: "
+        f"{','.join(k.name for k in KINDS)})",
     )
     p.add_argument(
         "--impls",

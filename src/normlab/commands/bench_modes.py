@@ -86,7 +86,8 @@ def write_result(result: dict, text: str, path: str) -> int:
     return 0
 
 
-def _step_parser() -> argparse.ArgumentParser:
+def step_parser() -> argparse.ArgumentParser:
+    """The parser of ``normlab-bench step``."""
     p = argparse.ArgumentParser(
         prog="normlab-bench step",
         description=STEP_DESCRIPTION,
@@ -140,7 +141,7 @@ def _threads_list(p: argparse.ArgumentParser, given: str) -> list[int]:
 
 def step_main(argv: list[str]) -> int:
     """``normlab-bench step``: two setups interleaved, ``--baseline`` or ``--profile``."""
-    p = _step_parser()
+    p = step_parser()
     args = p.parse_intermixed_args(argv)
     if (args.baseline or args.profile) and args.b:
         p.error("--baseline and --profile time one setup (overrides and --a), not --b")

@@ -220,6 +220,7 @@ class TrainConfig:
             self.diag_interval,
             "must be null (off) or >= 1",
         )
+        self.norm.check(self.model.n_layer)  # the block schedule against the model's blocks
 
     @property
     def tokens_per_step(self) -> int:

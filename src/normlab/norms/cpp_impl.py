@@ -61,7 +61,7 @@ from typing import ClassVar
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from normlab.config import ConfigError
+from normlab.config import ConfigError, NormImpl
 from normlab.norms.reference import NormBase
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
@@ -193,11 +193,18 @@ class _CppNorm(NormBase):
     kernels happens in ``__init__``: a missing compiler is a config error before training starts."""
 
     is_rms: ClassVar[bool]
+    impl = NormImpl.cpp  # NormBase refuses the cast / zero_centered the table says it lacks
 
     def __init__(
-        self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True
+        self,
+        d: int,
+        eps: float,
+        affine: bool = True,
+        bias: bool = False,
+        upcast: bool = True,
+        **options,
     ):
-        super().__init__(d, eps, affine, bias, upcast)
+        super().__init__(d, eps, affine, bias, upcast, **options)
         ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from normlab.config import LoggerKind, TrainConfig
+from normlab.config import LoggerKind, TrainConfig, to_plain
+from normlab.config.schedule import norm_tag
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +90,12 @@ class StepTimer:
 
 
 def run_names(cfg: TrainConfig) -> tuple[str, str]:
-    """``(group, name)`` for wandb: the variant (model, norm kind, impl, placement, precision) is
-    the
-    group unless ``logger.group`` names one (a study); the name is the variant plus the seed."""
-    n = cfg.norm
-    variant = "-".join(
-        (cfg.model.name, n.kind.name, n.impl.name, n.placement.name, cfg.precision.dtype.name)
-    )
+    """``(group, name)`` for wandb: the variant (model, the norm design of
+    :func:`~normlab.config.schedule.norm_tag`: kind[schedule], impl, placement, qk, embedding,
+    position overrides; precision) is the group unless ``logger.group`` names one (a study); the
+    name is the variant plus the seed. E.g. ``tiny-layer[0-1:rms]-cpp-peri-qkhead-fp32``."""
+    tag = norm_tag(to_plain(cfg.norm), impl=True)
+    variant = "-".join((cfg.model.name, tag, cfg.precision.dtype.name))
     group = cfg.logger.group or variant
     name = cfg.logger.name or f"{variant}-seed{cfg.seed}"
     return group, name
