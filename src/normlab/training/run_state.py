@@ -23,6 +23,7 @@ from normlab.training import distributed
 from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
 from normlab.training.diagnostics import ZERO_ROWS_SUFFIX
 from normlab.training.metrics import DIAG_PREFIX, NAMES, Divergence, Limits, MetricsBuffer
+from normlab.training.peak import resolve_peak
 from normlab.training.resume import config_hash, rng_state
 from normlab.training.setup import versions
 from normlab.training.step import Run
@@ -270,7 +271,9 @@ def finish(run: Run, p: Progress, run_dir: Path) -> None:
     status, world = p.summary["status"], distributed.world_size()
     tokens_per_step = run.cfg.tokens_per_step  # global: every rank's micro-batches
     flops_per_step = run.model.flops_per_token() * tokens_per_step
+    peak = resolve_peak(run.cfg.peak_tflops, run.device, run.cfg.precision.dtype.name)
     p.summary.update(
+        **peak,
         steps_completed=p.step if status == "failed" else p.done,
         final_val_loss=p.val_loss if status == "completed" else None,
         last_val_loss=p.val_loss,
@@ -278,7 +281,7 @@ def finish(run: Run, p: Progress, run_dir: Path) -> None:
         wall_time_s=p.wall_time_s(),
         step_times_ms=p.timer.measured_ms,
         # MFU per device
-        **p.timer.summary(tokens_per_step, flops_per_step, run.cfg.peak_tflops * world),
+        **p.timer.summary(tokens_per_step, flops_per_step, peak["peak_tflops"] * world),
     )
     try:
         if distributed.is_main():
