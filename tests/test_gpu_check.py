@@ -204,13 +204,15 @@ def test_the_gpu_plan_is_the_seed_shape_and_fits_in_8_minutes(tmp_path, monkeypa
 def test_the_device_oracle_check_passes_torch_and_catches_a_wrong_kernel(monkeypatch):
     cpu = torch.device("cpu")
     good = gpu_oracle.run_checks(cpu, ["torch"], ["fp32", "bf16"], [(16, 65)])
-    assert good["failed"] == 0 and good["passed"] == 4  # 2 kinds x 2 dtypes
+    assert good["failed"] == 0 and good["passed"] == 6  # 3 kinds (layer, rms, dyt) x 2 dtypes
+    dyt = next(c for c in good["cases"] if c["kind"] == "dyt")
+    assert set(dyt["errors"]) == {"output", "dx", "dweight", "dbias", "dalpha"}
     layer = next(c for c in good["cases"] if c["kind"] == "layer")
     assert set(layer["errors"]) == {"output", "dx", "dweight", "dbias"}
     real = gpu_oracle.oracle
     monkeypatch.setattr(gpu_oracle, "oracle", lambda kind: lambda *a: real(kind)(*a) * 1.001)
     bad = gpu_oracle.run_checks(cpu, ["torch"], ["fp32"], [(16, 65)])
-    assert bad["passed"] == 0 and bad["failed"] == 2  # 1e-3 off: above fp32's 1e-4
+    assert bad["passed"] == 0 and bad["failed"] == 3  # 1e-3 off: above fp32's 1e-4
     assert gpu_oracle.normwise_error(torch.tensor([1.0, float("nan")]), torch.ones(2)) == float(
         "inf"
     )

@@ -11,7 +11,11 @@ is the device-side counterpart at model widths, where tiling and masking (4097 i
 Tolerances, normwise ``max|got - oracle| / max|oracle|`` per tensor (output, dx, dweight, dbias):
 fp32 ``1e-4`` (the contract's elementwise ``1e-5`` is loosened tenfold because dweight / dbias sum
 8192 rows in fp32 here, not 15), bf16 ``2e-2`` (the contract's bound: about 10 units of bf16
-roundoff 2^-9). Exit status 1 when a case exceeds its tolerance or raises, 2 on bad arguments.
+roundoff 2^-9). A scalar parameter's gradient (DyT's dalpha) is one sum over every element of
+the batch, where terms of both signs cancel: its bf16 bound is ``5e-2`` (:data:`SCALAR_TOLERANCE`;
+the paper's plain-op DyT, ``impl=torch``, gives 2.8e-2 at 16 x 128 because its before_weight
+backward multiplies dy by the bf16-rounded gain; the fused implementations 2e-6). Exit status 1
+when a case exceeds its tolerance or raises, 2 on bad arguments.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from normlab.training.distributed import resolve_device
 from normlab.training.peak import device_name
 
 TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 4e-3}
+#: Bounds for the gradient of a scalar parameter (``Kind.extra_params``), see the module docstring.
+SCALAR_TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
 EPS = 1e-5
 
 
@@ -51,16 +57,18 @@ def normwise_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 def check_case(kind: NormKind, impl: NormImpl, dtype: str, shape, device: torch.device) -> dict:
     """One case: a ``(rows, d)`` input ``1.5 N(0,1) + 0.3`` in ``dtype`` through the table's class
-    with weight ``1 + 0.4 N(0,1)`` (and bias ``0.4 N(0,1)`` where the kind has one), backward with
+    with weight ``1 + 0.4 N(0,1)`` (bias ``0.4 N(0,1)`` where the kind has one, extra parameters
+    such as DyT's alpha ``0.5 + 0.4 N(0,1)``), backward with
     ``dy ~ N(0,1)``; returns the normwise error of each tensor against the kind's float64 oracle,
     the tolerance and ``ok``."""
     rows, d = shape
     g = torch.Generator(device=device).manual_seed(0)
     norm = norm_class(kind, impl)(d, EPS, affine=True, bias=KINDS[kind].bias, upcast=True)
     norm = norm.to(device)
+    extra = KINDS[kind].extra_params  # DyT's alpha: drawn around 0.5, its paper's init
     with torch.no_grad():
         for name, p in norm.named_parameters():
-            mean = 1.0 if name == "weight" else 0.0
+            mean = 1.0 if name == "weight" else 0.5 if name in extra else 0.0
             p.copy_(mean + 0.4 * torch.randn(p.shape, generator=g, device=device))
     x = (1.5 * torch.randn(rows, d, generator=g, device=device) + 0.3).to(DTYPES[dtype])
     x.requires_grad_()
@@ -68,19 +76,25 @@ def check_case(kind: NormKind, impl: NormImpl, dtype: str, shape, device: torch.
     dy = torch.randn(y.shape, generator=g, device=device).to(y.dtype)
     y.backward(dy)
     x64 = x.detach().double().requires_grad_()
-    p64 = [
-        None if p is None else p.detach().double().requires_grad_()
-        for p in (norm.weight, norm.bias)
-    ]
-    y64 = oracle(kind)(x64, p64[0], p64[1], EPS)
+    params = {"weight": norm.weight, "bias": norm.bias} | {n: getattr(norm, n) for n in extra}
+    p64 = {
+        n: None if p is None else p.detach().double().requires_grad_() for n, p in params.items()
+    }
+    y64 = oracle(kind)(x64, p64["weight"], p64["bias"], EPS, *(p64[n] for n in extra))
     y64.backward(dy.double())
     pairs = {"output": (y.detach(), y64.detach()), "dx": (x.grad, x64.grad)}
-    for name, p, p_64 in (("dweight", norm.weight, p64[0]), ("dbias", norm.bias, p64[1])):
+    for name, p, p_64 in ((f"d{n}", params[n], p64[n]) for n in params):
         if p is not None:
             pairs[name] = (p.grad, p_64.grad)
     errors = {name: normwise_error(got, want) for name, (got, want) in pairs.items()}
+    scalar = {f"d{n}" for n in extra}
+    bound = {n: (SCALAR_TOLERANCE if n in scalar else TOLERANCE)[dtype] for n in errors}
     worst = max(errors.values())
-    return {"errors": errors, "max_error": worst, "ok": worst <= TOLERANCE[dtype]}
+    return {
+        "errors": errors,
+        "max_error": worst,
+        "ok": all(errors[n] <= bound[n] for n in errors),
+    }
 
 
 def run_checks(device: torch.device, impls: list[str] | None, dtypes, shapes) -> dict:
