@@ -14,6 +14,7 @@ import torch
 
 from normlab.commands import bench, gpu_check, gpu_oracle
 from normlab.norms import available_impls
+from normlab.norms.table import KINDS
 from normlab.training import peak
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +44,8 @@ def test_dry_run_runs_every_step_and_writes_both_files(tmp_path):
     oracle_impls = {c["impl"] for c in json.loads((out / "oracle.json").read_text())["cases"]}
     assert "triton" in oracle_impls  # under the interpreter, as on the GPU it is compiled
     rows = fig["bench"]["rows"]
-    assert len(rows) == 2 * len(available_impls("cpu")) * 2  # kinds x impls x dtypes, one shape
+    per_dtype = sum(len(available_impls("cpu", kind)) for kind in KINDS)  # each kind its own impls
+    assert len(rows) == per_dtype * 2  # (kind, impl) x dtypes, one shape
     assert all(r[k] > 0 for r in rows for k in ("fwd_ms", "fwdbwd_ms", "fwdbwd_copy_frac"))
     p, t = fig["peak"], fig["train"]
     assert p["fp32_tflops"] > 0 and p["bf16_tflops"] > 0
