@@ -88,6 +88,17 @@ class StepTimer:
         }
 
 
+def variant_label(cfg: TrainConfig, swept: tuple[str, ...] | list[str] = ()) -> str:
+    """The progress bar's name of a run: ``kind/impl/placement/precision``, then the swept
+    ``key=value`` of a sweep job (other than those four) and the seed, e.g.
+    ``rms/cpp/pre/fp32 optim.lr=0.001 seed=1``."""
+    n = cfg.norm
+    parts = [f"{n.kind.name}/{n.impl.name}/{n.placement.name}/{cfg.precision.dtype.name}"]
+    shown = {"norm", "norm.kind", "norm.impl", "norm.placement", "precision", "precision.dtype"}
+    parts += [s for s in swept if s.split("=", 1)[0].lstrip("+") not in shown | {"seed"}]
+    return " ".join([*parts, f"seed={cfg.seed}"])
+
+
 def run_names(cfg: TrainConfig) -> tuple[str, str]:
     """``(group, name)`` for wandb: the variant (model, norm kind, impl, placement, precision) is
     the
@@ -99,6 +110,21 @@ def run_names(cfg: TrainConfig) -> tuple[str, str]:
     group = cfg.logger.group or variant
     name = cfg.logger.name or f"{variant}-seed{cfg.seed}"
     return group, name
+
+
+class NoSink:
+    """What ranks > 0 log to: nothing (rank 0 writes metrics.jsonl and wandb)."""
+
+    wandb_run_id = None
+
+    def log(self, row: dict[str, Any]) -> None:
+        pass
+
+    def log_sample(self, step: int, prompt: str, text: str) -> None:
+        pass
+
+    def finish(self, summary: dict[str, Any], exit_code: int = 0) -> None:
+        pass
 
 
 def _finite_or_none(v: Any) -> Any:
@@ -132,6 +158,7 @@ class MetricsLogger:
         self._file = self.path.open("a" if resume_step is not None else "w", buffering=1)
         self._write_failed = False
         self._wandb_run = None
+        self._samples: list[list[Any]] = []
         if cfg.logger.kind == LoggerKind.wandb:
             self._wandb_run = self._start_wandb(run_dir, cfg, config_dict, wandb_run_id)
         self.wandb_run_id: str | None = (
@@ -184,6 +211,20 @@ class MetricsLogger:
                     "wandb stopped accepting metrics (%s); continuing with metrics.jsonl", e
                 )
                 self._wandb_run = None
+
+    def log_sample(self, step: int, prompt: str, text: str) -> None:
+        """Add a text sample to the wandb table ``samples`` (columns step, prompt, text; the whole
+        table is logged again each time: a wandb table cannot grow after it is logged)."""
+        if self._wandb_run is None:
+            return
+        self._samples.append([step, prompt, text])
+        try:
+            import wandb
+
+            table = wandb.Table(columns=["step", "prompt", "text"], data=list(self._samples))
+            self._wandb_run.log({"samples": table}, step=step)
+        except Exception as e:
+            log.warning("wandb did not take the sample of step %d (%s)", step, e)
 
     def finish(self, summary: dict[str, Any], exit_code: int = 0) -> None:
         """Write the summary to wandb and close both sinks (always, whatever fails)."""
