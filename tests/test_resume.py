@@ -56,7 +56,7 @@ def cli(
 
 def losses(run_dir: Path) -> list[tuple[int, dict]]:
     """``(step, row without timings)`` for every row of metrics.jsonl, in file order."""
-    timing = {"perf/step_time_ms", "perf/tokens_per_s"}
+    timing = {"perf/step_time_ms", "perf/tokens_per_s", "perf/train_time_s"}
     return [
         (r["step"], {k: v for k, v in r.items() if k not in timing})
         for r in tracking.read_metrics(run_dir / "metrics.jsonl")
