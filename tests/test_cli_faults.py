@@ -37,7 +37,7 @@ at = int(os.environ.get("NORMLAB_TEST_SIGTERM_AT", "0"))
 log = tracking.MetricsLogger.log
 def log_then_signal(self, row):
     log(self, row)
-    if row["step"] == at:
+    if at and row["step"] == at:  # 0: never (step 0 is the initial evaluation's row)
         os.kill(os.getpid(), signal.SIGTERM)
 tracking.MetricsLogger.log = log_then_signal
 from normlab.commands.train import main

@@ -86,9 +86,9 @@ def train_loop(run, p: Progress, opts: RunOptions) -> None:
     """The loop: from ``run.start`` to ``max_steps`` or the ``max_time_s`` budget; sets
     ``p.summary["status"]`` at its end."""
     cfg = run.cfg
-    if run.start == 0:  # the curves start at the initial model (a resumed run logged this row)
-        p.log_initial_eval(eval_row(run))
     with distributed.StopSignals() as stop:
+        if run.start == 0:  # the curves start at the initial model (a resumed run logged it)
+            p.log_initial_eval(eval_row(run))
         for step in range(run.start, cfg.max_steps):
             p.step = step
             # schedule (over max_steps, whatever the time budget); diagnostics every diag_interval
