@@ -334,3 +334,20 @@ def test_training_samples_go_to_a_wandb_table(cfg_tiny, tmp_path, monkeypatch):
     assert isinstance(last, wandb.Table) and last.columns == ["step", "prompt", "text"]
     assert [row[0] for row in last.data] == [3, 6]  # the whole table, logged again each time
     assert all(row[2].startswith(row[1]) for row in last.data)
+
+
+def test_a_tokenizer_that_cannot_load_costs_the_samples_not_the_run(
+    cfg_tiny, tmp_path, monkeypatch, caplog
+):
+    from normlab.data.tokens import TokenData
+    from normlab.training.loop import train
+
+    def offline(self):
+        raise DataError("the gpt2 tokenizer needs its files: offline")
+
+    monkeypatch.setattr(TokenData, "load_tokenizer", offline)
+    summary = train(cfg_tiny("logger=none", "sample_interval=2"), tmp_path)
+    assert summary["status"] == "completed" and summary["steps_done"] == 6
+    warned = [r.getMessage() for r in caplog.records if "no samples" in r.getMessage()]
+    assert warned == ["no samples: the tokenizer cannot be loaded (the gpt2 tokenizer needs its "
+                      "files: offline)"]  # fmt: skip

@@ -104,7 +104,7 @@ def training_sample(run, tokenizer) -> tuple[str, str]:
     and for every variant, so samples differ only by the model. ``text`` is the decoded prompt plus
     the new tokens. The model is put back in training mode; no global RNG is touched."""
     opts = SampleOptions(max_new_tokens=run.cfg.sample_tokens)
-    prompt = [int(i) for i in run.data.val[:SAMPLE_PROMPT_TOKENS]]
+    prompt = [int(i) for i in run.data.val_shards[0][:SAMPLE_PROMPT_TOKENS]]  # no concatenation
     idx = torch.tensor([prompt], dtype=torch.long, device=run.device)
     generator = torch.Generator(device=run.device).manual_seed(opts.seed)
     run.model.eval()

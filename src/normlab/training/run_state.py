@@ -24,6 +24,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from normlab.config import RunOptions
+from normlab.data.corpus import DataError
 from normlab.training import distributed
 from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
 from normlab.training.diagnostics import ZERO_ROWS_SUFFIX
@@ -87,26 +88,26 @@ class Progress:
         self.bar.set_postfix(val=f"{self.val_loss:.3f}")
 
     def out_of_time(self, max_time_s: float | None) -> bool:
-        """Whether the time budget is spent, on any rank (an all-reduce only with a budget and
-        several processes: each rank's clock is its own)."""
-        if max_time_s is None:
-            return False
-        return bool(distributed.all_reduce_max(int(self.train_time_s >= max_time_s)))
+        """The time budget is spent on any rank (an all-reduce with a budget and several ranks)."""
+        late = max_time_s is not None and self.train_time_s >= max_time_s
+        return max_time_s is not None and bool(distributed.all_reduce_max(int(late)))
 
     @staticmethod
     def stop_signal(code: int, last: bool) -> str | None:
-        """The name of the signal that reached any rank (``code``: agreed by all-reduce), unless
-        the step is the last anyway (then the run completes)."""
+        """The signal that reached any rank (all-reduced), unless the step is the last anyway."""
         code = distributed.all_reduce_max(code)
         return signal.Signals(code).name if code and not last else None
 
     def sample(self, run: Run, done: int) -> None:
-        """A text sample of the model after step ``done`` (rank 0) to train.log and the sink's
-        table (:func:`~normlab.training.evaluation.training_sample`)."""
-        if not distributed.is_main():
+        """A text sample after step ``done`` (rank 0) to train.log and the sink's table."""
+        if not distributed.is_main() or not self.sample_interval:
             return
-        if self.tokenizer is None:
-            self.tokenizer = run.data.load_tokenizer()
+        try:
+            self.tokenizer = self.tokenizer or run.data.load_tokenizer()
+        except DataError as e:  # samples never stop training
+            log.warning("no samples: the tokenizer cannot be loaded (%s)", e)
+            self.sample_interval = None
+            return
         prompt, text = training_sample(run, self.tokenizer)
         log.info("sample after step %d (prompt %r):\n%s", done, prompt, text)
         self.sink.log_sample(done, prompt, text)
