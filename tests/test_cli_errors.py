@@ -30,7 +30,10 @@ def cli_with(code: str, args: list[str], cwd: Path) -> subprocess.CompletedProce
     return run_cli(args, cwd, code=code, env=ONE_THREAD)
 
 
-RSM = "norm=rsm: no option 'rsm' in group norm; did you mean norm=rms? (options: fused, layer, rms)"
+RSM = (
+    "norm=rsm: no option 'rsm' in group norm; did you mean norm=rms? "
+    "(options: dyt, fused, layer, rms)"
+)
 MISSPELLED = [
     (
         ["max_step=10"],
@@ -60,7 +63,7 @@ MISSPELLED = [
     ),
     (
         ["norm.kind=rsm"],
-        "norm.kind=rsm is not allowed: did you mean norm.kind=rms? (allowed: layer, rms)",
+        "norm.kind=rsm is not allowed: did you mean norm.kind=rms? (allowed: layer, rms, dyt)",
     ),
     (
         ["max_steps=ten"],
@@ -123,7 +126,7 @@ def test_help_lists_every_key_with_its_default_and_one_line_meaning(tmp_path):
     assert "evaluate every N optimizer steps" in listed["eval_interval"]  # conf/train.yaml
     assert "transformer blocks" in listed["model.n_layer"]  # conf/model/gpt2_small.yaml
     assert "null: $OMP_NUM_THREADS" in listed["threads"]  # config.py's comment
-    assert listed["norm"].split()[1:] == ["fused,", "layer*,", "rms"]  # the default marked
+    assert listed["norm"].split()[1:] == ["dyt,", "fused,", "layer*,", "rms"]  # the default marked
 
 
 #: Keys whose meaning is still missing in config.py and conf/ (a new key must come with one).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from normlab.config import ModelConfig, NormConfig, NormImpl, NormKind
@@ -49,8 +50,8 @@ def test_residual_rms_per_block_matches_hand_computation_on_a_fixed_input():
         )
     assert math.isclose(rec.stats["diag/final/resid_rms"], hand_rms(x2), rel_tol=1e-6)
     # an RMSNorm with unit gain outputs rows of RMS 1 (up to eps)
-    assert math.isclose(rec.stats["diag/block0/norm1_out_rms"], 1.0, rel_tol=1e-2)
-    logits = model.head(model.norm_f(x2))
+    assert math.isclose(rec.stats["diag/block0/attn_in_out_rms"], 1.0, rel_tol=1e-2)
+    logits = model.head(model.final(x2))
     assert math.isclose(rec.stats["diag/max_logit"], logits.abs().max().item(), rel_tol=1e-6)
 
 
@@ -64,10 +65,10 @@ def test_hooks_are_removed_after_the_diagnosed_pass():
 def test_gain_statistics_and_block_gradient_norms():
     model = two_layer()
     with torch.no_grad():
-        model.blocks[1].norm2.weight.copy_(torch.linspace(0.5, 2.0, 16))
+        model.blocks[1].mlp_in.weight.copy_(torch.linspace(0.5, 2.0, 16))
     g = gain_stats(model)
-    assert g["diag/block0/norm1_gain_mean"] == 1.0
-    assert (g["diag/block1/norm2_gain_min"], g["diag/block1/norm2_gain_max"]) == (0.5, 2.0)
+    assert g["diag/block0/attn_in_gain_mean"] == 1.0
+    assert (g["diag/block1/mlp_in_gain_min"], g["diag/block1/mlp_in_gain_max"]) == (0.5, 2.0)
     _, loss = model(torch.zeros(1, 8, dtype=torch.long), torch.ones(1, 8, dtype=torch.long))
     loss.backward()
     norms = block_grad_norms(model)
@@ -82,8 +83,8 @@ def test_fp16_detector_names_the_first_norm_whose_squares_overflow_without_fp32_
     with torch.no_grad():
         model.tok_emb.weight.fill_(300.0)  # 300^2 = 90000 > 65504, the largest fp16
     found = first_nonfinite(model, torch.zeros(1, 8, dtype=torch.long))
-    assert found is not None and found.module == "blocks.0.norm1" and found.where == "statistics"
-    assert "blocks.0.norm1" in str(found)
+    assert found is not None and found.module == "blocks.0.attn_in" and found.where == "statistics"
+    assert "blocks.0.attn_in" in str(found)
 
 
 def test_fp16_detector_finds_nothing_when_statistics_are_fp32():
@@ -98,7 +99,7 @@ def test_fp16_detector_names_a_layer_that_makes_inf_from_finite_input():
     with torch.no_grad():
         model.tok_emb.weight.fill_(1.0)
         model.pos_emb.weight.zero_()
-        model.blocks[0].attn.proj.weight.zero_()  # the stream entering norm2 stays all ones
+        model.blocks[0].attn.proj.weight.zero_()  # the stream entering mlp_in stays all ones
         model.blocks[0].attn.proj.bias.zero_()
         model.blocks[0].mlp.fc.weight.fill_(
             5000.0
@@ -124,10 +125,10 @@ def test_diag_interval_logs_diag_keys_on_those_steps_only(compose_cfg, tmp_path)
     assert [r["step"] for r in rows if "diag/block0/resid_rms" in r] == [2, 4, 6]
     row = next(r for r in rows if r["step"] == 2)
     for key in (
-        "diag/block1/norm2_out_rms",
+        "diag/block1/mlp_in_out_rms",
         "diag/block0/grad_norm",
         "diag/max_logit",
-        "diag/block0/norm1_gain_max",
+        "diag/block0/attn_in_gain_max",
         "diag/final/resid_rms",
     ):
         assert math.isfinite(row[key]), key
@@ -156,7 +157,7 @@ def test_zero_rows_counts_rows_zeroed_from_a_non_zero_input_only():
 
 def test_an_fp32_statistic_overflow_is_seen_though_the_output_is_finite_zeros():
     model = two_layer(NormKind.layer).eval()
-    norm = model.blocks[0].norm1
+    norm = model.blocks[0].attn_in
     x = torch.full((3, 8, model.cfg.d_model), 2e19)  # x^2 = 4e38 > fp32's 3.4e38
     x[..., ::2] *= -1  # mean 0, variance 4e38: inf in fp32
     out = norm(x)
@@ -165,4 +166,82 @@ def test_an_fp32_statistic_overflow_is_seen_though_the_output_is_finite_zeros():
     rec = ActivationRecorder()
     with rec.hooks(model), torch.no_grad():
         model.blocks[0](x)
-    assert rec.stats["diag/block0/norm1_zero_rows"] == 24
+    assert rec.stats["diag/block0/attn_in_zero_rows"] == 24
+
+
+# --- every norm by its position name --------------------------------------------------------------
+
+
+def designed(**norm):
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="t", n_layer=2, n_head=2, d_model=16, context_length=8, vocab_size=32)
+    return GPT(cfg, resolve_norm(NormConfig(impl=NormImpl.reference, **norm), "cpu"))
+
+
+def test_diag_keys_name_every_norm_by_position_for_peri_qk_and_embedding():
+    from normlab.config import Placement, QKNorm
+    from normlab.training.diagnostics import named_norms
+
+    model = designed(placement=Placement.peri, qk=QKNorm.head, embedding=True)
+    names = [n for n, _, _ in named_norms(model)]
+    per_block = ["attn_in", "qk_q", "qk_k", "attn_out", "mlp_in", "mlp_out"]
+    assert names == [
+        "embedding/norm",
+        *[f"block{i}/{p}" for i in range(2) for p in per_block],
+        "final/norm",
+    ]
+    modules = dict(model.named_modules())
+    assert all(modules[q] is m for _, q, m in named_norms(model))  # qualified names are real
+    rec = ActivationRecorder()
+    with rec.hooks(model):
+        model(torch.arange(16).view(2, 8) % 32)
+    gains = gain_stats(model)
+    for n in names:
+        assert math.isfinite(rec.stats[f"diag/{n}_out_rms"]) and f"diag/{n}_zero_rows" in rec.stats
+        assert gains[f"diag/{n}_gain_mean"] == 1.0
+    assert "diag/final/resid_rms" in rec.stats
+
+
+def test_post_norm_has_no_final_norm_but_the_stream_entering_the_head_is_recorded():
+    from normlab.config import Placement
+
+    model = designed(placement=Placement.post)
+    rec = ActivationRecorder()
+    with rec.hooks(model):
+        model(torch.arange(16).view(2, 8) % 32)
+    assert "diag/final/resid_rms" in rec.stats and "diag/final/norm_out_rms" not in rec.stats
+    assert "diag/block1/mlp_out_out_rms" in rec.stats  # the last block ends in its norm
+    assert math.isclose(rec.stats["diag/final/resid_rms"], 1.0, rel_tol=0.05)  # LayerNorm output
+
+
+def test_norm_cost_counts_time_once_nested_norms_inside_attention_and_norm_wrappers(monkeypatch):
+    """A fake clock advancing 1 ms per read: each slice between two hook events goes to the
+    innermost open module, so the QK-norms' slices are norm time and not attention time too."""
+    import itertools
+
+    from normlab.config import QKNorm
+    from normlab.studies import norm_cost
+
+    model = designed(qk=QKNorm.head)
+    model.blocks = model.blocks[:1]
+
+    class Wrapper(torch.nn.Module):  # a norm wrapping another: both look like norms
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.eps, self.upcast, self.weight = inner, inner.eps, True, inner.weight
+
+        def forward(self, x):
+            return self.inner(x)
+
+    model.final = Wrapper(model.final)
+    clock = itertools.count(0.0, 1e-3)
+    monkeypatch.setattr(norm_cost.time, "perf_counter", lambda: next(clock))
+    timer = norm_cost.ModuleTimer(model, torch.device("cpu"))
+    with timer.attached(), torch.no_grad():
+        model(torch.zeros(1, 8, dtype=torch.long))
+    # attn_in, q_norm, k_norm, mlp_in, final (the wrapper, not its inner norm): 5 norm calls
+    assert timer.calls[("norm", "fwd")] == 5 and timer.calls[("attention", "fwd")] == 1
+    # attention: [start, q start], [q stop, k start], [k stop, stop] = 3 slices; each norm 1
+    assert timer.ms[("attention", "fwd")] == pytest.approx(3.0)
+    assert timer.ms[("norm", "fwd")] == pytest.approx(5.0)
+    assert timer.ms[("mlp", "fwd")] == pytest.approx(1.0)

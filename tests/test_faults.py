@@ -70,7 +70,7 @@ def test_a_multirun_with_diverging_invalid_and_crashing_jobs_completes_the_other
     assert r.returncode == 1
     assert "Traceback" not in r.stderr + r.stdout
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert [j.name for j in jobs] == [f"{i}_layer-torch-pre-fp32-seed0" for i in range(5)]
+    assert [j.name for j in jobs] == [f"{i}_layer-auto-pre-fp32-seed0" for i in range(5)]
     status = {
         j.name[0]: json.loads((j / "summary.json").read_text())["status"]
         for j in jobs

@@ -45,11 +45,23 @@ def test_every_norm_in_the_model_is_built_by_the_factory_for_the_chosen_variant(
         assert not any(isinstance(m, torch.nn.LayerNorm) for m in model.modules())
 
 
-def test_placement_changes_the_computation_but_not_the_parameters():
+def test_placement_changes_the_computation_and_post_norm_drops_only_the_final_norm():
     pre, post = tiny_model(placement=Placement.pre), tiny_model(placement=Placement.post)
-    post.load_state_dict(pre.state_dict())  # same parameters, same names
     idx = torch.randint(0, 64, (2, 16))
     assert not torch.allclose(pre(idx)[0], post(idx)[0])
+    # post: attn_out/mlp_out instead of attn_in/mlp_in, and no final norm (weight + bias)
+    d = pre.cfg.d_model
+    assert pre.num_params() - post.num_params() == 2 * d
+    assert isinstance(post.final, torch.nn.Identity) and not isinstance(
+        pre.final, torch.nn.Identity
+    )
+    rename = {"attn_in": "attn_out", "mlp_in": "mlp_out"}
+    pre_keys = {
+        ".".join(rename.get(p, p) for p in k.split("."))
+        for k in pre.state_dict()
+        if "final" not in k
+    }
+    assert pre_keys == set(post.state_dict())
 
 
 def test_post_norm_block_output_is_normalized_and_pre_norm_is_not():
@@ -70,7 +82,9 @@ def test_gpt2_init_std_and_scaled_residual_projections():
     assert abs(big.blocks[0].mlp.proj.weight.std().item() - 0.02 / math.sqrt(2 * 8)) < 0.001
     assert abs(big.blocks[0].attn.proj.weight.std().item() - 0.02 / math.sqrt(2 * 8)) < 0.001
     assert big.head.weight is big.tok_emb.weight  # tied head
-    assert torch.all(big.blocks[0].norm1.weight == 1) and torch.all(big.blocks[0].norm1.bias == 0)
+    assert torch.all(big.blocks[0].attn_in.weight == 1) and torch.all(
+        big.blocks[0].attn_in.bias == 0
+    )
 
 
 def test_layernorm_and_rmsnorm_models_start_from_the_same_shared_weights_for_one_seed():
@@ -79,8 +93,8 @@ def test_layernorm_and_rmsnorm_models_start_from_the_same_shared_weights_for_one
     for name, tensor in a.state_dict().items():
         if name in shared:
             assert torch.equal(tensor, shared[name]), name
-    assert any(k.endswith("norm1.bias") for k in a.state_dict()) and not any(
-        k.endswith("norm1.bias") for k in shared
+    assert any(k.endswith("attn_in.bias") for k in a.state_dict()) and not any(
+        k.endswith("attn_in.bias") for k in shared
     )
 
 

@@ -37,9 +37,11 @@ from torch.func import jvp  # noqa: E402
 if importlib.util.find_spec("triton") is not None:
     from triton.runtime.interpreter import InterpretedFunction
 
-    _tk = sys.modules.get("normlab.norms.triton_kernels")
-    if _tk is not None and not isinstance(_tk._norm_fwd, InterpretedFunction):
-        importlib.reload(_tk)  # imported earlier without the interpreter
+    for _name, _kernel in (("triton_kernels", "_norm_fwd"), ("triton_dyt", "_dyt_fwd")):
+        _mod = sys.modules.get(f"normlab.norms.{_name}")
+        if _mod is not None and not isinstance(getattr(_mod, _kernel), InterpretedFunction):
+            importlib.reload(_mod)  # imported earlier without the interpreter
+    import normlab.norms.triton_dyt  # noqa: F401
     import normlab.norms.triton_kernels  # noqa: F401
 if _PREVIOUS_INTERPRET is None:
     del os.environ["TRITON_INTERPRET"]
@@ -48,7 +50,7 @@ else:
 
 import normlab.norms as norms  # noqa: E402
 from normlab import config  # noqa: E402
-from normlab.config import ConfigError, NormConfig, NormImpl, NormKind  # noqa: E402
+from normlab.config import ConfigError, NormCast, NormConfig, NormImpl, NormKind  # noqa: E402
 from normlab.norms import table  # noqa: E402
 from normlab.norms.preflight import preflight  # noqa: E402
 from normlab.norms.reference import NormBase  # noqa: E402
@@ -118,17 +120,74 @@ CASES = params(contract_cases())
 STATISTIC_CASES = params(contract_cases(statistic_only=True))
 
 
+def option_cases(slow_interpreted: bool = False) -> list:
+    """``(kind, impl, zero_centered, cast)`` for every contract case and every option combination
+    its implementation honours (``Impl.zero_centered``, ``Impl.casts``) except the default one,
+    which the plain contract cases cover. ``slow_interpreted``: mark the cases of implementations
+    that run interpreted on CPU (``Impl.interpreter_env``: Triton, ~10 s per float64 gradcheck)
+    slow."""
+    default = NormConfig()
+    slow = lambda i: slow_interpreted and IMPLS[i].interpreter_env is not None  # noqa: E731
+    return [
+        pytest.param(
+            k,
+            i,
+            zc,
+            cast,
+            id=f"{k.name}-{i.name}-{'zc' if zc else 'w'}-{cast.name}",
+            marks=pytest.mark.slow if slow(i) else (),
+        )
+        for k, i in contract_cases()
+        for zc in (False, True)
+        if IMPLS[i].zero_centered or not zc
+        for cast in NormCast
+        if cast in IMPLS[i].casts and (zc, cast) != (default.zero_centered, default.cast)
+    ]
+
+
+def refused_options() -> list:
+    """``(kind, impl, option, value)`` for every option an implementation does not honour."""
+    out = []
+    for k, i in contract_cases():
+        spec = IMPLS[i]
+        out += [
+            pytest.param(k, i, "cast", c, id=f"{k.name}-{i.name}-{c.name}")
+            for c in NormCast
+            if c not in spec.casts
+        ]
+        if not spec.zero_centered:
+            out.append(pytest.param(k, i, "zero_centered", True, id=f"{k.name}-{i.name}-zc"))
+    return out
+
+
+OPTION_CASES = option_cases()
+OPTION_GRADCHECK_CASES = option_cases(slow_interpreted=True)
+REFUSED_OPTIONS = refused_options()
+
+
 # ------------------------------------------------------------------------- check helpers
 
 
-def make(kind, impl, d=D, *, affine=True, bias=False, eps=1e-5, upcast=True, seed=0):
-    """The table's class for ``(kind, impl)`` with non-trivial weight / bias values."""
-    norm = norms.norm_class(kind, impl)(d, eps, affine=affine, bias=bias, upcast=upcast)
+def make(kind, impl, d=D, *, affine=True, bias=False, eps=1e-5, upcast=True, seed=0, **options):
+    """The table's class for ``(kind, impl)`` with non-trivial parameter values (each its initial
+    value plus noise: a gain around 1, a zero-centred weight around 0, DyT's alpha around 0.5);
+    ``options``: ``zero_centered``, ``cast``."""
+    norm = norms.norm_class(kind, impl)(d, eps, affine=affine, bias=bias, upcast=upcast, **options)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in norm.named_parameters():
-            p.copy_((1.0 if name == "weight" else 0.0) + 0.4 * torch.randn(p.shape, generator=g))
+        for p in norm.parameters():
+            p.add_(0.4 * torch.randn(p.shape, generator=g))
     return norm
+
+
+def extras(kind, norm) -> list:
+    """The kind's extra parameters (``Kind.extra_params``: DyT's alpha), in the oracle's order."""
+    return [getattr(norm, name) for name in KINDS[kind].extra_params]
+
+
+def applied(norm, weight):
+    """The gain the oracle takes: ``weight``, or ``1 + weight`` for a zero-centred norm."""
+    return weight if weight is None or not norm.zero_centered else 1 + weight
 
 
 def assert_matches(got, want, dtype, what: str) -> None:
@@ -146,34 +205,40 @@ def assert_matches(got, want, dtype, what: str) -> None:
 
 
 def oracle_grads(kind, x, norm, dy):
-    """The oracle's output and its gradients in x, weight, bias (float64)."""
+    """The oracle's output and its gradients in x, weight, bias and the extra parameters
+    (float64)."""
     x64 = x.detach().double().requires_grad_()
     ps = [
         None if p is None else p.detach().double().requires_grad_()
-        for p in (norm.weight, norm.bias)
+        for p in (norm.weight, norm.bias, *extras(kind, norm))
     ]
-    y64 = norms.oracle(kind)(x64, ps[0], ps[1], norm.eps)
+    y64 = norms.oracle(kind)(x64, applied(norm, ps[0]), ps[1], norm.eps, *ps[2:])
     y64.backward(dy.double())
     return y64, x64.grad, [None if p is None else p.grad for p in ps]
 
 
-def check_oracle(kind, impl, dtype=torch.float32, lead=(3, 5), affine=True, bias=False) -> None:
-    """Forward output and the x / weight / bias gradients against the kind's float64 oracle.
+def check_oracle(
+    kind, impl, dtype=torch.float32, lead=(3, 5), affine=True, bias=False, **options
+) -> None:
+    """Forward output and the x / weight / bias (/ extra) gradients against the kind's float64
+    oracle; ``options``: ``zero_centered``, ``cast``.
 
     Raises:
         AssertionError: naming the tensor and the error.
     """
-    norm = make(kind, impl, affine=affine, bias=bias)
+    norm = make(kind, impl, affine=affine, bias=bias, **options)
     g = torch.Generator().manual_seed(1)
     x = (1.5 * torch.randn(*lead, D, generator=g) + 0.3).to(dtype).requires_grad_()
     y = norm(x)
     assert y.dtype == dtype, f"output dtype {y.dtype} != input dtype {dtype}"
     dy = torch.randn(y.shape, generator=g).to(dtype)
     y.backward(dy)
-    y64, dx64, (dw64, db64) = oracle_grads(kind, x, norm, dy)
+    y64, dx64, grads64 = oracle_grads(kind, x, norm, dy)
     assert_matches(y.detach(), y64, dtype, "output")
     assert_matches(x.grad, dx64, dtype, "grad input")
-    for name, p, want in (("weight", norm.weight, dw64), ("bias", norm.bias, db64)):
+    names = ("weight", "bias", *KINDS[kind].extra_params)
+    ps = (norm.weight, norm.bias, *extras(kind, norm))
+    for name, p, want in zip(names, ps, grads64, strict=True):
         if p is not None:
             assert_matches(p.grad, want, dtype, f"grad {name}")
 
@@ -196,9 +261,9 @@ def check_double_backward(kind, impl) -> None:
     x64 = x.detach().double().requires_grad_()
     w64 = norm.weight.detach().double().requires_grad_()
     b64 = None if norm.bias is None else norm.bias.detach().double()
-    (dx64,) = torch.autograd.grad(
-        norms.oracle(kind)(x64, w64, b64, norm.eps), x64, dy.double(), create_graph=True
-    )
+    more = [p.detach().double() for p in extras(kind, norm)]
+    y64 = norms.oracle(kind)(x64, applied(norm, w64), b64, norm.eps, *more)
+    (dx64,) = torch.autograd.grad(y64, x64, dy.double(), create_graph=True)
     want = _grads((dx64 * v.double()).sum(), [x64, w64])
     assert_matches(got[0], want[0], torch.float32, "double backward d/dx")
     assert_matches(got[1], want[1], torch.float32, "double backward d/dweight")
@@ -211,7 +276,9 @@ def check_jvp(kind, impl) -> None:
     x, t = torch.randn(4, D, generator=g), torch.randn(4, D, generator=g)
     _, tangent = jvp(norm, (x,), (t,))
     w, b = (None if p is None else p.detach().double() for p in (norm.weight, norm.bias))
-    _, want = jvp(lambda x: norms.oracle(kind)(x, w, b, norm.eps), (x.double(),), (t.double(),))
+    more = [p.detach().double() for p in extras(kind, norm)]
+    fn = lambda x: norms.oracle(kind)(x, applied(norm, w), b, norm.eps, *more)  # noqa: E731
+    _, want = jvp(fn, (x.double(),), (t.double(),))
     assert_matches(tangent, want, torch.float32, "jvp tangent")
 
 
@@ -243,14 +310,15 @@ def test_passes_float64_gradcheck_where_it_takes_fp64(kind, impl):
 def test_parameter_layout_is_the_kinds(kind, impl):
     norm = norms.build_norm(norms.resolve_norm(NormConfig(kind=kind, impl=impl), "cpu"), 10)
     ps = dict(norm.named_parameters())
-    assert set(ps) == ({"weight", "bias"} if KINDS[kind].bias else {"weight"})
+    more = set(KINDS[kind].extra_params)
+    assert set(ps) == ({"weight", "bias"} if KINDS[kind].bias else {"weight"}) | more
     assert torch.equal(ps["weight"], torch.ones(10)) and ps["weight"].dtype == torch.float32
     if KINDS[kind].bias:
         assert torch.equal(ps["bias"], torch.zeros(10))
     else:
         with pytest.raises(ValueError, match="takes no bias"):
             norms.norm_class(kind, impl)(10, 1e-5, affine=True, bias=True)
-    assert not list(make(kind, impl, 10, affine=False).parameters())
+    assert set(dict(make(kind, impl, 10, affine=False).named_parameters())) == more
 
 
 @pytest.mark.parametrize(("kind", "impl"), CASES)
@@ -289,6 +357,43 @@ def test_without_forward_ad_tangents_are_refused_never_zero(kind, impl):
         jvp(norm, (x,), (t,))
     with fwAD.dual_level(), pytest.raises(ValueError, match=MODE_ERRORS[JVP]):
         norm(fwAD.make_dual(x, t))
+
+
+# ------------------------------------------- zero-centred weights and cast orders, per case
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("kind", "impl", "zero_centered", "cast"), OPTION_CASES)
+def test_every_honoured_option_matches_the_float64_oracle(kind, impl, zero_centered, cast, dtype):
+    check_oracle(kind, impl, dtype, bias=KINDS[kind].bias, zero_centered=zero_centered, cast=cast)
+
+
+@pytest.mark.parametrize(("kind", "impl", "zero_centered", "cast"), OPTION_GRADCHECK_CASES)
+def test_every_honoured_option_passes_float64_gradcheck(kind, impl, zero_centered, cast):
+    if not IMPLS[impl].float64:
+        pytest.skip(f"the table says {impl.name} takes no fp64 input")
+    opts = {"zero_centered": zero_centered, "cast": cast}
+    norm = make(kind, impl, 10, bias=KINDS[kind].bias, **opts).double()
+    x = (torch.randn(2, 3, 10, dtype=torch.float64) + 0.3).requires_grad_()
+    torch.autograd.gradcheck(norm, (x,), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("kind", "impl", "option", "value"), REFUSED_OPTIONS)
+def test_an_option_the_table_says_is_not_honoured_is_refused_in_one_line(kind, impl, option, value):
+    shown = value.name if isinstance(value, Enum) else str(value).lower()
+    allowed = ", ".join(
+        i.name
+        for i, spec in IMPLS.items()
+        if (value in spec.casts if option == "cast" else spec.zero_centered)
+    )
+    cfg = NormConfig(kind=kind, impl=impl, **{option: value})
+    with pytest.raises(ConfigError) as err:
+        norms.resolve_norm(cfg, "cpu")
+    assert str(err.value) == (
+        f"norm.{option}={shown} is not honoured by norm.impl={impl.name}; only by: {allowed}"
+    )
+    with pytest.raises(ValueError, match=f"does not honour {option}"):
+        norms.norm_class(kind, impl)(10, 1e-5, **{option: value})
 
 
 # ------------------------------------------------------------ statistic kinds only
@@ -343,6 +448,10 @@ def test_every_kind_and_concrete_impl_is_in_the_table():
 def test_the_configs_copies_of_table_facts_agree_with_the_table():
     assert config.KINDS_WITH_BIAS == {k for k, spec in KINDS.items() if spec.bias}
     assert config.IMPLS_WITH_UPCAST_FALSE == {i for i, spec in IMPLS.items() if spec.upcast_false}
+    assert config.KINDS_WITHOUT_EPS == {k for k, spec in KINDS.items() if not spec.statistic}
+    assert config.KINDS_WITH_ALPHA == {
+        k for k, spec in KINDS.items() if "alpha_init" in spec.options
+    }
 
 
 def test_bias_null_is_the_kinds_default_and_an_explicit_bias_is_refused_where_there_is_none():

@@ -32,6 +32,12 @@ if "normlab.norms.triton_kernels" in sys.modules:
 import normlab.norms.triton_kernels as tk  # noqa: E402
 from normlab.norms import triton_impl  # noqa: E402
 
+if "normlab.norms.triton_dyt" in sys.modules:
+    _td = sys.modules["normlab.norms.triton_dyt"]
+    if not isinstance(_td._dyt_fwd, InterpretedFunction):
+        importlib.reload(_td)
+import normlab.norms.triton_dyt  # noqa: E402, F401
+
 if _PREVIOUS_INTERPRET is None:
     del os.environ["TRITON_INTERPRET"]
 else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 import torch
 
 from normlab.compose import to_train_config
@@ -40,3 +41,48 @@ def test_another_seed_gives_other_weights_and_batches(compose_cfg):
     (ma, a), (mb, b) = setup(compose_cfg, "layer", 0), setup(compose_cfg, "layer", 1)
     assert not torch.equal(ma.blocks[0].attn.qkv.weight, mb.blocks[0].attn.qkv.weight)
     assert not torch.equal(a.train_batch(0)[0], b.train_batch(0)[0])
+
+
+# --- every axis of where the norms sit keeps runs paired ------------------------------------------
+
+
+def tiny_setup(compose_cfg, *overrides: str):
+    from .conftest import TINY
+
+    cfg = to_train_config(compose_cfg([*TINY, "norm.impl=torch", "seed=2", *overrides]))
+    run = build_run(cfg)
+    return run.model, run.sampler
+
+
+@pytest.mark.parametrize(
+    "axis",
+    [
+        [
+            "norm.placement=pre",
+            "norm.placement=post",
+            "norm.placement=peri",
+            "norm.placement=reordered",
+        ],
+        ["norm.qk=none", "norm.qk=head", "norm.qk=full"],
+        ["norm.embedding=false", "norm.embedding=true"],
+        [
+            "norm.blocks=null",
+            "norm.blocks=0:rms",
+            "norm.blocks=0-1:rms",
+            "norm.positions.final.kind=rms",
+        ],
+    ],
+    ids=["placement", "qk", "embedding", "schedule"],
+)
+def test_variants_along_each_design_axis_share_initial_weights_and_batches(compose_cfg, axis):
+    (m0, s0), *others = [tiny_setup(compose_cfg, o) for o in axis]
+    state0 = m0.state_dict()
+    for (m, s), override in zip(others, axis[1:], strict=True):
+        state = m.state_dict()
+        shared = [k for k in state0 if k in state]
+        assert sum(".attn.qkv." in k or ".mlp.fc." in k for k in shared) >= 4, override
+        for k in shared:
+            assert torch.equal(state0[k], state[k]), (override, k)
+        for step in (0, 5):
+            assert torch.equal(s0.train_batch(step)[0], s.train_batch(step)[0]), override
+        assert torch.equal(s0.val_batch(0)[0], s.val_batch(0)[0]), override

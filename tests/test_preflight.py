@@ -59,6 +59,7 @@ class WrongDweightLayerNorm(TorchLayerNorm):
 def test_cpu_implementations_pass_in_fp32(impl, kind):
     result = preflight(cfg(kind, impl), D, CPU, torch.float32)
     want = {"output", "dx", "dweight"} | ({"dbias"} if KINDS[kind].bias else set())
+    want |= {f"d{name}" for name in KINDS[kind].extra_params}  # DyT: dalpha
     assert set(result["errors"]) == want
     assert result["impl"] == impl.name and result["kind"] == kind.name and result["dtype"] == "fp32"
     assert result["shape"] == [64, D] and result["tolerance"] == TOLERANCES[torch.float32] == 1e-5

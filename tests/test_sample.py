@@ -69,7 +69,7 @@ def test_the_model_is_rebuilt_with_the_norm_and_weights_it_trained_with(tiny_run
     run_dir, original = tiny_run
     run = load_run(run_dir, "cpu")
     assert run.norm.kind.name == "rms" and run.norm.impl == NormImpl.torch and run.step == 7
-    assert type(run.model.blocks[0].norm1) is type(original.blocks[0].norm1)
+    assert type(run.model.blocks[0].attn_in) is type(original.blocks[0].attn_in)
     idx = torch.randint(0, 256, (2, CONTEXT))
     torch.testing.assert_close(run.model(idx)[0], original(idx)[0], rtol=0, atol=0)
 

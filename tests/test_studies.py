@@ -79,7 +79,7 @@ def diag_row(step: int, n: int, growth: float, gain: float) -> dict:
     row = {f"diag/block{i}/resid_rms": 0.05 * growth**i for i in range(n)}
     row |= {f"diag/block{i}/resid_mean": 0.0 for i in range(n)}
     row["diag/final/resid_rms"] = 0.05 * growth**n
-    for name in [f"block{i}/{m}" for i in range(n) for m in ("norm1", "norm2")] + ["final/norm_f"]:
+    for name in [f"block{i}/{m}" for i in range(n) for m in ("attn_in", "mlp_in")] + ["final/norm"]:
         row |= {
             f"diag/{name}_gain_mean": gain,
             f"diag/{name}_gain_min": gain - 0.2,
@@ -192,11 +192,11 @@ def test_fp16_detector_names_the_first_overflowing_norm_only_without_fp32_statis
         assert res["max_abs"] > 255.9
         if not upcast:
             assert (
-                res["first_module"] == "blocks.0.norm1"
-                and "statistics of blocks.0.norm1" in res["first_nonfinite"]
+                res["first_module"] == "blocks.0.attn_in"
+                and "statistics of blocks.0.attn_in" in res["first_nonfinite"]
             )
             assert (
-                res["overflowed_norms"][0] == "blocks.0.norm1" and res["logit_err_median"] > 0.5
+                res["overflowed_norms"][0] == "blocks.0.attn_in" and res["logit_err_median"] > 0.5
             )  # rows zeroed
         else:
             assert (

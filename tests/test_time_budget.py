@@ -127,5 +127,9 @@ def test_the_progress_bar_names_the_variant_and_the_swept_values(cfg_tiny):
     job = job_swept(["norm=rms", "seed=1", "optim.lr=3e-3", "model=tiny"], swept_keys(args))
     assert job == ("norm=rms", "seed=1", "optim.lr=3e-3")
     cfg = cfg_tiny("norm=rms", "norm.impl=reference", "seed=1")
-    assert variant_label(cfg, job) == "rms/reference/pre/fp32 optim.lr=3e-3 seed=1"
-    assert variant_label(cfg) == "rms/reference/pre/fp32 seed=1"
+    assert variant_label(cfg, job) == "rms-reference-pre-fp32 optim.lr=3e-3 seed=1"
+    assert variant_label(cfg) == "rms-reference-pre-fp32 seed=1"
+    eps = cfg_tiny("norm=rms", "norm.impl=reference", "norm.eps=1e-6")
+    assert variant_label(eps, ("norm.eps=1e-6", "norm.kind=rms")) == (
+        "rms-reference-pre-fp32 norm.eps=1e-6 seed=0"
+    )  # a swept key the design does not show is named

@@ -348,9 +348,9 @@ def test_a_norm_whose_statistic_overflowed_is_flagged_in_the_summary(
     cfg = _tiny(compose_cfg, "max_steps=2", "diag_interval=1", "norm.impl=reference")
     summary = train(cfg, tmp_path)
     flag = summary["norm_zero_rows"]
-    assert flag["step"] == 1 and flag["rows"]["block0/norm1"] == 4 * 32  # every row of the batch
+    assert flag["step"] == 1 and flag["rows"]["block0/attn_in"] == 4 * 32  # every row of the batch
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert rows[1]["diag/block0/norm1_zero_rows"] == 128  # rows[0]: step 0's evaluation
+    assert rows[1]["diag/block0/attn_in_zero_rows"] == 128  # rows[0]: step 0's evaluation
     # and a healthy run has no flag
     monkeypatch.undo()
     summary = train(_tiny(compose_cfg, "max_steps=2", "diag_interval=1"), tmp_path / "ok")

@@ -17,7 +17,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
-from normlab.config import CliConfig, ConfigError, TrainConfig
+from normlab.config import CliConfig, ConfigError, TrainConfig, to_plain
+from normlab.config.schedule import norm_tag
 
 
 def find_conf_dir() -> Path:
@@ -42,10 +43,17 @@ def find_conf_dir() -> Path:
 
 def register_schema() -> None:
     """Register :class:`CliConfig` as ``train_schema`` so every group is type-checked on merge,
-    and the ``name`` resolver: ``${name:${norm.kind}}`` is ``rms``, not ``NormKind.rms``."""
+    and the ``name`` resolver: ``${name:${norm.kind}}`` is ``rms``, not ``NormKind.rms``; the
+    ``norm_tag`` resolver: ``${norm_tag:${norm}}`` is the norm design for a directory name
+    (:func:`normlab.config.schedule.norm_tag`, e.g. ``layer[0-1:rms+3:dyt]-cpp-peri-qkhead``)."""
     ConfigStore.instance().store(name="train_schema", node=CliConfig)
     if not OmegaConf.has_resolver("name"):
         OmegaConf.register_new_resolver("name", lambda v: v.name if isinstance(v, Enum) else v)
+    if not OmegaConf.has_resolver("norm_tag"):
+        OmegaConf.register_new_resolver(
+            "norm_tag",
+            lambda n: norm_tag(to_plain(OmegaConf.to_container(n)), impl=True, path_safe=True),
+        )
 
 
 def validate(cfg: DictConfig) -> CliConfig:

@@ -6,11 +6,23 @@ Token + learned position embeddings, causal self-attention through
 to the token embedding. Init follows GPT-2 (Radford et al. 2019): N(0, 0.02) for linear and
 embedding weights, residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases, norm gains 1.
 
-Placement (``norm.placement``), written out in ``Block.forward``:
+Norms (``normlab.config.schedule`` names their positions; each is built by ``build_norm`` from
+``norm.at(position, block)``, so a block schedule or a per-position override changes only that
+norm). ``norm.placement``, written out in ``Block.forward`` (f: attention or MLP branch):
 
-* ``pre`` (GPT-2):  x = x + attn(norm1(x));  x = x + mlp(norm2(x));  logits = head(norm_f(x))
-* ``post`` (Vaswani et al. 2017): x = norm1(x + attn(x));  x = norm2(x + mlp(x));
-  the final norm is kept too, so both placements have the same parameters.
+* ``pre`` (GPT-2):          x = x + f(attn_in(x));             logits = head(final(x))
+* ``post`` (Vaswani 2017):  x = attn_out(x + f(x));            logits = head(x)
+* ``peri`` (Peri-LN, Kim et al. 2025; Gemma 2/3): x = x + attn_out(f(attn_in(x)));  final norm
+* ``reordered`` (OLMo-2, arXiv:2501.00656):       x = x + attn_out(f(x));           final norm
+
+(the MLP branch likewise with ``mlp_in`` / ``mlp_out``). Post-norm has **no final norm**, as in the
+original Transformer: the last block already ends in a norm of the whole stream (``mlp_out``), and
+stacking another on it only multiplies two gains (and adds two biases) on the same normalized
+vector, a reparametrisation that weight decay then pulls on twice. So post-norm runs have
+2 x d_model fewer parameters than pre-norm runs (the final gain and bias, which draw no random
+numbers): every parameter they share starts equal for one seed.
+``norm.qk``: ``head`` normalizes q and k over head_dim per head (nanochat, Qwen3), ``full`` over
+d_model before the split (OLMo-2). ``norm.embedding``: a norm after token + position embedding.
 """
 
 from __future__ import annotations
@@ -21,25 +33,43 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from normlab.config import ModelConfig, NormConfig, Placement
+from normlab.config import ConfigError, ModelConfig, NormConfig, Placement, QKNorm
 from normlab.norms import build_norm
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention: ``(B, T, C) -> (B, T, C)``."""
+def _norm(norm: NormConfig, position: str, block: int | None, size: int) -> nn.Module:
+    """The norm at ``position`` (of block ``block``) over ``size`` features."""
+    cfg = norm.at(position, block)
+    try:
+        return build_norm(cfg, size)
+    except ConfigError as e:
+        where = position if block is None else f"block {block} {position}"
+        raise ConfigError(f"the {where} norm ({cfg.kind.name}): {e}") from None
 
-    def __init__(self, cfg: ModelConfig):
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention, optional QK-norm: ``(B, T, C) -> (B, T, C)``."""
+
+    def __init__(self, cfg: ModelConfig, norm: NormConfig, block: int):
         super().__init__()
-        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.n_head, self.dropout, self.qk = cfg.n_head, cfg.dropout, norm.qk
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.linear_bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.linear_bias)
         self.proj.residual_proj = True
+        if self.qk != QKNorm.none:
+            size = cfg.d_model // cfg.n_head if self.qk == QKNorm.head else cfg.d_model
+            self.q_norm = _norm(norm, "qk", block, size)
+            self.k_norm = _norm(norm, "qk", block, size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)
+        if self.qk == QKNorm.full:  # over d_model, before the split into heads
+            q, k = self.q_norm(q), self.k_norm(k)
         # (B, T, C) -> (B, H, T, C/H)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.qk == QKNorm.head:  # over head_dim, each head on its own
+            q, k = self.q_norm(q), self.k_norm(k)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
@@ -61,24 +91,32 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One transformer block; ``norm.placement`` decides where its two norms sit."""
+    """Transformer block ``index``; ``norm.placement`` decides which norms it has and where."""
 
-    def __init__(self, cfg: ModelConfig, norm: NormConfig):
+    def __init__(self, cfg: ModelConfig, norm: NormConfig, index: int):
         super().__init__()
-        self.pre_norm = norm.placement == Placement.pre
-        self.norm1 = build_norm(norm, cfg.d_model)
-        self.attn = CausalSelfAttention(cfg)
-        self.norm2 = build_norm(norm, cfg.d_model)
+        self.placement = norm.placement
+        self.attn = CausalSelfAttention(cfg, norm, index)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
+        for position in norm.used_positions():  # attn_in, attn_out, mlp_in, mlp_out as placed
+            if position.startswith(("attn_", "mlp_")):
+                setattr(self, position, _norm(norm, position, index, cfg.d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.pre_norm:
-            x = x + self.drop(self.attn(self.norm1(x)))
-            x = x + self.mlp(self.norm2(x))
-        else:
-            x = self.norm1(x + self.drop(self.attn(x)))
-            x = self.norm2(x + self.mlp(x))
+        attn, mlp, drop = self.attn, self.mlp, self.drop
+        if self.placement == Placement.pre:
+            x = x + drop(attn(self.attn_in(x)))
+            x = x + mlp(self.mlp_in(x))
+        elif self.placement == Placement.post:
+            x = self.attn_out(x + drop(attn(x)))
+            x = self.mlp_out(x + mlp(x))
+        elif self.placement == Placement.peri:
+            x = x + drop(self.attn_out(attn(self.attn_in(x))))
+            x = x + self.mlp_out(mlp(self.mlp_in(x)))
+        else:  # reordered
+            x = x + drop(self.attn_out(attn(x)))
+            x = x + self.mlp_out(mlp(x))
         return x
 
 
@@ -87,7 +125,11 @@ class GPT(nn.Module):
 
     Args:
         cfg: shape; ``cfg.vocab_size`` must be set (the trainer fills it from the tokenizer).
-        norm: a *resolved* norm config (concrete ``impl``), see ``norms.resolve_norm``.
+        norm: a *resolved* norm config (concrete ``impl``), see ``norms.resolve_norm``; a
+            schedule entry or position override without an impl inherits that impl.
+
+    Raises ConfigError (one line) for a schedule outside ``n_layer`` or a derived norm whose
+    kind has no such implementation (write ``kind@impl``).
 
     ``forward(idx (B, T) int64, targets (B, T) int64 | None)`` returns
     ``(logits (B, T, V), loss)`` where loss is the mean cross-entropy in nats/token (None without
@@ -98,12 +140,15 @@ class GPT(nn.Module):
         super().__init__()
         if cfg.vocab_size is None:
             raise ValueError("model.vocab_size must be set before building the model")
+        norm.check(cfg.n_layer)
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context_length, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, norm) for _ in range(cfg.n_layer))
-        self.norm_f = build_norm(norm, cfg.d_model)
+        used, C = norm.used_positions(), cfg.d_model
+        self.embedding = _norm(norm, "embedding", None, C) if "embedding" in used else None
+        self.blocks = nn.ModuleList(Block(cfg, norm, i) for i in range(cfg.n_layer))
+        self.final = _norm(norm, "final", None, C) if "final" in used else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017)
         self.apply(self._init_weights)
@@ -142,10 +187,11 @@ class GPT(nn.Module):
                 f"sequence length {T} exceeds model.context_length={self.cfg.context_length}"
             )
         pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))  # (B, T, C)
+        x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C)
+        x = self.drop(x if self.embedding is None else self.embedding(x))
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.norm_f(x))  # (B, T, V)
+        logits = self.head(self.final(x))  # (B, T, V)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))

@@ -14,6 +14,7 @@ import torch
 from normlab.config import ConfigError, NormImpl, NormKind
 from normlab.data.tokens import DataError
 from normlab.norms import available_impls
+from normlab.norms.table import KINDS
 from normlab.studies.bench_norms import (
     CACHE_REGIMES,
     DTYPES,
@@ -93,8 +94,9 @@ def _parser(step: bool) -> argparse.ArgumentParser:
         p.add_argument(
             "--kinds",
             type=csv,
-            default=["layer", "rms"],
-            help="norm kinds, comma separated (default: layer,rms)",
+            default=[k.name for k in KINDS],
+            help="norm kinds, comma separated (default: every kind of the norm table: "
+            f"{','.join(k.name for k in KINDS)})",
         )
         p.add_argument(
             "--impls",

@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         help="Hydra overrides for every setup (default experiment=norm_cost)",
     )
-    p.add_argument("--kinds", default="layer,rms")
+    p.add_argument("--kinds", default="layer,rms,dyt", help="norm kinds (default: layer,rms,dyt)")
     p.add_argument(
         "--impls",
         default=None,

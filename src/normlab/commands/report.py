@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
-from normlab.report import ReportError, build_report, write_report
+from normlab.report import (
+    ReportError,
+    build_report,
+    log_report_to_wandb,
+    wandb_settings,
+    write_report,
+)
+from normlab.report.wandb_log import MODES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,7 +47,55 @@ def _parser() -> argparse.ArgumentParser:
         default=0.05,
         help="significance level (default 0.05: 95%% CI, 90%% TOST CI)",
     )
+    p.add_argument(
+        "--target",
+        type=float,
+        default=None,
+        help="target validation loss (nats/token) for the time-to-target section (default: the "
+        "highest final validation loss of any included run)",
+    )
+    p.add_argument(
+        "--wandb",
+        action="store_true",
+        help="also log the report's tables and figures to a wandb run in the sweep's group",
+    )
+    p.add_argument(
+        "--wandb-mode",
+        choices=MODES,
+        default=None,
+        help="wandb mode of that run (default: the runs' logger.mode, else offline)",
+    )
+    p.add_argument(
+        "--wandb-project", default=None, help="wandb project (default: the runs' logger.project)"
+    )
     return p
+
+
+def _to_wandb(rep, mode: str | None, project: str | None, out: Path) -> str:
+    """Log ``rep`` to a new wandb run; returns a line saying where it went.
+
+    Raises:
+        ReportError: wandb is not installed or its run cannot start.
+    """
+    try:
+        import wandb
+    except ImportError:
+        raise ReportError("--wandb needs the wandb package: pip install wandb") from None
+    settings = wandb_settings(rep, mode, project)
+    try:
+        run = wandb.init(
+            dir=str(out), config={"margin": rep.margin, "alpha": rep.alpha}, **settings
+        )
+    except Exception as e:  # wandb raises its own errors (no login for online, ...)
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ReportError(f"--wandb: cannot start a wandb run: {first}") from None
+    log_report_to_wandb(rep, run)
+    where = getattr(run, "dir", None) or out
+    run.finish()
+    return (
+        f"logged to wandb ({settings['mode']}, project {settings['project']}, group "
+        f"{settings['group']}): {where}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,18 +105,29 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not args.margin > 0 or not 0 < args.alpha < 0.5:
         p.error("need --margin > 0 and 0 < --alpha < 0.5")
+    if args.target is not None and not math.isfinite(args.target):
+        p.error(f"--target {args.target}: need a finite loss in nats/token")
     out = args.out or (args.paths[0] / "report" if len(args.paths) == 1 else Path("report"))
     try:
-        rep = build_report(args.paths, args.margin, args.alpha, args.baseline)
+        rep = build_report(args.paths, args.margin, args.alpha, args.baseline, args.target)
         path = write_report(rep, out)
+        logged = _to_wandb(rep, args.wandb_mode, args.wandb_project, out) if args.wandb else None
     except (ReportError, OSError) as e:
         print(f"normlab-report: error: {e}", file=sys.stderr)
         return 1
     print(f"normlab-report: wrote {path}")
+    if logged:
+        print(f"normlab-report: {logged}")
     for w in rep.confounds:
         print(f"  warning: {w}")
     for c in rep.comparisons:
         print(f"  {c['label']} vs {rep.baseline}: n={c['n']}, {c['verdict']}")
+        bench = (rep.bench or {}).get("ratios", {}).get(c["label"])
+        if bench:
+            print(
+                f"  speed (interleaved, {bench['pairs']} pairs): step time ratio median "
+                f"{bench['median']:.3f}, geometric mean {bench['gmean']:.3f}"
+            )
         if not c["ratio"]["comparable"]:
             print("  warning: step times not comparable (see the report's step-time section)")
     if not any(v["n"] for v in rep.variants):

@@ -15,12 +15,19 @@ from __future__ import annotations
 from normlab.config.base import DEFAULT_EPS, ConfigError, to_plain
 from normlab.config.data import DataConfig, DataFormat, Tokenizer
 from normlab.config.norm import (
+    DEFAULT_ALPHA_INIT,
     IMPLS_WITH_UPCAST_FALSE,
+    KINDS_WITH_ALPHA,
     KINDS_WITH_BIAS,
+    KINDS_WITHOUT_EPS,
+    NormCast,
     NormConfig,
     NormImpl,
     NormKind,
+    NormOverride,
+    NormPositions,
     Placement,
+    QKNorm,
 )
 from normlab.config.run import (
     CliConfig,
@@ -44,7 +51,14 @@ __all__ = [
     "NormImpl",
     "KINDS_WITH_BIAS",
     "IMPLS_WITH_UPCAST_FALSE",
+    "KINDS_WITHOUT_EPS",
+    "KINDS_WITH_ALPHA",
+    "DEFAULT_ALPHA_INIT",
+    "NormCast",
     "Placement",
+    "QKNorm",
+    "NormOverride",
+    "NormPositions",
     "NormConfig",
     "Tokenizer",
     "DataFormat",

@@ -213,6 +213,7 @@ class TrainConfig:
             self.diag_interval,
             "must be null (off) or >= 1",
         )
+        self.norm.check(self.model.n_layer)  # the block schedule against the model's blocks
         self._check_evaluation_keys()
 
     def _check_evaluation_keys(self) -> None:

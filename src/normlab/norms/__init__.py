@@ -74,11 +74,14 @@ def auto_impl(kind: NormKind, device_type: str) -> NormImpl:
 
 
 def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
-    """Return ``cfg`` with ``impl=auto`` replaced by a concrete implementation and eps filled in.
+    """Return ``cfg`` with ``impl=auto`` replaced by a concrete implementation and eps filled in
+    (statistic kinds; the others have none and keep ``eps=None``).
 
     Raises:
-        ConfigError: the kind has no such implementation, or it cannot run on ``device_type``
-            (one line naming the value and the allowed ones; never a silent fallback).
+        ConfigError: the kind has no such implementation, or it cannot run on ``device_type``,
+            or it does not honour ``norm.upcast`` / ``norm.cast`` / ``norm.zero_centered`` as
+            set (``Impl`` flags); one line naming the value and the allowed ones, never a silent
+            fallback.
     """
     impl = auto_impl(cfg.kind, device_type) if cfg.impl == NormImpl.auto else cfg.impl
     shown = f"norm.impl={cfg.impl.name}" + (f" (-> {impl.name})" if impl != cfg.impl else "")
@@ -92,13 +95,28 @@ def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
     if not cfg.upcast and not IMPLS[impl].upcast_false:
         allowed = ", ".join(i.name for i, spec in IMPLS.items() if spec.upcast_false)
         raise ConfigError(f"norm.upcast=false is not honoured by {shown}; only by: {allowed}")
+    _refuse_unhonoured(cfg, impl, shown)
     reason = unavailable_reason(impl, device_type)
     if reason is not None:
         raise ConfigError(
             f"{shown} cannot run on device {device_type!r}: {reason}; "
             f"allowed here: {_allowed(cfg.kind, device_type)}"
         )
-    return dataclasses.replace(cfg, impl=impl, eps=cfg.resolved_eps)
+    eps = cfg.resolved_eps if KINDS[cfg.kind].statistic else None  # eps only where it means one
+    return dataclasses.replace(cfg, impl=impl, eps=eps)
+
+
+def _refuse_unhonoured(cfg: NormConfig, impl: NormImpl, shown: str) -> None:
+    """``norm.cast`` / ``norm.zero_centered`` the implementation does not compute (``Impl.casts``,
+    ``Impl.zero_centered``): one line naming the implementations that do."""
+    if cfg.cast not in IMPLS[impl].casts:
+        allowed = ", ".join(i.name for i, spec in IMPLS.items() if cfg.cast in spec.casts)
+        raise ConfigError(
+            f"norm.cast={cfg.cast.name} is not honoured by {shown}; only by: {allowed}"
+        )
+    if cfg.zero_centered and not IMPLS[impl].zero_centered:
+        allowed = ", ".join(i.name for i, spec in IMPLS.items() if spec.zero_centered)
+        raise ConfigError(f"norm.zero_centered=true is not honoured by {shown}; only by: {allowed}")
 
 
 def norm_class(kind: NormKind, impl: NormImpl) -> type[nn.Module]:
@@ -119,11 +137,24 @@ def norm_class(kind: NormKind, impl: NormImpl) -> type[nn.Module]:
 
 
 def oracle(kind: NormKind) -> Callable:
-    """The kind's float64 oracle ``(x, weight, bias, eps) -> y`` (float64), from the table."""
+    """The kind's float64 oracle ``(x, weight, bias, eps, *extra_params) -> y`` (float64), from
+    the table; ``weight`` is the applied gain."""
     return _load(KINDS[kind].oracle)
 
 
 def build_norm(cfg: NormConfig, d_model: int) -> nn.Module:
-    """Build one norm layer for inputs ``(..., d_model)`` from a resolved :class:`NormConfig`."""
+    """Build one norm layer for inputs ``(..., d_model)`` from a resolved :class:`NormConfig`:
+    the table's class with the shared options and the kind's own (``Kind.options``, each as its
+    ``resolved_<name>``)."""
     cls = norm_class(cfg.kind, cfg.impl)
-    return cls(d_model, cfg.resolved_eps, affine=cfg.affine, bias=cfg.bias, upcast=cfg.upcast)
+    own = {name: getattr(cfg, f"resolved_{name}") for name in KINDS[cfg.kind].options}
+    return cls(
+        d_model,
+        cfg.resolved_eps,
+        affine=cfg.affine,
+        bias=cfg.bias,
+        upcast=cfg.upcast,
+        zero_centered=cfg.zero_centered,
+        cast=cfg.cast,
+        **own,
+    )

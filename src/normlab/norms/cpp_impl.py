@@ -55,7 +55,7 @@ from typing import ClassVar
 
 import torch
 
-from normlab.config import ConfigError
+from normlab.config import ConfigError, NormImpl
 from normlab.norms.reference import NormBase, refuse_double_backward
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
@@ -237,11 +237,18 @@ class _CppNorm(NormBase):
     kernels happens in ``__init__``: a missing compiler is a config error before training starts."""
 
     is_rms: ClassVar[bool]
+    impl = NormImpl.cpp  # NormBase refuses the cast / zero_centered the table says it lacks
 
     def __init__(
-        self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True
+        self,
+        d: int,
+        eps: float,
+        affine: bool = True,
+        bias: bool = False,
+        upcast: bool = True,
+        **options,
     ):
-        super().__init__(d, eps, affine, bias, upcast)
+        super().__init__(d, eps, affine, bias, upcast, **options)
         ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -74,7 +74,8 @@ def preflight(
 
     Returns:
         ``{"impl", "kind", "dtype", "shape", "tolerance", "errors": {"output", "dx", "dweight",
-        "dbias"} (normwise relative errors, only for the tensors that exist), "max_error"}``.
+        "dbias", "dalpha" (DyT)} (normwise relative errors, only for the tensors that exist),
+        "max_error"}``.
 
     Raises:
         ConfigError: one line, ``norm.impl=X disagrees with the reference: max rel error E in T >
@@ -89,8 +90,8 @@ def preflight(
     ref = build_norm(dataclasses.replace(norm_cfg, impl=NormImpl.reference), d_model).to(device)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in impl.named_parameters():  # non-trivial gain and shift, shared by both
-            p.copy_((1.0 if name == "weight" else 0.0) + 0.5 * torch.randn(p.shape, generator=g))
+        for p in impl.parameters():  # non-trivial gain, shift (DyT: alpha), shared by both
+            p.add_(0.5 * torch.randn(p.shape, generator=g))
         ref.load_state_dict(impl.state_dict())
     x = (1.5 * torch.randn(ROWS, d_model, generator=g) + 0.3).to(device=device, dtype=dtype)
     dy = torch.randn(ROWS, d_model, generator=g).to(device=device, dtype=dtype)
@@ -99,8 +100,7 @@ def preflight(
         xi = x.clone().requires_grad_()
         with torch.enable_grad():
             y = norm(xi)
-            params = {"dweight": norm.weight, "dbias": norm.bias}
-            params = {k: p for k, p in params.items() if p is not None}
+            params = {f"d{name}": p for name, p in norm.named_parameters(recurse=False)}
             grads = torch.autograd.grad(y, [xi, *params.values()], dy)
         return {"output": y.detach(), "dx": grads[0], **dict(zip(params, grads[1:], strict=True))}
 

@@ -5,6 +5,11 @@ compute the statistics and normalize in fp32, cast back to the input dtype, then
 Those roundings shape the value only: the gradients are those of the unrounded fp32 chain (fp32
 sums, cast once), so the reference is the most exact oracle for bf16 / fp16 gradients too.
 
+``cast=after_weight`` (Gemma / OLMo) instead multiplies by the weight and adds the bias in fp32 and
+rounds once. ``zero_centered``: the weight is stored as w and applied as the gain ``1 + w``, added
+in fp32 (fp64 for fp64 parameters) whatever the parameter dtype (:meth:`NormBase.gain`); with
+``before_weight`` that fp32 gain is then rounded to the input dtype like any weight.
+
 Formulas (last dimension of size d, eps inside the square root):
 
 * LayerNorm (Ba et al. 2016, arXiv:1607.06450):
@@ -21,8 +26,11 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import nn
 
+from normlab.config import NormCast, NormImpl
+from normlab.norms.table import IMPLS
 
-def _affine(y_hat, weight, bias, dtype):
+
+def _affine(y_hat, weight, bias, dtype, after: bool = False):
     """``y_hat * weight + bias`` (``y_hat`` in fp32, or fp64) returned in ``dtype``.
 
     Value: eager low-precision arithmetic, each step rounded to ``dtype`` (``y_hat``, the product,
@@ -31,12 +39,13 @@ def _affine(y_hat, weight, bias, dtype):
     are fp32 sums (fp64 for fp64 input) cast once to the input / parameter dtype, never rounded to
     bf16 / fp16 on the way: the oracle the fused kernels are checked against is the most exact.
     ``rounded + (exact - exact)`` adds an exact zero to the value and the identity to the graph.
+    ``after`` (``cast=after_weight``): the value is the exact chain rounded once to ``dtype``.
     """
     exact = y_hat
     exact = exact if weight is None else exact * weight.to(exact.dtype)
     exact = exact if bias is None else exact + bias.to(exact.dtype)
-    if dtype == exact.dtype:
-        return exact
+    if dtype == exact.dtype or after:
+        return exact.to(dtype)
     with torch.no_grad():
         rounded = _affine_in_dtype(y_hat, weight, bias, dtype)
     return rounded + (exact - exact.detach()).to(dtype)
@@ -58,6 +67,7 @@ def layer_norm_ref(
     bias: torch.Tensor | None,
     eps: float,
     upcast: bool = True,
+    after: bool = False,
 ) -> torch.Tensor:
     """LayerNorm over the last dimension.
 
@@ -67,6 +77,7 @@ def layer_norm_ref(
         eps: added to the variance inside the square root, > 0.
         upcast: statistics, normalization and gradients in at least fp32 (True; bf16/fp16 values
             are rounded where eager ops round them, gradients are not) or all in ``x.dtype``.
+        after: ``cast=after_weight``: the affine step in fp32, one rounding (needs ``upcast``).
 
     Returns:
         ``(..., d)`` in ``x.dtype``.
@@ -77,7 +88,9 @@ def layer_norm_ref(
     xc = xs - mean
     var = (xc * xc).mean(-1, keepdim=True)
     rstd = torch.rsqrt(var + eps)
-    return (_affine if upcast else _affine_in_dtype)(xc * rstd, weight, bias, dtype)
+    if not upcast:
+        return _affine_in_dtype(xc * rstd, weight, bias, dtype)
+    return _affine(xc * rstd, weight, bias, dtype, after)
 
 
 def rms_norm_ref(
@@ -85,6 +98,7 @@ def rms_norm_ref(
     weight: torch.Tensor | None,
     eps: float,
     upcast: bool = True,
+    after: bool = False,
 ) -> torch.Tensor:
     """RMSNorm over the last dimension.
 
@@ -92,7 +106,7 @@ def rms_norm_ref(
         x: ``(..., d)`` any float dtype, any strides.
         weight: ``(d,)`` or None.
         eps: added to the mean square inside the square root, > 0.
-        upcast: as for :func:`layer_norm_ref`.
+        upcast, after: as for :func:`layer_norm_ref`.
 
     Returns:
         ``(..., d)`` in ``x.dtype``.
@@ -100,7 +114,9 @@ def rms_norm_ref(
     dtype = x.dtype
     xs = x.to(torch.promote_types(dtype, torch.float32)) if upcast else x  # fp64 stays fp64
     rstd = torch.rsqrt((xs * xs).mean(-1, keepdim=True) + eps)
-    return (_affine if upcast else _affine_in_dtype)(xs * rstd, weight, None, dtype)
+    if not upcast:
+        return _affine_in_dtype(xs * rstd, weight, None, dtype)
+    return _affine(xs * rstd, weight, None, dtype, after)
 
 
 def layer_norm_oracle(x, weight, bias, eps: float) -> torch.Tensor:
@@ -155,12 +171,15 @@ def refuse_double_backward(impl: str) -> None:
 class NormBase(nn.Module):
     """Parameter layout shared by every implementation of one kind, so checkpoints move freely.
 
-    ``weight``: ``(d,)`` initialised to ones when ``affine``; ``bias``: ``(d,)`` zeros when
-    ``bias``.
-    Both are None otherwise (registered as None, like ``nn.LayerNorm``).
+    ``weight``: ``(d,)`` initialised to ones when ``affine`` (zeros when ``zero_centered``: it is
+    applied as ``1 + w``, see :meth:`gain`); ``bias``: ``(d,)`` zeros when ``bias``.
+    Both are None otherwise (registered as None, like ``nn.LayerNorm``). ``cast``: a
+    :class:`~normlab.config.NormCast` (``after``: True for ``after_weight``).
 
     Raises:
-        ValueError: ``bias=True`` for a kind without one (``takes_bias = False``: RMSNorm).
+        ValueError: ``bias=True`` for a kind without one (``takes_bias = False``: RMSNorm); a
+            ``cast`` or ``zero_centered`` the class's implementation (``impl``, looked up in the
+            norm table) does not honour; ``zero_centered`` without ``affine``.
 
     ``forward_ad``: the implementation computes forward-mode AD (plain differentiable torch ops).
     False by default, so that a kernel behind an ``autograd.Function`` refuses tangents in
@@ -169,16 +188,47 @@ class NormBase(nn.Module):
 
     takes_bias: ClassVar[bool] = True
     forward_ad: ClassVar[bool] = False
+    impl: ClassVar[NormImpl | None] = None  # set where the table refuses some options
 
     def __init__(
-        self, d: int, eps: float, affine: bool = True, bias: bool = False, upcast: bool = True
+        self,
+        d: int,
+        eps: float,
+        affine: bool = True,
+        bias: bool = False,
+        upcast: bool = True,
+        zero_centered: bool = False,
+        cast: NormCast = NormCast.before_weight,
     ):
         if bias and not self.takes_bias:
             raise ValueError(f"{type(self).__name__} takes no bias (RMSNorm has none)")
+        self._refuse_options(NormCast(cast), zero_centered, affine)
         super().__init__()
         self.d, self.eps, self.upcast = d, float(eps), upcast
-        self.register_parameter("weight", nn.Parameter(torch.ones(d)) if affine else None)
+        self.zero_centered, self.cast = zero_centered, NormCast(cast)
+        self.after = self.cast == NormCast.after_weight
+        init = torch.zeros(d) if zero_centered else torch.ones(d)
+        self.register_parameter("weight", nn.Parameter(init) if affine else None)
         self.register_parameter("bias", nn.Parameter(torch.zeros(d)) if (affine and bias) else None)
+
+    def _refuse_options(self, cast: NormCast, zero_centered: bool, affine: bool) -> None:
+        name = type(self).__name__
+        if zero_centered and not affine:
+            raise ValueError(f"{name}: zero_centered needs affine=True (a weight to centre)")
+        spec = IMPLS.get(self.impl) if self.impl is not None else None
+        if spec is not None and cast not in spec.casts:
+            raise ValueError(f"{name} (impl={self.impl.name}) does not honour cast={cast.name}")
+        if spec is not None and zero_centered and not spec.zero_centered:
+            raise ValueError(f"{name} (impl={self.impl.name}) does not honour zero_centered")
+
+    def gain(self) -> torch.Tensor | None:
+        """The applied weight ``(d,)``: ``weight``, or ``1 + weight`` added in fp32 (fp64 for fp64
+        parameters) when ``zero_centered`` (Gemma's ``1 + w.float()``: in bf16, 1 + 3.140625 would
+        round to 4.125; in fp32 it is exactly 4.140625). None without ``affine``."""
+        w = self.weight
+        if w is None or not self.zero_centered:
+            return w
+        return 1.0 + w.to(torch.promote_types(w.dtype, torch.float32))
 
     def check_input(self, x: torch.Tensor) -> None:
         """Refuse what this implementation would compute wrongly.
@@ -199,9 +249,10 @@ class NormBase(nn.Module):
             )
 
     def extra_repr(self) -> str:
+        centred = ", zero_centered=True" if self.zero_centered else ""
         return (
             f"{self.d}, eps={self.eps:g}, affine={self.weight is not None}, "
-            f"bias={self.bias is not None}, upcast={self.upcast}"
+            f"bias={self.bias is not None}, upcast={self.upcast}, cast={self.cast.name}{centred}"
         )
 
 
@@ -212,7 +263,7 @@ class ReferenceLayerNorm(NormBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        return layer_norm_ref(x, self.weight, self.bias, self.eps, self.upcast)
+        return layer_norm_ref(x, self.gain(), self.bias, self.eps, self.upcast, self.after)
 
 
 class ReferenceRMSNorm(NormBase):
@@ -222,4 +273,4 @@ class ReferenceRMSNorm(NormBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        return rms_norm_ref(x, self.weight, self.eps, self.upcast)
+        return rms_norm_ref(x, self.gain(), self.eps, self.upcast, self.after)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from normlab.config import NormImpl, NormKind
+from normlab.config import NormCast, NormImpl, NormKind
 
 #: The autograd modes the contract tests check, in the order they are reported.
 BACKWARD, DOUBLE_BACKWARD, JVP = "backward", "double_backward", "jvp"
@@ -30,12 +30,17 @@ class Kind:
     """One norm kind.
 
     ``impls``: implementation -> ``"module:Class"``; each class takes
-    ``(d, eps, affine=, bias=, upcast=)`` and has parameters ``weight`` / ``bias`` of shape ``(d,)``
-    (or None). ``oracle``: ``"module:function"``, ``(x, weight, bias, eps) -> y`` computed in
-    float64 from the paper's formula. ``statistic``: the output is the input scaled by a per-row
-    statistic (mean / mean square) with eps inside a square root, so scale invariance, the eps
-    placement and fp16 overflow of the statistic apply. ``bias``: the kind takes a bias, and
-    ``norm.bias: null`` turns it on.
+    ``(d, eps, affine=, bias=, upcast=, zero_centered=, cast=)`` (plus the kind's ``options``) and
+    has parameters ``weight`` / ``bias`` of shape ``(d,)`` (or None). ``oracle``:
+    ``"module:function"``, ``(x, weight, bias, eps, *extra_params) -> y`` computed in float64 from
+    the paper's formula, ``weight`` being the applied gain (``1 + w`` when zero-centred).
+    ``statistic``: the output is the input scaled by a per-row statistic (mean / mean square) with
+    eps inside a square root, so scale invariance, the eps placement and fp16 overflow of the
+    statistic apply. ``bias``: the kind takes a bias, and ``norm.bias: null`` turns it on.
+    ``extra_params``: names of the kind's parameters besides ``weight`` / ``bias``, passed to the
+    oracle after eps in this order (DyT: ``alpha``). ``options``: ``NormConfig`` fields only this
+    kind reads, passed to the class as keywords with their resolved value (``resolved_<name>``;
+    DyT: ``alpha_init``). The :class:`Impl` says which ``cast`` / ``zero_centered`` it honours.
     """
 
     impls: dict[NormImpl, str]
@@ -43,6 +48,8 @@ class Kind:
     statistic: bool
     bias: bool
     source: str = ""  # the paper, for docs and messages
+    extra_params: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,8 @@ class Impl:
     names it needs. ``compiler``: builds C++ on first use (g++ and ninja). ``upcast_false``: honours
     ``norm.upcast=false`` (statistics in the input dtype). ``autograd``: the modes it computes
     (the others raise one clear error). ``float64``: accepts fp64 input (gradcheck).
+    ``casts``: the ``norm.cast`` orders it computes; ``zero_centered``: it applies a weight stored
+    as w as ``1 + w`` added in fp32 (the others are refused by ``resolve_norm``, one line).
     """
 
     devices: tuple[str, ...] | None = None
@@ -63,6 +72,8 @@ class Impl:
     upcast_false: bool = False
     autograd: frozenset[str] = field(default_factory=lambda: frozenset(AUTOGRAD_MODES))
     float64: bool = True
+    casts: frozenset[NormCast] = frozenset(NormCast)
+    zero_centered: bool = True
     note: str = ""
 
 
@@ -96,6 +107,20 @@ KINDS: dict[NormKind, Kind] = {
         bias=True,
         source="Ba et al. 2016, arXiv:1607.06450",
     ),
+    NormKind.dyt: Kind(
+        impls={
+            NormImpl.torch: "normlab.norms.dyt:TorchDyT",
+            NormImpl.reference: "normlab.norms.dyt:ReferenceDyT",
+            NormImpl.compiled: "normlab.norms.dyt:CompiledDyT",
+            NormImpl.triton: "normlab.norms.triton_dyt:TritonDyT",
+        },
+        oracle="normlab.norms.dyt:dyt_oracle",
+        statistic=False,
+        bias=True,
+        source="Zhu et al. 2025, arXiv:2503.10622",
+        extra_params=("alpha",),
+        options=("alpha_init",),
+    ),
 }
 
 _NO_JVP = frozenset({BACKWARD, DOUBLE_BACKWARD})
@@ -118,6 +143,8 @@ IMPLS: dict[NormImpl, Impl] = {
         devices=("cpu",),
         compiler=True,
         autograd=frozenset({BACKWARD}),
+        casts=frozenset({NormCast.before_weight}),  # what the kernels compute today
+        zero_centered=False,
         note="normlab's fused C++ kernels, built on first use",
     ),
 }

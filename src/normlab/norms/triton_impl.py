@@ -13,21 +13,22 @@ from normlab.norms.reference import NormBase, refuse_double_backward
 
 
 class _TritonNormFn(torch.autograd.Function):
-    """``(x (..., d), weight (d,)|None, bias (d,)|None, eps, is_rms) -> y (..., d)`` in x.dtype.
+    """``(x (..., d), gain (d,)|None, bias (d,)|None, eps, is_rms, after) -> y (..., d)`` in
+    x.dtype (``after``: ``cast=after_weight``; the gain is the weight, or its fp32 ``1 + w``).
 
     Saved for backward: the ``(rows, d)`` input, the weight, ``mean`` (LayerNorm only) and ``rstd``,
     both ``(rows,)`` fp32 (fp64 for float64 input).
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, eps, is_rms):
+    def forward(ctx, x, weight, bias, eps, is_rms, after):
         shape, d = x.shape, x.shape[-1]
         x2d = tk._rows(x, d)
         w = None if weight is None else weight.contiguous()
         b = None if bias is None else bias.contiguous()
-        y, mean, rstd = tk.norm_fwd(x2d, w, b, eps, is_rms)
+        y, mean, rstd = tk.norm_fwd(x2d, w, b, eps, is_rms, after)
         ctx.save_for_backward(x2d, w, mean, rstd)
-        ctx.is_rms, ctx.bias_dtype = is_rms, None if bias is None else bias.dtype
+        ctx.is_rms, ctx.bias_dtype, ctx.after = is_rms, None if bias is None else bias.dtype, after
         return y.view(shape)
 
     @staticmethod
@@ -35,12 +36,19 @@ class _TritonNormFn(torch.autograd.Function):
         refuse_double_backward("triton")
         x2d, w, mean, rstd = ctx.saved_tensors
         dx, dw, db = tk.norm_bwd(
-            tk._rows(dy, x2d.shape[1]), x2d, w, ctx.bias_dtype is not None, mean, rstd, ctx.is_rms
+            tk._rows(dy, x2d.shape[1]),
+            x2d,
+            w,
+            ctx.bias_dtype is not None,
+            mean,
+            rstd,
+            ctx.is_rms,
+            ctx.after,
         )
         dx = dx.view(dy.shape)
         dw = None if dw is None or not ctx.needs_input_grad[1] else dw.to(w.dtype)
         db = None if db is None or not ctx.needs_input_grad[2] else db.to(ctx.bias_dtype)
-        return dx if ctx.needs_input_grad[0] else None, dw, db, None, None
+        return dx if ctx.needs_input_grad[0] else None, dw, db, None, None, None
 
 
 class TritonLayerNorm(NormBase):
@@ -49,7 +57,7 @@ class TritonLayerNorm(NormBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        return _TritonNormFn.apply(x, self.weight, self.bias, self.eps, False)
+        return _TritonNormFn.apply(x, self.gain(), self.bias, self.eps, False, self.after)
 
 
 class TritonRMSNorm(NormBase):
@@ -60,4 +68,4 @@ class TritonRMSNorm(NormBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        return _TritonNormFn.apply(x, self.weight, None, self.eps, True)
+        return _TritonNormFn.apply(x, self.gain(), None, self.eps, True, self.after)

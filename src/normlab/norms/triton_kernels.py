@@ -10,10 +10,13 @@ Semantics are the reference's (``reference.py``), the last dimension of size ``d
   biased variance, eps inside the square root.
 * RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467): ``y = x * rsqrt(mean(x^2) + eps) * w``.
 
-dtype policy: statistics and ``x_hat`` in fp32 (fp64 for float64 input), ``x_hat`` rounded to the
-input dtype, then multiplied by ``w`` rounded to the input dtype (and ``b`` added), each product and
-sum rounded to the input dtype as eager PyTorch does. Output and ``dx`` in ``x.dtype``; ``dw`` /
-``db`` in the parameter's own dtype (fp32 parameters with bf16 activations are the usual case).
+dtype policy (``cast=before_weight``): statistics and ``x_hat`` in fp32 (fp64 for float64 input),
+``x_hat`` rounded to the input dtype, then multiplied by ``w`` rounded to the input dtype (and ``b``
+added), each product and sum rounded to the input dtype as eager PyTorch does; ``after_weight``
+(``AFTER``): ``x_hat * w + b`` in fp32, rounded once (and ``dw`` sums ``dy * x_hat`` unrounded).
+A zero-centred weight arrives as its fp32 gain ``1 + w`` (``triton_impl.py``). Output and ``dx``
+in ``x.dtype``; ``dw`` / ``db`` in the parameter's own dtype (fp32 parameters with bf16 activations
+are the usual case).
 
 Backward, per row, with ``g = dy * w`` (``g = dy`` without weight), ``x_hat`` recomputed in fp32
 from the saved statistics and ``mean_d`` the mean over the d columns of the row:
@@ -68,6 +71,7 @@ def _norm_fwd(
     IS_RMS: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
+    AFTER: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -90,13 +94,21 @@ def _norm_fwd(
         xc = tl.where(mask, x - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
     tl.store(Rstd + rows, rstd, mask=row_ok)
-    y = _round_to(xc * rstd[:, None], IO)
-    if HAS_W:
-        w = _round_to(tl.load(W + cols, mask=col_ok, other=0.0).to(ACC), IO)
-        y = _round_to(y * w[None, :], IO)
-    if HAS_B:
-        b = _round_to(tl.load(B + cols, mask=col_ok, other=0.0).to(ACC), IO)
-        y = _round_to(y + b[None, :], IO)
+    if AFTER:  # cast=after_weight: the affine step in ACC, one rounding at the end
+        y = xc * rstd[:, None]
+        if HAS_W:
+            y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
+        if HAS_B:
+            y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
+        y = _round_to(y, IO)
+    else:
+        y = _round_to(xc * rstd[:, None], IO)
+        if HAS_W:
+            w = _round_to(tl.load(W + cols, mask=col_ok, other=0.0).to(ACC), IO)
+            y = _round_to(y * w[None, :], IO)
+        if HAS_B:
+            b = _round_to(tl.load(B + cols, mask=col_ok, other=0.0).to(ACC), IO)
+            y = _round_to(y + b[None, :], IO)
     tl.store(Y + rows[:, None].to(tl.int64) * stride_y + cols[None, :], y.to(IO), mask=mask)
 
 
@@ -119,6 +131,7 @@ def _norm_bwd(
     IS_RMS: tl.constexpr,
     HAS_W: tl.constexpr,
     HAS_B: tl.constexpr,
+    AFTER: tl.constexpr,
     ACC: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -131,7 +144,9 @@ def _norm_bwd(
     cols = tl.arange(0, BLOCK_N)
     col_ok = cols < N
     if HAS_W:
-        w = _round_to(tl.load(W + cols, mask=col_ok, other=0.0).to(ACC), IO)
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)
+        if not AFTER:
+            w = _round_to(w, IO)
     dw = tl.zeros((BLOCK_N,), dtype=ACC)
     db = tl.zeros((BLOCK_N,), dtype=ACC)
     for i in range(0, tiles_per_program):
@@ -149,7 +164,10 @@ def _norm_bwd(
             xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
         if HAS_W:
             g = dy * w[None, :]
-            dw += tl.sum(dy * _round_to(xhat, IO), axis=0)
+            if AFTER:
+                dw += tl.sum(dy * xhat, axis=0)
+            else:
+                dw += tl.sum(dy * _round_to(xhat, IO), axis=0)
         else:
             g = dy
         if HAS_B:
@@ -195,9 +213,10 @@ def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def norm_fwd(x, weight, bias, eps: float, is_rms: bool):
-    """Forward on ``x2d`` ``(rows, d)``. Returns ``y`` ``(rows, d)`` in x.dtype, ``mean`` (None for
-    RMSNorm) and ``rstd``, both ``(rows,)`` fp32 (fp64 for float64 x)."""
+def norm_fwd(x, weight, bias, eps: float, is_rms: bool, after: bool = False):
+    """Forward on ``x2d`` ``(rows, d)`` (``after``: ``cast=after_weight``). Returns ``y``
+    ``(rows, d)`` in x.dtype, ``mean`` (None for RMSNorm) and ``rstd``, both ``(rows,)`` fp32
+    (fp64 for float64 x)."""
     n_rows, d = x.shape
     stat_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = torch.empty_like(x)
@@ -222,6 +241,7 @@ def norm_fwd(x, weight, bias, eps: float, is_rms: bool):
             IS_RMS=is_rms,
             HAS_W=weight is not None,
             HAS_B=bias is not None,
+            AFTER=after,
             ACC=_acc(x),
             BLOCK_M=block_m,
             BLOCK_N=block_n,
@@ -230,7 +250,7 @@ def norm_fwd(x, weight, bias, eps: float, is_rms: bool):
     return y, mean, rstd
 
 
-def norm_bwd(dy, x, weight, has_bias: bool, mean, rstd, is_rms: bool):
+def norm_bwd(dy, x, weight, has_bias: bool, mean, rstd, is_rms: bool, after: bool = False):
     """Backward on ``(rows, d)`` tensors. Returns ``dx`` (x.dtype) and the fp32 (fp64 for float64 x)
     ``(d,)`` sums ``dw`` / ``db`` (None without weight / bias), not yet cast to the param dtype."""
     n_rows, d = x.shape
@@ -266,6 +286,7 @@ def norm_bwd(dy, x, weight, has_bias: bool, mean, rstd, is_rms: bool):
             IS_RMS=is_rms,
             HAS_W=weight is not None,
             HAS_B=has_bias,
+            AFTER=after,
             ACC=_acc(x),
             BLOCK_M=block_m,
             BLOCK_N=block_n,

@@ -6,13 +6,15 @@ A pure reader of run dirs (``.hydra/overrides.yaml``, ``.hydra/config.yaml``, ``
 only those above it: ``runs`` (read run dirs, old metric names) <- ``stats`` (CI, TOST, power),
 ``series`` (curves, step-time checks), ``variants`` (labels, comparability, confounds),
 ``diagnostics``, ``compare`` (:func:`build_report`) <- ``swept``, ``sections``, ``markdown``,
-``diag_plots``, ``plots`` <- this package (:func:`write_report`).
+``diag_plots``, ``plots`` <- this package (:func:`write_report`). The verdict's qualifiers, each
+a module: ``heldout`` (bpb, ``eval_data`` corpora), ``totarget`` (time to a target loss),
+``tuned`` (each variant at its best lr), ``speed`` (the interleaved step benchmark), ``context``;
+rendered by ``sections_context`` / ``sections_fair``, drawn by ``fair_plots``; ``wandb_log``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from normlab.report.compare import Report, build_report
 from normlab.report.markdown import EMA_BETA, render_markdown
@@ -27,6 +29,7 @@ from normlab.report.stats import (
     tost_power,
 )
 from normlab.report.variants import INERT_KEYS
+from normlab.report.wandb_log import log_report_to_wandb, report_tables, wandb_settings
 
 __all__ = [
     "INERT_KEYS",
@@ -41,9 +44,11 @@ __all__ = [
     "paired_difference",
     "ratio_interval",
     "render_markdown",
+    "report_tables",
     "seeds_needed",
     "t_interval",
     "tost_power",
+    "wandb_settings",
     "write_report",
 ]
 
@@ -60,28 +65,3 @@ def write_report(rep: Report, out_dir: str | Path) -> Path:
     path = out / "report.md"
     path.write_text(render_markdown(rep))
     return path
-
-
-def log_report_to_wandb(rep: Report, run: Any = None) -> bool:
-    """Log the tables and figures of ``rep`` to a wandb ``run``; False (nothing done) without
-    wandb or without a run."""
-    if run is None:
-        return False
-    try:
-        import wandb
-    except ImportError:
-        return False
-    cols = ["n", "mean", "std", "min", "max", "step_time_ms", "tokens_per_s"]
-    variants = [[v["label"], *(v[k] for k in cols)] for v in rep.variants]
-    comparisons = [
-        [c["label"], c["n"], c["mean"], *c["ci"], c["p_lower"], c["p_upper"], c["verdict"]]
-        for c in rep.comparisons
-    ]
-    comp_cols = ["variant", "n", "mean_diff", "ci_lo", "ci_hi", "p_lower", "p_upper", "verdict"]
-    data = {
-        "report/variants": wandb.Table(columns=["variant", *cols], data=variants),
-        "report/comparisons": wandb.Table(columns=comp_cols, data=comparisons),
-    }
-    data.update({f"report/{k}": wandb.Image(str(p)) for k, p in rep.figures.items() if p})
-    run.log(data)
-    return True

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from normlab.config.schedule import diag_norm_names
 from normlab.report.runs import Run
 
 NAN = float("nan")
@@ -74,11 +75,10 @@ def profile_at(runs: list[Rows], step: int, n: int) -> tuple[np.ndarray, int] | 
 
 
 def gain_names(rows: Rows) -> list[str]:
-    """Norms with gain statistics, in depth order: ``block0/norm1``, ``block0/norm2``, ...,
-    ``final/norm_f``."""
+    """Norms with gain statistics, in depth order (:func:`normlab.config.schedule.diag_norm_names`:
+    ``embedding/norm``, ``block0/attn_in``, ``block0/qk_q``, ..., ``final/norm``)."""
     keys = set().union(*(r.keys() for r in diag_rows(rows))) if diag_rows(rows) else set()
-    names = [f"block{i}/{m}" for i in range(n_blocks(rows)) for m in ("norm1", "norm2")]
-    return [nm for nm in [*names, "final/norm_f"] if f"diag/{nm}_gain_mean" in keys]
+    return [nm for nm in diag_norm_names(n_blocks(rows)) if f"diag/{nm}_gain_mean" in keys]
 
 
 def gain_series(runs: list[Rows], name: str) -> tuple[np.ndarray, ...]:

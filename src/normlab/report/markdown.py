@@ -7,6 +7,8 @@ from typing import Any
 
 from normlab.report.compare import Report
 from normlab.report.sections import render_diagnostics, render_outcome, render_swept
+from normlab.report.sections_context import render_bpb, render_context, render_heldout
+from normlab.report.sections_fair import render_speed, render_target, render_tuned
 from normlab.report.series import BETWEEN_LIMIT, DRIFT_LIMIT, MIN_STEPS, SPREAD_LIMIT
 from normlab.report.stats import POWER
 from normlab.report.text import figure_lines, fmt, fmt_ci, table
@@ -38,6 +40,8 @@ def _header(rep: Report) -> list[str]:
 
 def _variants(rep: Report) -> list[str]:
     head = ["variant", "n", "excluded", "mean", "std", "min", "max", "step time (ms)", "tokens/s"]
+    bpb = any(v["bpb"]["n"] for v in rep.variants)
+    head += ["mean bpb"] if bpb else []
     rows = [
         [
             f"`{v['label']}`",
@@ -46,6 +50,7 @@ def _variants(rep: Report) -> list[str]:
             *(fmt(v[k]) for k in ("mean", "std", "min", "max")),
             fmt(v["step_time_ms"], ".1f"),
             fmt(v["tokens_per_s"], ",.0f"),
+            *([fmt(v["bpb"]["mean"])] if bpb else []),
         ]
         for v in rep.variants
     ]
@@ -54,7 +59,8 @@ def _variants(rep: Report) -> list[str]:
         "## Final validation loss per variant",
         "",
         "Loss in nats/token; std is the sample std (ddof=1); step time and tokens/s are medians "
-        "over runs of each run's median.",
+        "over runs of each run's median; bpb (bits per byte, where recorded) is the final "
+        "validation bpb.",
         "",
         *table(head, rows),
     ]
@@ -161,14 +167,16 @@ def _ratio(rep: Report) -> list[str]:
     ]
     out = [
         "",
-        "## Step-time ratio (variant / baseline median step time, paired by seed)",
+        "## Step-time ratio (variant / baseline median step time, paired by seed)"
+        + (": secondary, see the speed verdict" if rep.bench else ""),
         "",
         f"Geometric mean of the per-seed ratios; the {conf} (Student t) is computed on the "
         "log-ratios and exponentiated. Runs of a sweep run one after another, so their step times "
         "compare only if the machine stayed the same. They are flagged as not comparable when a "
         f"run's p90/median exceeds {SPREAD_LIMIT:g}, when its median moves by more than "
         f"{DRIFT_LIMIT:.0%} between its first and second half, or when the medians of one "
-        f"variant's runs span more than {BETWEEN_LIMIT:g}x (runs with fewer than {MIN_STEPS} "
+        f"variant's runs, or the per-seed ratios, span more than {BETWEEN_LIMIT:g}x (runs with "
+        f"fewer than {MIN_STEPS} "
         "measured steps are not checked). For a speed verdict, time the variants interleaved in "
         "one process: `normlab-bench step`.",
         "",
@@ -192,15 +200,30 @@ def _excluded(rep: Report) -> list[str]:
 FIGURES = {
     "val_loss": "Validation loss vs step",
     "val_diff": "Paired validation-loss difference vs step",
+    "val_time": "Validation loss vs training seconds",
+    "val_tokens": "Validation loss vs tokens seen",
     "train_loss": "Training loss (EMA) vs step",
     "step_time": "Step-time distribution",
+    "lr_curve": "Final validation loss vs learning rate (tuned comparison)",
 }
+FIGURE_TEXT = (
+    "val_loss: mean over seeds per variant with a min–max band; val_diff: variant − baseline per "
+    "seed, mean with its {conf} band, 0 and the ±{margin:g} nats margin (tokens on the top axis "
+    "when every run has one tokens-per-step); val_time: each run's validation loss against its "
+    "cumulative training seconds (`perf/train_time_s`; thin lines per run, one colour per "
+    "variant), the target loss dotted; val_tokens: mean over seeds against tokens seen, min–max "
+    "band; train_loss: smoothed training loss; step_time: box plot of post-warm-up step times; "
+    "lr_curve (tuned sweeps): mean final loss per learning rate with its {conf}, log-scale lr, "
+    "each variant's best circled."
+)
 
 
 def render_markdown(rep: Report) -> str:
     """The report as Markdown (losses in nats/token, times in ms)."""
-    lines = [*_header(rep), *_variants(rep), *render_outcome(rep), *_verdict(rep)]
-    lines += [*_paired_table(rep), *_ratio(rep), *_excluded(rep)]
+    lines = [*_header(rep), *render_context(rep), *_variants(rep), *render_outcome(rep)]
+    lines += [*_verdict(rep), *_paired_table(rep), *render_tuned(rep), *render_bpb(rep)]
+    lines += [*render_heldout(rep), *render_speed(rep), *_ratio(rep), *render_target(rep)]
+    lines += _excluded(rep)
     lines += [
         "",
         "## Figures",
@@ -208,9 +231,12 @@ def render_markdown(rep: Report) -> str:
         "Curves and step times use included runs only. Training loss is smoothed per run by a "
         f"bias-corrected EMA (beta = {EMA_BETA:g}, per logged step), then averaged over seeds. "
         f"The paired difference is variant − baseline per seed, with its {_confs(rep)[0]} over "
-        f"seeds at each step and the ±{rep.margin:g} nats margin.",
+        f"seeds at each step and the ±{rep.margin:g} nats margin. "
+        + FIGURE_TEXT.format(conf=_confs(rep)[0], margin=rep.margin),
         "",
-        *figure_lines(rep.figures, FIGURES),
+        *figure_lines(
+            rep.figures, {k: t for k, t in FIGURES.items() if k != "lr_curve" or rep.tuned}
+        ),
     ]
     lines += render_swept(rep) + render_diagnostics(rep)
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from normlab.report.compare import Report
 from normlab.report.diag_plots import plot_swept_value, write_diag_figures
 from normlab.report.diagnostics import diag_entries
+from normlab.report.fair_plots import plot_lr_curve, plot_val_time, plot_val_tokens
 from normlab.report.series import aggregate, ema, robust_limits, series
 from normlab.report.swept import swept_points
 
@@ -152,7 +153,8 @@ def plot_val_diff(rep: Report, path: Path) -> Path | None:
 
 def write_figures(rep: Report, out_dir: Path, beta: float = 0.95) -> dict[str, Path | None]:
     """Write every figure of ``rep`` into ``out_dir``: ``val_loss.png``, ``val_diff.png``,
-    ``train_loss.png``, ``step_time.png``; with ``diag/`` keys ``resid_depth.png`` and
+    ``val_time.png``, ``val_tokens.png``, ``train_loss.png``, ``step_time.png``; for a tuned sweep
+    ``lr_curve.png``; with ``diag/`` keys ``resid_depth.png`` and
     ``gains.png``; for a numeric sweep ``swept.png``. ``beta``: EMA of the training loss.
     Returns name -> path, or None for a figure skipped for lack of data."""
     metrics = {lab: [r.metrics for r in rep.included(lab)] for lab in rep.labels}
@@ -171,6 +173,13 @@ def write_figures(rep: Report, out_dir: Path, beta: float = 0.95) -> dict[str, P
         "train_loss": plot_train_loss(metrics, out_dir / "train_loss.png", beta),
         "step_time": plot_step_times(times, out_dir / "step_time.png"),
     }
+    included = {lab: rep.included(lab) for lab in rep.labels}
+    target = rep.target.get("target", float("nan"))
+    figs["val_time"] = plot_val_time(included, target, out_dir / "val_time.png")
+    figs["val_tokens"] = plot_val_tokens(included, out_dir / "val_tokens.png")
+    if rep.tuned:
+        conf = f"{100 * (1 - rep.alpha):g}% CI"
+        figs["lr_curve"] = plot_lr_curve(rep.tuned, out_dir / "lr_curve.png", conf)
     entries = diag_entries(rep.labels, rep.runs)
     if entries:
         figs.update(write_diag_figures(entries, out_dir))

@@ -49,6 +49,9 @@ class Run:
     label: str = ""
     excluded: str | None = None  # the reason, or None when the run counts in the statistics
     name: str = ""
+    #: a completed run left out of the comparison by design (a tuned study's other learning
+    #: rates, :mod:`normlab.report.tuned`): the reason, or None
+    set_aside: str | None = None
 
     @property
     def seed(self) -> int | None:
@@ -67,8 +70,11 @@ class Run:
 
     @property
     def tokens_per_step(self) -> int | None:
-        """Tokens one optimizer step consumes, ``data.batch_size * optim.grad_accum *
-        model.context_length`` (as ``TrainConfig.tokens_per_step``); None when a key is missing."""
+        """Tokens one optimizer step consumes: ``summary.json``'s ``tokens_per_step``, else
+        ``data.batch_size * optim.grad_accum * model.context_length`` (as
+        ``TrainConfig.tokens_per_step``); None when a key is missing."""
+        if isinstance((self.summary or {}).get("tokens_per_step"), int):
+            return self.summary["tokens_per_step"]
         keys = ("data.batch_size", "optim.grad_accum", "model.context_length")
         vals = [self.resolved(k) for k in keys]
         return math.prod(vals) if all(isinstance(v, int) for v in vals) else None

@@ -46,26 +46,29 @@ def _fmt_ci(ci: tuple[float, float]) -> str:
     return f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
 
 
-def verdict_text(r: dict[str, Any], margin: float, alpha: float) -> str:
+def verdict_text(r: dict[str, Any], margin: float, alpha: float, unit: str = "nats") -> str:
     """The verdict of :func:`paired_difference`'s result ``r``, stating equivalence (TOST at
-    ``margin``) and a detectable difference (the 1−alpha CI excludes 0) separately when both
-    hold."""
+    ``margin``, in ``unit``) and a detectable difference (the 1−alpha CI excludes 0) separately
+    when both hold."""
     if r["n"] < 2:
         return "not shown equivalent (n < 2)"
     conf = f"{100 * (1 - alpha):g}% CI {_fmt_ci(r['ci'])} excludes 0"
     equivalent, detectable = r["equivalent"], r["detectable"]
     if equivalent and detectable:
-        return f"equivalent within {margin:g} nats; the difference is detectable: {conf}"
+        return f"equivalent within {margin:.4g} {unit}; the difference is detectable: {conf}"
     if equivalent:
-        return f"equivalent within {margin:g} nats"
+        return f"equivalent within {margin:.4g} {unit}"
     if detectable:
-        return f"different: {conf}; not shown equivalent within {margin:g} nats"
+        return f"different: {conf}; not shown equivalent within {margin:.4g} {unit}"
     return "not shown equivalent"
 
 
-def paired_difference(diffs: list[float], margin: float, alpha: float = 0.05) -> dict[str, Any]:
-    """Per-seed differences (variant − baseline, nats/token): n, mean, std, ``ci`` (1−alpha
-    Student t), ``ci_tost`` (1−2·alpha), TOST p-values, ``equivalent``, ``detectable``, verdict.
+def paired_difference(
+    diffs: list[float], margin: float, alpha: float = 0.05, unit: str = "nats"
+) -> dict[str, Any]:
+    """Per-seed differences (variant − baseline, nats/token, or ``unit`` as the verdict names
+    it): n, mean, std, ``ci`` (1−alpha Student t), ``ci_tost`` (1−2·alpha), TOST p-values,
+    ``equivalent``, ``detectable``, verdict.
 
     TOST (Schuirmann 1987): H0₋: μ ≤ −margin, p_lower = P(T_{n−1} ≥ (mean+margin)/se); H0₊:
     μ ≥ +margin, p_upper = P(T_{n−1} ≤ (mean−margin)/se), se = s/√n. ``equivalent`` iff both reject
@@ -76,7 +79,7 @@ def paired_difference(diffs: list[float], margin: float, alpha: float = 0.05) ->
     out = {**d, "ci": (NAN, NAN), "ci_tost": (NAN, NAN), "p_lower": NAN, "p_upper": NAN}
     out |= {"equivalent": False, "detectable": False}
     if d["n"] < 2:
-        return {**out, "verdict": verdict_text(out, margin, alpha)}
+        return {**out, "verdict": verdict_text(out, margin, alpha, unit)}
     df, se = d["n"] - 1, d["std"] / math.sqrt(d["n"])
     with np.errstate(divide="ignore", invalid="ignore"):  # se = 0: t = ±inf, p = 0 or 1
         out["p_lower"] = float(stats.t.sf(np.float64(d["mean"] + margin) / se, df))
@@ -84,7 +87,7 @@ def paired_difference(diffs: list[float], margin: float, alpha: float = 0.05) ->
     out["ci"], out["ci_tost"] = t_interval(diffs, 1 - alpha), t_interval(diffs, 1 - 2 * alpha)
     out["equivalent"] = bool(-margin < out["ci_tost"][0] and out["ci_tost"][1] < margin)
     out["detectable"] = bool(out["ci"][0] > 0 or out["ci"][1] < 0)
-    return {**out, "verdict": verdict_text(out, margin, alpha)}
+    return {**out, "verdict": verdict_text(out, margin, alpha, unit)}
 
 
 def ratio_interval(ratios: list[float], alpha: float = 0.05) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from normlab.config.schedule import norm_tag
 from normlab.report.runs import ReportError, Run, override_key
 
 #: Config keys that change no number the report compares (losses, step times): never a label, never
@@ -65,28 +66,59 @@ def _effect(run: Run, key: str, override: str | None) -> str:
     return _canon(yaml.safe_load(override.split("=", 1)[1]) if "=" in override else override)
 
 
-def _label_overrides(run: Run) -> dict[str, str]:
+def _label_overrides(run: Run, ignore: tuple[str, ...] = ()) -> dict[str, str]:
     keys = {override_key(o): o for o in run.overrides}
-    return {k: o for k, o in keys.items() if k != "seed" and not is_inert(k)}
+    return {k: o for k, o in keys.items() if k != "seed" and k not in ignore and not is_inert(k)}
 
 
-def label_runs(runs: list[Run]) -> list[str]:
+#: Keys that say where the norms sit (``normlab.config.norm.WHERE_KEYS``, under ``norm.``).
+WHERE_KEYS = ("norm.placement", "norm.qk", "norm.embedding", "norm.blocks", "norm.positions")
+
+
+def design_tag(run: Run) -> str:
+    """The run's norm design (:func:`normlab.config.schedule.norm_tag` of its resolved config):
+    ``rms-peri-qkhead``, ``layer[0-1:rms]-pre``, ..."""
+    norm: dict[str, Any] = {}
+    for key, v in run.config.items():
+        if key.startswith("norm."):
+            *path, last = key.removeprefix("norm.").split(".")
+            node = norm
+            for p in path:
+                node = node.setdefault(p, {})
+            node[last] = v
+    return norm_tag(norm)
+
+
+def _is_design(keys: set[str]) -> bool:
+    """True when the differing keys are norm design keys only, one of them a where-key."""
+    where = {k for k in keys if any(k == w or k.startswith(w + ".") for w in WHERE_KEYS)}
+    return bool(where) and keys - where <= {"norm", "norm.kind"}
+
+
+def label_runs(runs: list[Run], ignore: tuple[str, ...] = ()) -> list[str]:
     """Set each run's ``label``; returns the overrides left out of every label (sorted).
 
     Label: the run's overrides of keys whose effect (:func:`_effect`) differs between runs, sorted
-    and joined by ","; ``seed`` and :data:`INERT_KEYS` never label. When none is left:
-    ``"{norm.kind}/{norm.impl}"``.
+    and joined by ","; ``seed``, :data:`INERT_KEYS` and the keys of ``ignore`` (a tuned study's
+    ``optim.lr``: one variant spans its learning rates) never label. When the differing keys are
+    where the norms sit (:data:`WHERE_KEYS`, with or without the kind): the design tag
+    (:func:`design_tag`, e.g. ``rms-peri-qkhead``). When none is left:
+    ``"{norm.kind}/{norm.impl}"`` (plus the design tag when it is not plain pre-norm).
     """
-    own = [_label_overrides(r) for r in runs]
+    own = [_label_overrides(r, ignore) for r in runs]
     keys = sorted(set().union(*own))
     differ = {
         k
         for k in keys
         if len({_effect(r, k, o.get(k)) for r, o in zip(runs, own, strict=True)}) > 1
     }
+    design = _is_design(differ)
     for run, ovr in zip(runs, own, strict=True):
-        fallback = f"{run.config.get('norm.kind')}/{run.config.get('norm.impl')}"
-        run.label = ",".join(sorted(o for k, o in ovr.items() if k in differ)) or fallback
+        kind, tag = run.config.get("norm.kind"), design_tag(run)
+        fallback = f"{kind}/{run.config.get('norm.impl')}"
+        fallback += "" if tag == f"{kind}-pre" else f" {tag}"
+        label = ",".join(sorted(o for k, o in ovr.items() if k in differ))
+        run.label = tag if design else label or fallback
     return sorted({o for ovr in own for k, o in ovr.items() if k not in differ})
 
 
@@ -130,13 +162,15 @@ def check_comparable(runs: list[Run]) -> None:
 
 
 def choose_baseline(runs: list[Run], requested: str | None = None) -> str:
-    """``requested`` (order of its comma-separated overrides ignored), else the one variant whose
-    ``norm.kind`` is ``layer``, else the first label sorted.
+    """``requested`` (order of its comma-separated overrides ignored), else ``layer-pre`` (design
+    labels), else the one variant whose ``norm.kind`` is ``layer``, else the first label sorted.
 
     Raises:
         ReportError: ``requested`` is not a variant's label.
     """
     labels = sorted({r.label for r in runs})
+    if requested is None and "layer-pre" in labels:  # design labels: pre-norm LayerNorm
+        return "layer-pre"
     if requested is not None:
         match = [lab for lab in labels if set(lab.split(",")) == set(requested.split(","))]
         if not match:

@@ -1,6 +1,6 @@
 """``normlab-bench``: is a norm slow, or is its implementation? Two benchmarks in one script.
 
-``normlab-bench [--kinds layer,rms] [--impls torch,reference,compiled,cpp] [--dtypes fp32,bf16]
+``normlab-bench [--kinds layer,rms,dyt] [--impls torch,reference,compiled,cpp] [--dtypes fp32,bf16]
 [--shapes 8192x768] [--model small] [--cache warm|cold]`` times every norm kind x implementation x
 dtype x shape: forward (under ``no_grad``) and forward+backward (``autograd.grad`` of x, weight,
 bias: nothing accumulates), after warm-up calls that also absorb ``torch.compile``. Timing runs in
@@ -100,7 +100,7 @@ def _norm_case(kind: NormKind, impl: NormImpl, dtype: str, x, dy, device, param_
     with torch.no_grad():  # non-trivial parameters, the same for every implementation
         g = torch.Generator().manual_seed(0)
         for p in norm.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.5 + (1.0 if p is norm.weight else 0.0))
+            p.add_(torch.randn(p.shape, generator=g) * 0.5)  # around each initial value
     inputs = (x, *norm.parameters())
 
     def fwd():

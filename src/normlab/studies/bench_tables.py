@@ -1,21 +1,25 @@
-"""The norm benchmark's verdict and text table: RMSNorm's fastest against LayerNorm's fastest per
-dtype and shape, and the aligned columns ``normlab-bench`` prints."""
+"""The norm benchmark's verdict and text table: RMSNorm's (and DyT's) fastest against LayerNorm's
+fastest per dtype and shape, and the aligned columns ``normlab-bench`` prints."""
 
 from __future__ import annotations
 
 from normlab.studies.bench_step import count
 
+#: The kinds each compared with LayerNorm, and their names in words (the norm table's other kinds).
+CHALLENGERS = {"rms": "RMSNorm", "dyt": "DyT"}
+
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (dtype, shape): the fastest RMSNorm vs the fastest LayerNorm, forward+backward (ms).
+    """Per (dtype, shape) and per kind of :data:`CHALLENGERS` present: its fastest implementation vs
+    the fastest LayerNorm, forward+backward (ms).
 
-    ``rms_faster_pct`` = (layer_ms / rms_ms - 1) * 100 (throughput gain); ``time_saved_pct`` =
-    (1 - rms_ms / layer_ms) * 100.
+    For kind K (``kind``): ``K_impl``, ``K_ms``, ``K_faster_pct`` = (layer_ms / K_ms - 1) * 100
+    (throughput gain); ``time_saved_pct`` = (1 - K_ms / layer_ms) * 100.
     """
     out = []
     for dtype, shape in dict.fromkeys((r["dtype"], tuple(r["shape"])) for r in rows):
         best = {}
-        for kind in ("rms", "layer"):
+        for kind in ("layer", *CHALLENGERS):
             group = [
                 r
                 for r in rows
@@ -23,32 +27,38 @@ def summarize(rows: list[dict]) -> list[dict]:
             ]
             if group:
                 best[kind] = min(group, key=lambda r: r["fwdbwd_ms"])
-        if len(best) == 2:
-            rms, layer = best["rms"]["fwdbwd_ms"], best["layer"]["fwdbwd_ms"]
+        for kind in CHALLENGERS:
+            if kind not in best or "layer" not in best:
+                continue
+            ms, layer = best[kind]["fwdbwd_ms"], best["layer"]["fwdbwd_ms"]
             out.append(
                 {
                     "dtype": dtype,
                     "shape": list(shape),
-                    "rms_impl": best["rms"]["impl"],
-                    "rms_ms": rms,
+                    "kind": kind,
+                    f"{kind}_impl": best[kind]["impl"],
+                    f"{kind}_ms": ms,
                     "layer_impl": best["layer"]["impl"],
                     "layer_ms": layer,
-                    "rms_faster_pct": (layer / rms - 1) * 100,
-                    "time_saved_pct": (1 - rms / layer) * 100,
+                    f"{kind}_faster_pct": (layer / ms - 1) * 100,
+                    "time_saved_pct": (1 - ms / layer) * 100,
                 }
             )
     return out
 
 
 def summary_line(s: dict) -> str:
-    """One entry of :func:`summarize` in words: "is N% faster than ... (M% less time)" when RMSNorm
-    takes no more time than LayerNorm, else "is M% slower than ..." (M = rms_ms / layer_ms - 1)."""
-    rms = f"RMSNorm fastest ({s['rms_impl']}, {s['rms_ms']:.3f} ms)"
+    """One entry of :func:`summarize` in words: "is N% faster than ... (M% less time)" when the
+    kind takes no more time than LayerNorm, else "is M% slower than ..." (M = K_ms / layer_ms -
+    1)."""
+    kind = s.get("kind", "rms")
+    ms = s[f"{kind}_ms"]
+    challenger = f"{CHALLENGERS[kind]} fastest ({s[f'{kind}_impl']}, {ms:.3f} ms)"
     layer = f"LayerNorm fastest ({s['layer_impl']}, {s['layer_ms']:.3f} ms) fwd+bwd"
-    head = f"{s['dtype']} {'x'.join(map(str, s['shape']))}: {rms}"
-    if s["rms_ms"] <= s["layer_ms"]:
+    head = f"{s['dtype']} {'x'.join(map(str, s['shape']))}: {challenger}"
+    if ms <= s["layer_ms"]:
         return (
-            f"{head} is {s['rms_faster_pct']:.0f}% faster than {layer} "
+            f"{head} is {s[f'{kind}_faster_pct']:.0f}% faster than {layer} "
             f"({s['time_saved_pct']:.0f}% less time)"
         )
     return f"{head} is {-s['time_saved_pct']:.0f}% slower than {layer}"

@@ -6,10 +6,14 @@ implementation (torch, reference, compiled; triton on CUDA) exactly as ``normlab
 and in interleaved rounds times, for each setup, one plain optimizer step (``StepSetup.run_step``:
 the step benchmark) and one step with module hooks that split it:
 
-* ``norm``, ``attention``, ``mlp``: forward and backward of every norm module (per block and the
-  final one), of every ``CausalSelfAttention`` and every ``MLP``. Forward: a forward pre-hook and a
+* ``norm``, ``attention``, ``mlp``: forward and backward of every norm of the model, by position
+  (``training.diagnostics.named_norms``: attn_in, attn_out, mlp_in, mlp_out, qk, embedding, final),
+  of every ``CausalSelfAttention`` and every ``MLP``. Forward: a forward pre-hook and a
   forward hook; backward: a full backward pre-hook (gradient of the output ready) and a full
   backward hook (gradient of the input computed). The device is synchronized at every clock read.
+  Time is *exclusive*: an interval inside another hooked one (the QK-norms inside attention) is
+  taken out of the outer one, so each millisecond is counted once; and a module inside a norm (a
+  norm that wraps another) is never hooked, so a nested norm counts once.
 * ``other``: the rest of forward and backward (embeddings, residual additions, head, loss),
   i.e. the measured forward + backward time minus the three above.
 * ``optimizer``: unscale, gradient clipping, AdamW, zero_grad: the step time minus forward +
@@ -37,63 +41,77 @@ import torch
 from torch import nn
 
 from normlab.studies.common import md_table
+from normlab.training.diagnostics import named_norms
 from normlab.training.tracking import synchronize
 
 CATEGORIES = ("norm", "attention", "mlp", "other", "optimizer")
 HOOKED = ("norm", "attention", "mlp")
 
 
-def category(module: nn.Module) -> str | None:
-    """``norm`` (a normlab norm: has ``eps`` and ``upcast``), ``attention``, ``mlp``, or None."""
+def categories(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
+    """``id(module) -> (module, category)`` for the modules to hook: every norm of
+    :func:`~normlab.training.diagnostics.named_norms` (``norm``; modules inside a norm are not
+    hooked), every ``CausalSelfAttention`` (``attention``) and ``MLP`` (``mlp``)."""
     from normlab.model import MLP, CausalSelfAttention
 
-    if hasattr(module, "eps") and hasattr(module, "upcast"):
-        return "norm"
-    if isinstance(module, CausalSelfAttention):
-        return "attention"
-    if isinstance(module, MLP):
-        return "mlp"
-    return None
+    out = {id(m): (m, "norm") for _, _, m in named_norms(model)}
+    for m in model.modules():
+        if isinstance(m, (CausalSelfAttention, MLP)):
+            out[id(m)] = (m, "attention" if isinstance(m, CausalSelfAttention) else "mlp")
+    return out
 
 
 class ModuleTimer:
     """Accumulates wall time (ms) per ``(category, "fwd" | "bwd")`` of the modules :func:`category`
-    names, while :meth:`attached`; ``calls`` counts the intervals measured."""
+    names, while :meth:`attached`; ``calls`` counts the intervals measured. Exclusive time: per
+    phase a stack of open modules, and each slice of time between two hook events goes to the
+    innermost open one only (so a norm inside attention is norm time, not attention time too, and
+    the overlapping backward intervals of the q and k norms are not counted twice)."""
 
     def __init__(self, model: nn.Module, device: torch.device):
         self.model, self.device = model, device
         self.ms: dict[tuple[str, str], float] = defaultdict(float)
         self.calls: dict[tuple[str, str], int] = defaultdict(int)
-        self._t0: dict[tuple[int, str], float] = {}
+        self._open: dict[str, list[tuple[int, str]]] = defaultdict(list)  # phase -> (id, cat)
+        self._last: dict[str, float] = {}
 
     def reset(self) -> None:
         self.ms.clear()
         self.calls.clear()
-        self._t0.clear()
+        self._open.clear()
+        self._last.clear()
 
-    def _start(self, module: nn.Module, phase: str) -> None:
+    def _tick(self, phase: str) -> None:
+        """Give the time since the phase's last event to its innermost open module."""
         synchronize(self.device)
-        self._t0[(id(module), phase)] = time.perf_counter()
+        now = time.perf_counter()
+        stack = self._open[phase]
+        if stack:
+            self.ms[(stack[-1][1], phase)] += (now - self._last[phase]) * 1e3
+        self._last[phase] = now
+
+    def _start(self, module: nn.Module, cat: str, phase: str) -> None:
+        self._tick(phase)
+        self._open[phase].append((id(module), cat))
 
     def _stop(self, module: nn.Module, cat: str, phase: str) -> None:
-        synchronize(self.device)
-        t0 = self._t0.pop((id(module), phase), None)
-        if t0 is not None:
-            self.ms[(cat, phase)] += (time.perf_counter() - t0) * 1e3
-            self.calls[(cat, phase)] += 1
+        self._tick(phase)
+        stack = self._open[phase]
+        for j in range(len(stack) - 1, -1, -1):
+            if stack[j][0] == id(module):
+                del stack[j]
+                self.calls[(cat, phase)] += 1
+                return
 
     @contextlib.contextmanager
     def attached(self) -> Iterator[ModuleTimer]:
         """Register the hooks for the ``with`` block, then remove them."""
         handles = []
-        for m in self.model.modules():
-            cat = category(m)
-            if cat is None:
-                continue
+        for m, cat in categories(self.model).values():
             handles += [
-                m.register_forward_pre_hook(lambda m, a: self._start(m, "fwd")),
+                m.register_forward_pre_hook(lambda m, a, c=cat: self._start(m, c, "fwd")),
                 m.register_forward_hook(lambda m, a, o, c=cat: self._stop(m, c, "fwd")),
-                m.register_full_backward_pre_hook(lambda m, go: self._start(m, "bwd")),
+                m.register_full_backward_pre_hook(lambda m, go, c=cat: self._start(m, c, "bwd")),
                 m.register_full_backward_hook(lambda m, gi, go, c=cat: self._stop(m, c, "bwd")),
             ]
         try:
@@ -155,11 +173,14 @@ def hooked_step(setup, timer: ModuleTimer) -> dict[str, float]:
 
 def variants(device_type: str, kinds: list[str], impls: list[str] | None) -> list[list[str]]:
     """Overrides per variant: ``norm=<kind> norm.impl=<impl>`` for every kind x implementation
-    (default: :func:`normlab.norms.available_impls` of the device)."""
+    (default: those of the kind the device runs, :func:`normlab.norms.available_impls`)."""
+    from normlab.config import NormKind
     from normlab.norms import available_impls
 
-    impls = impls or available_impls(device_type)
-    return [[f"norm={k}", f"norm.impl={i}"] for k in kinds for i in impls]
+    def pick(kind: str) -> list[str]:  # an unknown kind is refused when its config is composed
+        return impls or available_impls(device_type, NormKind.__members__.get(kind))
+
+    return [[f"norm={k}", f"norm.impl={i}"] for k in kinds for i in pick(k)]
 
 
 def measure(

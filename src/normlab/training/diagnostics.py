@@ -7,13 +7,16 @@ Every value is logged under ``diag/`` (units: activations as they are, gradient 
 
 * ``diag/block{i}/resid_rms``, ``diag/block{i}/resid_mean``: the residual stream entering block i,
   ``rms = sqrt(mean(x^2))`` and ``mean`` over every element of the batch;
-* ``diag/block{i}/norm1_out_rms`` / ``_mean`` and ``norm2_out_*``: each norm's output;
-  ``diag/final/resid_rms`` etc. for the stream entering the final norm and ``norm_f_out_*``;
-* ``diag/block{i}/norm1_zero_rows`` (``norm2_``, ``final/norm_f_``): rows (vectors of d_model) that
+* ``diag/<norm>_out_rms`` / ``_mean``: each norm's output, where ``<norm>`` is its position
+  name (:func:`named_norms`, :func:`normlab.config.schedule.diag_norm_names`):
+  ``block{i}/attn_in``, ``block{i}/attn_out``, ``block{i}/mlp_in``, ``block{i}/mlp_out``,
+  ``block{i}/qk_q`` and ``qk_k`` (QK-norm), ``embedding/norm``, ``final/norm``;
+  ``diag/final/resid_rms`` etc. for the stream entering the final norm (the head under post-norm);
+* ``diag/<norm>_zero_rows``: rows (vectors of d_model) that
   the norm turned into exact zeros from a non-zero input: its statistic overflowed
   (``x * rsqrt(inf) = 0``: fp32 inputs beyond about 1.8e19, fp16 beyond 255.9 without upcast),
   a failure that makes no NaN and that the loss alone does not show (:func:`zero_rows`);
-* ``diag/block{i}/norm1_gain_mean`` / ``_min`` / ``_max``: the learnable gain (``weight``);
+* ``diag/<norm>_gain_mean`` / ``_min`` / ``_max``: the learnable gain (``weight``);
 * ``diag/block{i}/grad_norm``: L2 norm of all gradients of block i's parameters;
 * ``diag/max_logit``: the largest absolute logit.
 """
@@ -26,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from normlab.config.schedule import DIAG_BLOCK_NORMS
 
 
 def rms_and_mean(x: torch.Tensor) -> tuple[float, float]:
@@ -42,6 +47,27 @@ def zero_rows(x: torch.Tensor, out: torch.Tensor) -> int:
 
 
 ZERO_ROWS_SUFFIX = "_zero_rows"
+
+
+def named_norms(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
+    """Every norm of a :class:`normlab.model.GPT` in depth order, as ``(diag name, qualified
+    module name, module)``: ``("block0/attn_in", "blocks.0.attn_in", ...)``, the QK-norms as
+    ``block{i}/qk_q`` / ``qk_k`` (``blocks.{i}.attn.q_norm``), ``embedding/norm`` and
+    ``final/norm``; the placement decides which exist (post-norm has no final norm)."""
+    out = []
+    if getattr(model, "embedding", None) is not None:
+        out.append(("embedding/norm", "embedding", model.embedding))
+    for i, block in enumerate(model.blocks):
+        for pos in DIAG_BLOCK_NORMS:
+            sub = f"attn.{pos[-1]}_norm" if pos.startswith("qk_") else pos
+            try:
+                module = block.get_submodule(sub)
+            except AttributeError:  # not in this placement / qk setting
+                continue
+            out.append((f"block{i}/{pos}", f"blocks.{i}.{sub}", module))
+    if not isinstance(model.final, nn.Identity):
+        out.append(("final/norm", "final", model.final))
+    return out
 
 
 @dataclass
@@ -67,23 +93,15 @@ class ActivationRecorder:
                     lambda m, args, i=i: self._put(f"diag/block{i}/resid", args[0])
                 )
             )
-            for name in ("norm1", "norm2"):
-                norm = getattr(block, name)
-                handles.append(
-                    norm.register_forward_hook(
-                        lambda m, a, out, i=i, n=name: self._put_norm(
-                            f"diag/block{i}/{n}", a[0], out
-                        )
-                    )
+        for name, _, norm in named_norms(model):
+            handles.append(
+                norm.register_forward_hook(
+                    lambda m, a, out, n=name: self._put_norm(f"diag/{n}", a[0], out)
                 )
-        handles.append(
-            model.norm_f.register_forward_pre_hook(
-                lambda m, args: self._put("diag/final/resid", args[0])
             )
-        )
-        handles.append(
-            model.norm_f.register_forward_hook(
-                lambda m, a, out: self._put_norm("diag/final/norm_f", a[0], out)
+        handles.append(  # the stream entering the final norm (or the head: nn.Identity)
+            model.final.register_forward_pre_hook(
+                lambda m, args: self._put("diag/final/resid", args[0])
             )
         )
 
@@ -99,15 +117,10 @@ class ActivationRecorder:
 
 
 def gain_stats(model: nn.Module) -> dict[str, float]:
-    """Mean, min and max of every norm's gain (``weight``), keyed by block and norm name."""
+    """Mean, min and max of every norm's gain (``weight``), keyed by its :func:`named_norms`
+    name."""
     out: dict[str, float] = {}
-    named = [
-        (f"block{i}/{n}", getattr(b, n))
-        for i, b in enumerate(model.blocks)
-        for n in ("norm1", "norm2")
-    ]
-    named.append(("final/norm_f", model.norm_f))
-    for key, norm in named:
+    for key, _, norm in named_norms(model):
         w = getattr(norm, "weight", None)
         if w is None:
             continue
@@ -136,7 +149,7 @@ def block_grad_norms(model: nn.Module) -> dict[str, float]:
 class NonFinite:
     """Where non-finite values first appeared in a forward pass."""
 
-    module: str  # qualified module name, e.g. "blocks.0.norm1"
+    module: str  # qualified module name, e.g. "blocks.0.attn_in"
     kind: str  # "inf", "nan" or "inf+nan"
     input_finite: bool  # True when the module's own input was finite (the module made them)
     where: str = "output"  # "output", or "statistics": a norm's mean square / variance overflowed

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from normlab.config import LoggerKind, TrainConfig
+from normlab.config import LoggerKind, TrainConfig, to_plain
+from normlab.config.schedule import norm_tag
 
 log = logging.getLogger(__name__)
 
@@ -89,24 +90,27 @@ class StepTimer:
 
 
 def variant_label(cfg: TrainConfig, swept: tuple[str, ...] | list[str] = ()) -> str:
-    """The progress bar's name of a run: ``kind/impl/placement/precision``, then the swept
-    ``key=value`` of a sweep job (other than those four) and the seed, e.g.
-    ``rms/cpp/pre/fp32 optim.lr=0.001 seed=1``."""
-    n = cfg.norm
-    parts = [f"{n.kind.name}/{n.impl.name}/{n.placement.name}/{cfg.precision.dtype.name}"]
-    shown = {"norm", "norm.kind", "norm.impl", "norm.placement", "precision", "precision.dtype"}
-    parts += [s for s in swept if s.split("=", 1)[0].lstrip("+") not in shown | {"seed"}]
-    return " ".join([*parts, f"seed={cfg.seed}"])
+    """The progress bar's name of a run: the norm design with its implementation
+    (:func:`~normlab.config.schedule.norm_tag`) and the precision, then the swept ``key=value`` of
+    a sweep job that the design does not show, and the seed, e.g.
+    ``rms-cpp-pre-fp32 optim.lr=0.001 seed=1``."""
+    tag = f"{norm_tag(to_plain(cfg.norm), impl=True)}-{cfg.precision.dtype.name}"
+    shown = {"norm", "precision", "precision.dtype", "seed"} | {f"norm.{k}" for k in _TAGGED}
+    extra = [s for s in swept if s.split("=", 1)[0].lstrip("+").split(".positions")[0] not in shown]
+    return " ".join([tag, *extra, f"seed={cfg.seed}"])
+
+
+#: The norm keys that :func:`~normlab.config.schedule.norm_tag` shows (a swept one is not repeated).
+_TAGGED = ("kind", "impl", "placement", "qk", "embedding", "blocks", "positions")
 
 
 def run_names(cfg: TrainConfig) -> tuple[str, str]:
-    """``(group, name)`` for wandb: the variant (model, norm kind, impl, placement, precision) is
-    the
-    group unless ``logger.group`` names one (a study); the name is the variant plus the seed."""
-    n = cfg.norm
-    variant = "-".join(
-        (cfg.model.name, n.kind.name, n.impl.name, n.placement.name, cfg.precision.dtype.name)
-    )
+    """``(group, name)`` for wandb: the variant (model, the norm design of
+    :func:`~normlab.config.schedule.norm_tag`: kind[schedule], impl, placement, qk, embedding,
+    position overrides; precision) is the group unless ``logger.group`` names one (a study); the
+    name is the variant plus the seed. E.g. ``tiny-layer[0-1:rms]-cpp-peri-qkhead-fp32``."""
+    tag = norm_tag(to_plain(cfg.norm), impl=True)
+    variant = "-".join((cfg.model.name, tag, cfg.precision.dtype.name))
     group = cfg.logger.group or variant
     name = cfg.logger.name or f"{variant}-seed{cfg.seed}"
     return group, name

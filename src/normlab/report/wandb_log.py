@@ -1,0 +1,119 @@
+"""The report's tables and figures for a wandb run: the tables as plain columns and rows
+(:func:`report_tables`, no wandb needed), where to log them (:func:`wandb_settings`: project,
+group and mode from the runs' logger config), and the logging itself (:func:`log_report_to_wandb`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from normlab.report.compare import Report
+
+Table = tuple[list[str], list[list[Any]]]
+MODES = ("offline", "online", "disabled")
+
+
+def _ci(c: dict[str, Any]) -> list[float]:
+    return [float(c["ci"][0]), float(c["ci"][1])]
+
+
+def report_tables(rep: Report) -> dict[str, Table]:
+    """``name -> (columns, rows)`` of every table the report has: variants, comparisons, the bpb
+    and held-out comparisons, time to target, the interleaved speed ratios and the tuned grid.
+    Values are numbers or text (losses nats/token, bpb bits/byte, ratios dimensionless)."""
+    cols = ["n", "mean", "std", "min", "max", "step_time_ms", "tokens_per_s"]
+    out: dict[str, Table] = {
+        "variants": (
+            ["variant", *cols],
+            [[v["label"], *(v[k] for k in cols)] for v in rep.variants],
+        )
+    }
+    out["comparisons"] = (
+        ["variant", "n", "mean_diff", "ci_lo", "ci_hi", "p_lower", "p_upper", "verdict"],
+        [
+            [c["label"], c["n"], c["mean"], *_ci(c), c["p_lower"], c["p_upper"], c["verdict"]]
+            for c in rep.comparisons
+        ],
+    )
+    paired = ["variant", "n", "mean_diff", "ci_lo", "ci_hi", "verdict"]
+    metrics = {"bpb": rep.heldout.get("bpb")}
+    for name, h in rep.heldout.get("heldout", {}).items():
+        metrics |= {f"heldout_{name}_loss": h["loss"], f"heldout_{name}_bpb": h["bpb"]}
+    for name, comp in metrics.items():
+        if comp:
+            rows = [
+                [lab, c["n"], c["mean"], *_ci(c), c["verdict"]]
+                for lab, c in comp["comparisons"].items()
+            ]
+            out[name] = (paired, rows)
+    t = rep.target
+    if t and t.get("comparisons"):
+        head = ["variant", "target", "what", "n", "gmean_ratio", "ci_lo", "ci_hi"]
+        rows = [
+            [lab, t["target"], what, r["n"], r["gmean"], *_ci(r)]
+            for lab, c in t["comparisons"].items()
+            for what, r in c.items()
+        ]
+        out["time_to_target"] = (head, rows)
+    if rep.bench:
+        head = ["variant", "pairs", "median_ratio", "gmean_ratio", "ci_lo", "ci_hi"]
+        rows = [
+            [lab, r["pairs"], r["median"], r["gmean"], *_ci(r)]
+            for lab, r in rep.bench["ratios"].items()
+            if r
+        ]
+        out["speed_interleaved"] = (head, rows)
+    if rep.tuned:
+        head = ["variant", "lr", "n", "mean", "ci_lo", "ci_hi", "best"]
+        rows = [
+            [lab, lr, p["n"], p["mean"], *_ci(p), rep.tuned["best"].get(lab) == lr]
+            for lab, pts in rep.tuned["points"].items()
+            for lr, p in pts.items()
+        ]
+        out["tuned"] = (head, rows)
+    return out
+
+
+def wandb_settings(rep: Report, mode: str | None = None, project: str | None = None) -> dict:
+    """``wandb.init`` keyword arguments for the report's run: ``mode`` (the argument, else the
+    runs' ``logger.mode`` when they all use wandb with one mode, else ``offline``), ``project``
+    (argument, else the runs' ``logger.project``, else ``normlab``), ``group`` (the runs'
+    ``logger.group`` when they share one, else the first source dir's name), ``job_type``
+    ``report`` and ``name`` ``report-<group>``."""
+    runs = rep.runs
+
+    def shared(key: str) -> Any:
+        values = {r.config.get(key) for r in runs}
+        return values.pop() if len(values) == 1 else None
+
+    if mode is None:
+        mode = shared("logger.mode") if shared("logger.kind") == "wandb" else None
+        mode = mode if mode in MODES else "offline"
+    group = shared("logger.group") or (rep.sources[0].resolve().name if rep.sources else "report")
+    return {
+        "mode": mode,
+        "project": project or shared("logger.project") or "normlab",
+        "group": str(group),
+        "job_type": "report",
+        "name": f"report-{group}",
+    }
+
+
+def log_report_to_wandb(rep: Report, run: Any = None) -> bool:
+    """Log :func:`report_tables` (as ``wandb.Table``, under ``report/<name>``) and the written
+    figures (``wandb.Image``) of ``rep`` to the wandb ``run``; False (nothing done) without wandb
+    or without a run."""
+    if run is None:
+        return False
+    try:
+        import wandb
+    except ImportError:
+        return False
+    data: dict[str, Any] = {
+        f"report/{name}": wandb.Table(columns=cols, data=rows)
+        for name, (cols, rows) in report_tables(rep).items()
+    }
+    data.update({f"report/{k}": wandb.Image(str(p)) for k, p in rep.figures.items() if p})
+    run.log(data)
+    return True
