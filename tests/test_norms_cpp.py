@@ -152,3 +152,32 @@ def test_a_row_of_4m_elements_is_as_accurate_as_torch(kind):
     for name, got, want in (("output", y, y64), ("dx", x.grad, x64.grad)):
         err = ((got.double() - want).abs().max() / want.abs().max()).item()
         assert err <= 4e-7, f"{name}: normwise relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("kind", CPP_KINDS, ids=lambda k: k.name)
+def test_autograd_is_the_cpp_node_and_matches_the_reference_for_strided_input(kind):
+    """The op's backward is the C++ node (no Python autograd.Function per call); a transposed
+    (non-contiguous) input and a bf16 weight give the reference's gradients."""
+    norm = make(kind, 24)
+    x = torch.randn(24, 6, dtype=torch.float64).float().t().requires_grad_()  # (6, 24) strided
+    y = norm(x)
+    assert y.grad_fn.name() == "NormlabNormBackward" and y.is_contiguous()
+    dy = torch.randn(6, 24)
+    got = torch.autograd.grad(y, (x, *norm.parameters()), dy)
+    want = torch.autograd.grad(reference(norm, x), (x, *norm.parameters()), dy)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    w16 = norm.weight.detach().bfloat16().requires_grad_()
+    y16 = torch.ops.normlab_cpu.norm(x, w16, None, norm.eps, kind == NormKind.rms)
+    (gw,) = torch.autograd.grad(y16, w16, dy)
+    assert gw.dtype == torch.bfloat16  # cast to the parameter's dtype at the end
+
+
+def test_inference_mode_and_no_grad_give_the_same_output_without_a_graph():
+    norm = make(NormKind.layer, 32)
+    x = torch.randn(5, 32)
+    with torch.no_grad():
+        a = norm(x)
+    with torch.inference_mode():
+        b = norm(x)  # below autograd: the op's CPU kernel, forward only
+    assert a.grad_fn is None and torch.equal(a, b)

@@ -19,6 +19,21 @@ def test_measured_peak_is_2n3_flop_over_the_best_time(monkeypatch, one_thread):
     assert peak.measure_tflops(CPU, "fp32", repeats=3) == pytest.approx(2 * 64**3 / 0.25 / 1e12)
 
 
+def test_a_size_that_would_be_slow_at_the_measured_rate_is_not_timed(monkeypatch, one_thread):
+    """fp16 on a CPU without fp16 matmuls ran minutes at n=2048 (a test took 600 s): sizes whose
+    call the rate so far predicts above MAX_CALL_S are skipped."""
+    monkeypatch.setattr(peak, "SIZES", {"cpu": (64, 4096)})
+    clock = iter([0.0, 0.5, 1.0, 1.5])  # n=64: 0.5 s a call -> n=4096 predicted far above 0.5 s
+    monkeypatch.setattr(peak.time, "perf_counter", lambda: next(clock))
+    sizes = []
+    real_randn = torch.randn
+    monkeypatch.setattr(
+        peak.torch, "randn", lambda n, *a, **k: sizes.append(n) or real_randn(n, *a, **k)
+    )
+    assert peak.measure_tflops(CPU, "fp32", repeats=2) == pytest.approx(2 * 64**3 / 0.5 / 1e12)
+    assert sizes == [64, 64]  # a and b at n=64 only
+
+
 def test_peak_is_cached_per_device_dtype_and_thread_count(tmp_path, monkeypatch):
     monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path))
     calls = []
@@ -43,3 +58,56 @@ def test_real_measurement_is_positive_and_finite(monkeypatch, one_thread):
     monkeypatch.setattr(peak, "SIZES", {"cpu": (128,)})
     tflops = peak.measure_tflops(CPU, "fp32", repeats=2)
     assert 0 < tflops < 100
+
+
+def test_resolve_peak_measures_in_the_runs_matmul_dtype_or_takes_the_configured_number(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path))
+    monkeypatch.setattr(peak, "measure_tflops", lambda d, dt: {"fp32": 1.5, "bf16": 3.0}[dt])
+    assert peak.resolve_peak("auto", CPU, "bf16") == {
+        "peak_tflops": 3.0,
+        "peak_tflops_source": "measured",
+        "peak_dtype": "bf16",
+    }
+    assert peak.resolve_peak("auto", CPU, "fp32")["peak_tflops"] == 1.5
+    assert peak.resolve_peak(312, CPU, "fp32") == {
+        "peak_tflops": 312.0,
+        "peak_tflops_source": "configured",
+        "peak_dtype": "fp32",
+    }
+    with pytest.raises(ValueError, match="precision 'int4' is not allowed"):
+        peak.resolve_peak("auto", CPU, "int4")
+
+
+def test_peak_tflops_defaults_to_auto_and_refuses_what_is_neither_auto_nor_positive(cfg_tiny):
+    from normlab.config import ConfigError, TrainConfig
+
+    assert TrainConfig().peak_tflops == "auto" and cfg_tiny().peak_tflops == "auto"
+    assert cfg_tiny("peak_tflops=312").peak_tflops == 312
+    for bad in ("fast", 0, -1.0, float("nan")):
+        with pytest.raises(ConfigError, match="peak_tflops=.* must be auto .* or a number"):
+            TrainConfig(peak_tflops=bad)
+
+
+def test_summary_records_the_measured_peak_and_reports_mfu_against_it(
+    cfg_tiny, tmp_path, monkeypatch
+):
+    from normlab.training.loop import train
+    from normlab.training.setup import build_run
+
+    monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))  # tokens re-made: tiny corpus
+    monkeypatch.setattr(peak, "measure_tflops", lambda d, dt: {"fp32": 0.02, "bf16": 0.05}[dt])
+    cfg = cfg_tiny("logger=none", "norm.impl=torch")
+    s = train(cfg, tmp_path / "run")
+    assert (s["peak_tflops"], s["peak_tflops_source"], s["peak_dtype"]) == (
+        0.02,
+        "measured",
+        "fp32",
+    )
+    flops_per_token = build_run(cfg).model.flops_per_token()
+    want = flops_per_token * s["tokens_per_s"] / 0.02e12  # achieved FLOP/s over the peak
+    assert s["mfu"] == pytest.approx(want)
+    s = train(cfg_tiny("logger=none", "norm.impl=torch", "peak_tflops=0.5"), tmp_path / "run2")
+    assert (s["peak_tflops"], s["peak_tflops_source"]) == (0.5, "configured")
+    assert s["mfu"] == pytest.approx(flops_per_token * s["tokens_per_s"] / 0.5e12)

@@ -162,7 +162,7 @@ class TrainConfig:
     timing_warmup_steps: int = 5
     device: str = "auto"
     compile: bool = False
-    peak_tflops: float = 312.0
+    peak_tflops: float | int | str = "auto"  # MFU denominator, TFLOP/s; auto: the measured peak
     progress: bool = True
     diag_interval: int | None = (
         None  # per-block diagnostics every N steps (diag/ keys); null: off, no hooks
@@ -206,7 +206,18 @@ class TrainConfig:
             self.device,
             "allowed: auto, cpu, cuda, cuda:N",
         )
-        _require(self.peak_tflops > 0, "peak_tflops", self.peak_tflops, "must be > 0")
+        _require(
+            self.peak_tflops == "auto"
+            or (
+                isinstance(self.peak_tflops, (int, float))
+                and not isinstance(self.peak_tflops, bool)
+                and math.isfinite(self.peak_tflops)
+                and self.peak_tflops > 0
+            ),
+            "peak_tflops",
+            self.peak_tflops,
+            "must be auto (the device's measured matmul peak) or a number of TFLOP/s > 0",
+        )
         _require(
             self.diag_interval is None or self.diag_interval >= 1,
             "diag_interval",

@@ -5,7 +5,11 @@ The kernels (``cpu_kernels.cpp``) are compiled on first use with ``torch.utils.c
 machine and version of the kernel source (the build is named by a hash of the source and flags),
 then loaded from ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). The vector ISA
 is the one inductor picks for this CPU (AVX-512, plus AVX512-BF16 where present; AVX2 elsewhere).
-The ops are registered as ``torch.ops.normlab_cpu``.
+The ops are registered as ``torch.ops.normlab_cpu``: ``norm(x, weight?, bias?, eps, rms) -> y``,
+the one the modules call, has its autograd registered in C++ (a ``torch::autograd::Function`` at the
+end of ``cpu_kernels.cpp``), so a call carries no Python ``autograd.Function`` (that cost about
+0.07 ms a call, more than the kernel itself at 16 rows); ``norm_fwd`` / ``norm_bwd`` are the kernels
+it calls through the dispatcher (``torch.compile`` traces them with the fakes registered here).
 
 Why they exist: on CPU, PyTorch's RMSNorm is not fused and inductor's code for the backward makes
 a second pass over x and dy for the weight gradient (a column reduction), so neither measures what
@@ -34,7 +38,8 @@ Semantics (last dimension of size d normalised; as ``reference.py`` and ``triton
   RMSNorm: one op signature for both kinds).
 * Backward with ``g = dy * w``: ``dx = rstd * (g - mean_d(g) - x_hat * mean_d(g * x_hat))``
   (RMSNorm without ``mean_d(g)``), ``dw = sum_rows(dy * x_hat)``, ``db = sum_rows(dy)``: column sums
-  kept in fp32 per thread, summed in fp32, cast to the parameter dtype at the end. The rows each
+  kept in fp32 per thread, summed in fp32 in thread order by the kernel, cast to the parameter dtype
+  at the end. The rows each
   thread takes depend on the thread count, so ``dw`` / ``db`` change in the last fp32 bits with it
   (relative 1e-6 between 1 and 2 threads), as with PyTorch's own CPU LayerNorm; fixed threads give
   bit-identical results.
@@ -54,9 +59,10 @@ from pathlib import Path
 from typing import ClassVar
 
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from normlab.config import ConfigError, NormImpl
-from normlab.norms.reference import NormBase, refuse_double_backward
+from normlab.norms.reference import NormBase
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 log = logging.getLogger(__name__)
@@ -139,6 +145,10 @@ def _register_fakes() -> None:
     """Shapes and dtypes of the ops for ``torch.compile`` of a model that uses them
     (``compile=true``)."""
 
+    @torch.library.register_fake("normlab_cpu::norm")
+    def _norm(x, weight, bias, eps, rms):
+        return torch.empty_like(x)
+
     @torch.library.register_fake("normlab_cpu::norm_fwd")
     def _fwd(x, weight, bias, eps, rms):
         acc = torch.promote_types(x.dtype, torch.float32)
@@ -150,8 +160,8 @@ def _register_fakes() -> None:
 
     @torch.library.register_fake("normlab_cpu::norm_bwd")
     def _bwd(dy, x, weight, mean, rstd, rms):
-        part = x.new_empty((torch.get_num_threads(), x.shape[1]), dtype=mean.dtype)
-        return torch.empty_like(x), part, torch.empty_like(part)
+        dw = x.new_empty(x.shape[1], dtype=mean.dtype)
+        return torch.empty_like(x), dw, torch.empty_like(dw)
 
 
 @functools.cache
@@ -167,69 +177,15 @@ def ops() -> object:
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
     build(f"normlab_cpu_norms_{isa}_{digest}", SOURCE, flags)
     _register_fakes()
+    _NORM[0] = torch.ops.normlab_cpu.norm.default._op
     return torch.ops.normlab_cpu
 
 
-def _forward(x, weight, bias, eps: float, is_rms: bool):
-    """``(x (rows, d) contiguous, weight as the kernel takes it, y (..., d), mean, rstd)``."""
-    d = x.shape[-1]
-    x2d = x.reshape(-1, d).contiguous()
-    acc = torch.promote_types(
-        x.dtype, torch.float32
-    )  # weight and bias: rounded to x's dtype, held in fp32
-    w = (torch.ones(d, dtype=acc) if weight is None else weight.to(x.dtype).to(acc)).contiguous()
-    b = None if bias is None else bias.to(x.dtype).to(acc).contiguous()
-    y, mean, rstd = torch.ops.normlab_cpu.norm_fwd(
-        x2d, w, b, eps, is_rms
-    )  # loaded by ops() in __init__
-    return x2d, w, y.view(x.shape), mean, rstd
-
-
-def _apply(x, weight, bias, eps: float, is_rms: bool) -> torch.Tensor:
-    """The norm; without autograd (no_grad, or nothing requires grad) the kernel is called
-    directly."""
-    if torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, weight, bias)
-    ):
-        return _CppNormFn.apply(x, weight, bias, eps, is_rms)
-    return _forward(x, weight, bias, eps, is_rms)[2]
-
-
-class _CppNormFn(torch.autograd.Function):
-    """``(x (..., d), weight (d,)|None, bias (d,)|None, eps, is_rms) -> y (..., d)`` in x.dtype.
-
-    Saved for backward: the ``(rows, d)`` contiguous input, the weight (x's dtype, held in fp32),
-    ``mean`` and
-    ``rstd`` ``(rows,)`` in fp32 (fp64 for fp64 input).
-    """
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, is_rms):
-        x2d, w, y, mean, rstd = _forward(x, weight, bias, eps, is_rms)
-        ctx.save_for_backward(x2d, w, mean, rstd)
-        ctx.is_rms = is_rms
-        ctx.w_dtype = None if weight is None else weight.dtype
-        ctx.b_dtype = None if bias is None else bias.dtype
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        refuse_double_backward("cpp")
-        x2d, w, mean, rstd = ctx.saved_tensors
-        dx, dw_part, db_part = torch.ops.normlab_cpu.norm_bwd(
-            dy.reshape(x2d.shape).contiguous(), x2d, w, mean, rstd, ctx.is_rms
-        )
-        dw = (
-            dw_part.sum(0).to(ctx.w_dtype)
-            if ctx.w_dtype is not None and ctx.needs_input_grad[1]
-            else None
-        )
-        db = (
-            db_part.sum(0).to(ctx.b_dtype)
-            if ctx.b_dtype is not None and ctx.needs_input_grad[2]
-            else None
-        )
-        return dx.view(dy.shape) if ctx.needs_input_grad[0] else None, dw, db, None, None
+#: The C++ builtin behind ``torch.ops.normlab_cpu.norm.default`` (set by :func:`ops`): called
+#: directly in eager mode, it skips the two Python frames of ``OpOverloadPacket`` / ``OpOverload``.
+_NORM: list = [None]
+#: The functorch transform stack (None: no ``torch.func`` transform is active).
+_interpreters = torch._C._functorch.peek_interpreter_stack
 
 
 class _CppNorm(NormBase):
@@ -252,10 +208,18 @@ class _CppNorm(NormBase):
         ops()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.check_input(x)
-        if x.device.type != "cpu":
+        if torch.compiler.is_compiling():  # dynamo sees the op (OpOverload) and its fake
+            self.check_input(x)
+            return torch.ops.normlab_cpu.norm.default(
+                x, self.weight, self.bias, self.eps, self.is_rms
+            )
+        # The full check_input only where forward-mode tangents can exist (a dual level or a
+        # functorch transform is active): the common call pays a few attribute reads, no more.
+        if x.shape[-1] != self.d or fwAD._current_level >= 0 or _interpreters() is not None:
+            self.check_input(x)
+        if not x.is_cpu:
             raise ValueError(f"norm.impl=cpp runs on CPU tensors only, got {x.device}")
-        return _apply(x, self.weight, self.bias, self.eps, self.is_rms)
+        return _NORM[0](x, self.weight, self.bias, self.eps, self.is_rms)
 
 
 class CppLayerNorm(_CppNorm):

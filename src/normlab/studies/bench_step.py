@@ -5,6 +5,8 @@ setups with ``training.setup.build_run`` (as ``train`` builds them) in one proce
 training step itself, ``training.step.train_step`` (micro-batches forward + backward, unscale,
 clip, AdamW, ``zero_grad``; its batches drawn inside, as in training), in interleaved pairs (A B,
 then B A, alternating) after warm-up steps: median step time of each, median and spread of B/A.
+``--baseline`` times normlab's ``train_step`` against a plain-PyTorch loop of the same model,
+batches and settings (``studies.plain_loop``), B/A = normlab / plain.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 
 from normlab.compose import compose
+from normlab.studies.plain_loop import PlainLoop, build_plain
 from normlab.training import step as training_step
 from normlab.training.setup import build_run
 from normlab.training.tracking import synchronize
@@ -83,11 +86,12 @@ def _ratio(a: list[float], b: list[float]) -> dict:
     }
 
 
-def _info(s: StepSetup, own: list[str], t: list[float]) -> dict:
+def _info(s, own: list[str], t: list[float]) -> dict:
     cfg = s.cfg
     return {
+        "loop": "plain" if isinstance(s, PlainLoop) else "normlab",
         "overrides": list(own),
-        "composed_with": s.overrides,
+        "composed_with": list(s.overrides),
         "norm": f"{cfg.norm.kind.name}/{cfg.norm.impl.name}",
         "precision": cfg.precision.dtype.name,
         "model": cfg.model.name,
@@ -98,15 +102,33 @@ def _info(s: StepSetup, own: list[str], t: list[float]) -> dict:
 
 
 def bench_step(
-    a: list[str], b: list[str], common: list[str] = (), *, pairs: int = 10, warmup: int = 3
+    a: list[str],
+    b: list[str],
+    common: list[str] = (),
+    *,
+    pairs: int = 10,
+    warmup: int = 3,
+    baseline: bool = False,
 ) -> dict:
     """Interleaved optimizer-step timing of the setups ``common + a`` and ``common + b``.
 
-    Returns JSON-ready data: per setup ``median_ms`` and ``times_ms`` (ms per optimizer step), its
-    resolved norm and tokens per step; ``ratio``: B/A step time per pair (``per_pair``) with its
-    ``median``, ``p25`` / ``p75`` (IQR) and ``p10`` / ``p90``.
+    ``baseline``: A is the plain-PyTorch loop of ``studies.plain_loop`` and B normlab's own
+    ``train_step``, both for ``common + a`` (``b`` must be empty): B/A is normlab / plain.
+
+    Returns JSON-ready data: per setup ``loop`` (normlab or plain), ``median_ms`` and ``times_ms``
+    (ms per optimizer step), its resolved norm and tokens per step; ``ratio``: B/A step time per
+    pair (``per_pair``) with its ``median``, ``p25`` / ``p75`` (IQR) and ``p10`` / ``p90``.
+
+    Raises:
+        ValueError: ``baseline`` with overrides for B.
     """
-    setups = [build_setup([*common, *a]), build_setup([*common, *b])]
+    if baseline:
+        if b:
+            raise ValueError("--baseline times one setup against the plain loop: no --b")
+        normlab = build_setup([*common, *a])
+        setups = [build_plain([*common, *a], normlab.run.device), normlab]
+    else:
+        setups = [build_setup([*common, *a]), build_setup([*common, *b])]
     times: list[list[float]] = [[], []]
     with recompile_limit():
         for _ in range(warmup):
@@ -117,11 +139,12 @@ def bench_step(
                 times[j].append(setups[j].run_step())
     return {
         "mode": "step",
-        "device": str(setups[0].run.device),
+        "device": str(setups[1].run.device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "pairs": pairs,
         "warmup": warmup,
+        "baseline": baseline,
         "common": list(common),
         "a": _info(setups[0], a, times[0]),
         "b": _info(setups[1], b, times[1]),
@@ -140,13 +163,15 @@ def format_step(result: dict) -> str:
     ]
     for key in ("a", "b"):
         s = result[key]
+        loop = f"{s['loop']} loop: " if result.get("baseline") else ""
         lines.append(
-            f"{key.upper()} {' '.join(s['overrides']) or '(defaults)'} [{s['model']}, "
+            f"{key.upper()} {loop}{' '.join(s['overrides']) or '(defaults)'} [{s['model']}, "
             f"{s['norm']}, {s['precision']}, {s['tokens_per_step']} tokens/step]: "
             f"median {s['median_ms']:.1f} ms/step"
         )
+    what = "normlab/plain" if result.get("baseline") else "B/A"
     lines.append(
-        f"B/A step time: median {r['median']:.3f} (IQR {r['p25']:.3f}-{r['p75']:.3f}, "
+        f"{what} step time: median {r['median']:.3f} (IQR {r['p25']:.3f}-{r['p75']:.3f}, "
         f"10-90% {r['p10']:.3f}-{r['p90']:.3f})"
     )
     return "\n".join(lines)

@@ -28,6 +28,7 @@ stop signal, and only rank 0 writes metrics, the summary, checkpoints and wandb.
 
 from __future__ import annotations
 
+import signal
 import traceback
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,8 @@ def train_loop(run, p: Progress, opts: RunOptions) -> None:
             if (p.log_due(done) or evaluating or saving) and not sync(run, p, evaluating):
                 return  # diverged
             # a signal to any rank stops them all here, after a checkpoint
-            stopping = p.stop_signal(stop.code, last)
+            code = distributed.all_reduce_max(stop.code)
+            stopping = signal.Signals(code).name if code and not last else None
             if stopping and len(p.metrics) and not sync(run, p, evaluating=False):
                 return
             if saving or stopping:

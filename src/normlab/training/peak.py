@@ -21,9 +21,12 @@ import torch
 
 from normlab.data.tokens import default_cache_root
 
-#: Square matmul sizes timed per device type: large enough to reach the plateau, small enough to
-#: finish in about a second (CPU: 2 n^3 = 17 GFLOP at n=2048).
-SIZES = {"cpu": (1024, 2048), "cuda": (4096, 8192)}
+#: Square matmul sizes timed per device type, smallest first: large enough to reach the plateau,
+#: small enough to finish in about a second (CPU: 2 n^3 = 17 GFLOP at n=2048). A size whose call
+#: would take over :data:`MAX_CALL_S` at the rate already measured is not timed: a dtype without
+#: fast matmuls on the device (fp16 on most CPUs: minutes at n=2048) stops at a small size.
+SIZES = {"cpu": (256, 1024, 2048), "cuda": (1024, 4096, 8192)}
+MAX_CALL_S = 0.5
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -60,7 +63,8 @@ def _sync(device: torch.device) -> None:
 
 def measure_tflops(device: torch.device, dtype: str, repeats: int = 5) -> float:
     """Best dense matmul throughput in TFLOP/s (``2 n^3`` FLOP per ``n x n @ n x n``) over the
-    sizes of :data:`SIZES` and ``repeats`` timed calls each, after one untimed call per size.
+    sizes of :data:`SIZES` and ``repeats`` timed calls each, after one untimed call per size; a
+    size predicted to take over :data:`MAX_CALL_S` a call at the best rate so far ends it.
 
     Raises:
         ValueError: ``dtype`` is not one of fp32, bf16, fp16.
@@ -69,6 +73,8 @@ def measure_tflops(device: torch.device, dtype: str, repeats: int = 5) -> float:
         raise ValueError(f"peak dtype {dtype!r} is not allowed: one of {', '.join(DTYPES)}")
     best = 0.0
     for n in SIZES[device.type] if device.type in SIZES else SIZES["cuda"]:
+        if best > 0 and 2 * n**3 / (best * 1e12) > MAX_CALL_S:
+            break  # this size would be slow at the rate measured: the rate is the peak
         a = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
         b = torch.randn(n, n, device=device, dtype=DTYPES[dtype])
         torch.mm(a, b)
@@ -105,3 +111,28 @@ def device_peak_tflops(device: torch.device, dtype: str, refresh: bool = False) 
     except OSError:
         pass
     return {**entry, "key": key, "cached": False}
+
+
+#: The matmul dtype of each autocast precision (``precision.dtype``).
+PRECISION_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+
+
+def resolve_peak(setting: float | int | str, device: torch.device, precision: str) -> dict:
+    """The peak MFU is reported against: ``setting`` is ``peak_tflops`` (``"auto"`` or TFLOP/s).
+
+    ``"auto"``: :func:`device_peak_tflops` of ``device`` in the run's matmul dtype (``precision``:
+    fp32, bf16 or fp16), from the per-machine cache or measured once (about 1-2 s on a CPU core).
+    Returns ``{"peak_tflops": float, "peak_tflops_source": "measured" | "configured",
+    "peak_dtype": str}``, the keys ``summary.json`` records.
+
+    Raises:
+        ValueError: ``precision`` is not fp32, bf16 or fp16.
+    """
+    if precision not in PRECISION_DTYPE:
+        raise ValueError(f"precision {precision!r} is not allowed: one of {', '.join(DTYPES)}")
+    dtype = PRECISION_DTYPE[precision]
+    if setting == "auto":
+        tflops, source = device_peak_tflops(device, dtype)["tflops"], "measured"
+    else:
+        tflops, source = float(setting), "configured"
+    return {"peak_tflops": tflops, "peak_tflops_source": source, "peak_dtype": dtype}

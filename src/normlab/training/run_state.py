@@ -15,7 +15,6 @@ so a resumed run continues the same clock.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
 from normlab.training.diagnostics import ZERO_ROWS_SUFFIX
 from normlab.training.evaluation import training_sample
 from normlab.training.metrics import DIAG_PREFIX, NAMES, Divergence, Limits, MetricsBuffer
+from normlab.training.peak import resolve_peak
 from normlab.training.resume import rng_state
 from normlab.training.step import Run
 from normlab.training.summary import outcome_keys, start_summary, write_summary
@@ -91,12 +91,6 @@ class Progress:
         """The time budget is spent on any rank (an all-reduce with a budget and several ranks)."""
         late = max_time_s is not None and self.train_time_s >= max_time_s
         return max_time_s is not None and bool(distributed.all_reduce_max(int(late)))
-
-    @staticmethod
-    def stop_signal(code: int, last: bool) -> str | None:
-        """The signal that reached any rank (all-reduced), unless the step is the last anyway."""
-        code = distributed.all_reduce_max(code)
-        return signal.Signals(code).name if code and not last else None
 
     def sample(self, run: Run, done: int) -> None:
         """A text sample after step ``done`` (rank 0) to train.log and the sink's table."""
@@ -282,8 +276,10 @@ def finish(run: Run, p: Progress, run_dir: Path) -> None:
     status, world = p.summary["status"], distributed.world_size()
     tokens_per_step = run.cfg.tokens_per_step  # global: every rank's micro-batches
     flops_per_step = run.model.flops_per_token() * tokens_per_step
+    peak = resolve_peak(run.cfg.peak_tflops, run.device, run.cfg.precision.dtype.name)
     p.summary.update(outcome_keys(run, p))
     p.summary.update(
+        **peak,
         steps_completed=p.step if status == "failed" else p.done,
         final_val_loss=p.val_loss if status == "completed" else None,
         last_val_loss=p.val_loss,
@@ -291,7 +287,7 @@ def finish(run: Run, p: Progress, run_dir: Path) -> None:
         wall_time_s=p.wall_time_s(),
         step_times_ms=p.timer.measured_ms,
         # MFU per device
-        **p.timer.summary(tokens_per_step, flops_per_step, run.cfg.peak_tflops * world),
+        **p.timer.summary(tokens_per_step, flops_per_step, peak["peak_tflops"] * world),
     )
     try:
         if distributed.is_main():

@@ -141,7 +141,7 @@ def _accumulate(
     micro-batch only. ``diag`` hooks micro-batch 0 (rank 0's), run eagerly (``run.ddp``).
     """
     micros = distributed.shard(run.cfg.optim.grad_accum)
-    loss_sum = torch.zeros((), device=run.device)
+    losses = []
     for n, micro in enumerate(micros):
         if mark is not None:
             mark("forward")
@@ -156,8 +156,9 @@ def _accumulate(
             if mark is not None:
                 mark("backward")
             run.scaler.scale(loss / len(micros)).backward()
-        loss_sum += loss.detach().float()
-    return loss_sum
+        losses.append(loss.detach())
+    # one op for the usual single micro-batch (no zeros + add per step); float(): fp16/bf16 losses
+    return (losses[0] if len(losses) == 1 else torch.stack(losses).sum()).float()
 
 
 def train_step(
@@ -186,8 +187,10 @@ def train_step(
     if diag is not None:
         diag.stats.update(block_grad_norms(run.model))
     clip = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip)
+    # foreach=True on CPU too: one C++ loop over the gradients (torch._foreach_norm, _foreach_mul_)
+    # instead of a Python loop of per-tensor norm and mul ops (PyTorch's CPU default); same values
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), clip, foreach=True)
     run.scaler.step(run.optimizer)
     run.scaler.update()
     run.optimizer.zero_grad(set_to_none=True)
-    return loss_sum, grad_norm.detach().float()
+    return loss_sum, grad_norm.float()  # clip_grad_norm_ computes it without a graph
