@@ -193,12 +193,6 @@ class TrainConfig:
         _require(self.eval_interval >= 1, "eval_interval", self.eval_interval, "must be >= 1")
         _require(self.eval_batches >= 1, "eval_batches", self.eval_batches, "must be >= 1")
         _require(self.log_interval >= 1, "log_interval", self.log_interval, "must be >= 1")
-        _require(
-            self.timing_warmup_steps >= 0,
-            "timing_warmup_steps",
-            self.timing_warmup_steps,
-            "must be >= 0",
-        )
         _require(self.seed >= 0, "seed", self.seed, "must be >= 0")
         _require(
             bool(_DEVICE.match(self.device)),
@@ -218,17 +212,11 @@ class TrainConfig:
             self.peak_tflops,
             "must be auto (the device's measured matmul peak) or a number of TFLOP/s > 0",
         )
-        _require(
-            self.diag_interval is None or self.diag_interval >= 1,
-            "diag_interval",
-            self.diag_interval,
-            "must be null (off) or >= 1",
-        )
         self.norm.check(self.model.n_layer)  # the block schedule against the model's blocks
-        self._check_evaluation_keys()
+        self._check_more_keys()
 
-    def _check_evaluation_keys(self) -> None:
-        names, every = list(self.eval_data), self.sample_interval
+    def _check_more_keys(self) -> None:
+        names, every, diag = list(self.eval_data), self.sample_interval, self.diag_interval
         distinct = all(n and "/" not in n for n in names) and len(set(names)) == len(names)
         budget = self.max_time_s is None or (math.isfinite(self.max_time_s) and self.max_time_s > 0)
         for key, ok, allowed in [
@@ -236,6 +224,8 @@ class TrainConfig:
             ("max_time_s", budget, "must be null (no time budget) or a finite number > 0 (s)"),
             ("sample_interval", every is None or every >= 1, "must be null (off) or >= 1"),
             ("sample_tokens", self.sample_tokens >= 1, "must be >= 1"),
+            ("diag_interval", diag is None or diag >= 1, "must be null (off) or >= 1"),
+            ("timing_warmup_steps", self.timing_warmup_steps >= 0, "must be >= 0"),
         ]:
             _require(ok, key, getattr(self, key), allowed)
 
