@@ -37,7 +37,7 @@ at = int(os.environ.get("NORMLAB_TEST_SIGTERM_AT", "0"))
 log = tracking.MetricsLogger.log
 def log_then_signal(self, row):
     log(self, row)
-    if row["step"] == at:
+    if at and row["step"] == at:  # 0: never (step 0 is the initial evaluation's row)
         os.kill(os.getpid(), signal.SIGTERM)
 tracking.MetricsLogger.log = log_then_signal
 from normlab.commands.train import main
@@ -136,7 +136,7 @@ def test_a_run_dir_whose_name_holds_equals_signs_resumes_by_path(tmp_path):
     assert r.returncode == 0, r.stderr  # before: Hydra's "mismatched input '='"
     s = summary(run)
     assert s["status"] == "completed" and s["resumed"]["from_step"] == 2
-    assert [row["step"] for row in tracking.read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert [row["step"] for row in tracking.read_metrics(run / "metrics.jsonl")] == [0, 1, 2, 3, 4]
 
 
 @pytest.mark.slow

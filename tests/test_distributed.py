@@ -132,7 +132,7 @@ def test_two_processes_train_like_one_write_one_run_and_stop_and_resume_together
         and summary["interrupted_at_step"] == 3
         and summary["world_size"] == 2
     )
-    assert [row["step"] for row in rows(run)] == [1, 2, 3]
+    assert [row["step"] for row in rows(run)] == [0, 1, 2, 3]  # 0: the initial evaluation
     assert [s for s, _ in ckpt.list_checkpoints(run / "checkpoints")] == [3]
     state = ckpt.load_latest(run / "checkpoints").state
     assert len(state["rng_ranks"]) == 2 and state["rng_ranks"][0]["torch"].equal(
@@ -165,7 +165,7 @@ def test_two_processes_train_like_one_write_one_run_and_stop_and_resume_together
 
     # The losses of the two runs agree to fp32 rounding, step for step, validation too.
     one, two = rows(tmp_path / "single"), rows(run)
-    assert [row["step"] for row in two] == [row["step"] for row in one] == list(range(1, 7))
+    assert [row["step"] for row in two] == [row["step"] for row in one] == list(range(0, 7))
     diff = max(
         abs(a[k] - b[k])
         for a, b in zip(one, two, strict=True)

@@ -185,7 +185,7 @@ def test_wandb_failing_to_start_or_to_log_does_not_stop_training(
     monkeypatch.setattr(wandb, "init", no_wandb)
     summary = train(cfg_tiny("logger=wandb"), tmp_path / "a", RunOptions())
     assert summary["status"] == "completed"
-    assert len((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) == 6
+    assert len((tmp_path / "a" / "metrics.jsonl").read_text().splitlines()) == 7  # steps 0-6
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "wandb" in r.message]
     assert (
         len(warnings) == 1
@@ -207,7 +207,7 @@ def test_wandb_failing_to_start_or_to_log_does_not_stop_training(
     caplog.clear()
     summary = train(cfg_tiny("logger=wandb"), tmp_path / "b", RunOptions())
     assert summary["status"] == "completed"
-    assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 6
+    assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 7
     assert sum("wandb stopped accepting metrics" in r.message for r in caplog.records) == 1
 
 
@@ -224,14 +224,14 @@ def test_a_loss_above_max_loss_ends_the_run_as_diverged(cfg_tiny, tmp_path):
 def test_an_exception_mid_run_is_recorded_as_failed_and_the_wandb_run_closed(
     cfg_tiny, tmp_path, monkeypatch
 ):
-    import normlab.training.loop as train_module
+    import normlab.training.evaluation as train_module
 
     calls = {"n": 0}
     evaluate = train_module.evaluate
 
     def evaluate_then_crash(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] == 3:  # evaluations at steps 0, 3 and 6
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return evaluate(*args, **kwargs)
 

@@ -225,8 +225,10 @@ def test_a_bpe_run_finds_its_tokenizer_in_its_token_folder_or_the_summarys(tmp_p
 def test_a_run_trained_by_the_train_cli_prints_text(tmp_path):
     run_dir = tmp_path / "run"
     overrides = [*TINY, "logger=none", "max_steps=30", "eval_interval=15", "optim.lr=3e-3"]
-    r = run_cli([*overrides, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+    r = run_cli([*overrides, "sample_interval=15", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
+    log = (run_dir / "train.log").read_text()  # samples during training go to the run's log
+    assert "sample after step 15 (prompt " in log and "sample after step 30 (prompt " in log
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "normlab.commands.sample", str(run_dir), "--device", "cpu"]
     args = ["--prompt", "KING:", "--max-new-tokens", "60", "--num-samples", "2", "--seed", "1"]
@@ -262,3 +264,90 @@ def test_a_prompt_that_does_not_survive_its_round_trip_is_refused():
     assert encode_prompt(Lowercasing(), "abc") == [97, 98, 99]
     with pytest.raises(ConfigError, match=r"differs from character 3 on \('Def' -> 'def'\)"):
         encode_prompt(Lowercasing(), "abcDef")
+
+
+# --- samples during training (sample_interval) -----------------------------------------------
+
+
+def _samples(caplog) -> dict[int, str]:
+    """``step -> text`` of the samples a run wrote to its log."""
+    out = {}
+    for r in caplog.records:
+        if r.getMessage().startswith("sample after step "):
+            head, text = r.getMessage().split("\n", 1)
+            out[int(head.split()[3])] = text
+    return out
+
+
+@pytest.mark.slow
+def test_training_samples_are_the_run_models_continuation_of_a_fixed_prompt(
+    cfg_tiny, tmp_path, caplog
+):
+    import logging
+
+    from normlab.training.evaluation import SAMPLE_PROMPT_TOKENS
+    from normlab.training.loop import train
+
+    caplog.set_level(logging.INFO, logger="normlab")
+    cfg = cfg_tiny("logger=none", "model.dropout=0.1", "sample_interval=4", "sample_tokens=12")
+    train(cfg, tmp_path / "a")
+    samples = _samples(caplog)
+    assert sorted(samples) == [4, 6]  # every 4 steps, and at the end
+    # the last one by hand: the run's final checkpoint, the first 16 validation tokens, seed 0
+    run = load_run(tmp_path / "a", device="cpu")
+    data = prepare(cfg.data)
+    prompt = [int(i) for i in data.val[:SAMPLE_PROMPT_TOKENS]]
+    g = torch.Generator().manual_seed(0)
+    out = generate(run.model, torch.tensor([prompt]), 12, 0.8, 200, g, vocab_limit=256)
+    assert samples[6] == run.tokenizer.decode(out[0].tolist())
+    assert samples[6].startswith(run.tokenizer.decode(prompt))
+    # sampling draws no global random number: with dropout on, the losses are those of a run
+    # without samples
+    train(cfg_tiny("logger=none", "model.dropout=0.1"), tmp_path / "b")
+    a, b = ([json.loads(x).get("train/loss") for x in (tmp_path / d / "metrics.jsonl").open()]
+            for d in ("a", "b"))  # fmt: skip
+    assert a == b
+
+
+def test_training_samples_go_to_a_wandb_table(cfg_tiny, tmp_path, monkeypatch):
+    import wandb
+
+    from normlab.training.loop import train
+
+    logged = []
+
+    class Recorder:
+        id = "rec"
+        summary: dict = {}
+
+        def log(self, data, step=None):
+            logged.append((step, data))
+
+        def finish(self, *a, **k):
+            pass
+
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: Recorder())
+    train(cfg_tiny("logger=wandb", "sample_interval=3", "sample_tokens=5"), tmp_path)
+    tables = [(step, d["samples"]) for step, d in logged if "samples" in d]
+    assert [step for step, _ in tables] == [3, 6]
+    last = tables[-1][1]
+    assert isinstance(last, wandb.Table) and last.columns == ["step", "prompt", "text"]
+    assert [row[0] for row in last.data] == [3, 6]  # the whole table, logged again each time
+    assert all(row[2].startswith(row[1]) for row in last.data)
+
+
+def test_a_tokenizer_that_cannot_load_costs_the_samples_not_the_run(
+    cfg_tiny, tmp_path, monkeypatch, caplog
+):
+    from normlab.data.tokens import TokenData
+    from normlab.training.loop import train
+
+    def offline(self):
+        raise DataError("the gpt2 tokenizer needs its files: offline")
+
+    monkeypatch.setattr(TokenData, "load_tokenizer", offline)
+    summary = train(cfg_tiny("logger=none", "sample_interval=2"), tmp_path)
+    assert summary["status"] == "completed" and summary["steps_done"] == 6
+    warned = [r.getMessage() for r in caplog.records if "no samples" in r.getMessage()]
+    assert warned == ["no samples: the tokenizer cannot be loaded (the gpt2 tokenizer needs its "
+                      "files: offline)"]  # fmt: skip

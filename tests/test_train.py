@@ -42,22 +42,39 @@ def test_a_tiny_run_writes_metrics_and_summary(compose_cfg, tmp_path):
     cfg = to_train_config(compose_cfg([*TINY, "logger=none", "norm=rms", "norm.impl=reference"]))
     summary = train(cfg, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]  # step 0: the initial model
     assert set(NAMES.values()) == {  # the namespaced names, written once in metrics.py
         "train/loss",
         "train/lr",
         "train/grad_norm",
         "perf/step_time_ms",
         "perf/tokens_per_s",
+        "perf/train_time_s",
         "val/loss",
+        "val/bpb",
     }
-    for key in set(NAMES.values()) - {"val/loss"}:
-        assert all(math.isfinite(r[key]) for r in rows), key
-    assert [r["step"] for r in rows if "val/loss" in r] == [3, 6]
+    for key in set(NAMES.values()) - {"val/loss", "val/bpb"}:
+        assert all(math.isfinite(r[key]) for r in rows[1:]), key
+    # step 0 is the evaluation before the first step: val keys and a training time of 0 only
+    assert set(rows[0]) == {"step", "val/loss", "val/bpb", "perf/train_time_s"}
+    assert rows[0]["perf/train_time_s"] == 0.0
+    assert rows[0]["val/loss"] == pytest.approx(math.log(256), abs=0.3)  # an untrained model
+    assert [r["step"] for r in rows if "val/loss" in r] == [0, 3, 6]
+    # byte tokens: one byte per token, so bits per byte are nats per token / ln 2 exactly
+    assert all(r["val/bpb"] == r["val/loss"] / math.log(2) for r in rows if "val/loss" in r)
+    # the training clock: the cumulative step times (ms -> s), up to and including each step
+    times = [r["perf/train_time_s"] for r in rows]
+    assert times == sorted(times) and times[-1] == pytest.approx(summary["train_time_s"])
+    for a, b in zip(rows[1:], rows[2:], strict=False):
+        delta = b["perf/train_time_s"] - a["perf/train_time_s"]
+        assert delta == pytest.approx(b["perf/step_time_ms"] / 1e3)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary))
     assert summary["status"] == "completed" and summary["steps_completed"] == 6
+    assert summary["steps_done"] == 6 and summary["stopped_by"] == "max_steps"
     assert summary["final_val_loss"] == rows[-1]["val/loss"]
+    assert summary["final_val_bpb"] == rows[-1]["val/bpb"] and summary["final_eval"] == {}
+    assert summary["tokens_per_step"] == 4 * 32 and summary["max_time_s"] is None
     assert summary["norm_impl"] == "reference" and summary["norm"]["eps"] == 1e-5
     assert (
         summary["params"] > 0 and summary["step_time_ms_p90"] >= summary["step_time_ms_median"] > 0
@@ -146,15 +163,16 @@ def test_the_host_reads_metrics_once_per_log_interval(compose_cfg, tmp_path, mon
     monkeypatch.setattr(training_step, "train_step", step_and_note)
     for name in ("item", "tolist", "__float__", "__int__", "__bool__"):
         monkeypatch.setattr(torch.Tensor, name, counting(name))
-    cfg = _tiny(compose_cfg, "max_steps=9", "log_interval=3", "eval_interval=9")
+    cfg = _tiny(compose_cfg, "max_steps=9", "log_interval=3", "eval_interval=9", "max_time_s=1e6")
     summary = train(cfg, tmp_path)
     monkeypatch.undo()
     assert summary["status"] == "completed"
-    # before step 1: build_run's checks (the norm preflight); then steps 3 and 6: one read of the
-    # 3 buffered steps each; step 9: that, and the evaluation's one
+    # before step 1: build_run's checks (the norm preflight) and the evaluation of step 0; then
+    # steps 3 and 6: one read of the 3 buffered steps each; step 9: that, and the evaluation's one
+    # (the time budget's clock and stop check read nothing: max_time_s is set, never reached)
     assert [s for s in syncs if s] == [3, 6, 9, 9] and not any(syncs[: syncs.index(3)])
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [3, 6, 9]
+    assert [r["step"] for r in rows] == [0, 3, 6, 9]
 
 
 def test_divergence_between_log_steps_is_found_at_its_exact_step(
@@ -178,7 +196,7 @@ def test_divergence_between_log_steps_is_found_at_its_exact_step(
     assert summary["last_finite_loss"] == losses[4]  # step 5's loss (one micro-batch)
     assert len(losses) == 8, "noticed at the next sync, step 8"
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [4, 6] and rows[1]["train/loss"] is None
+    assert [r["step"] for r in rows] == [0, 4, 6] and rows[2]["train/loss"] is None
     assert not list((tmp_path / "checkpoints").glob("*.pt"))
 
 
@@ -332,7 +350,7 @@ def test_a_norm_whose_statistic_overflowed_is_flagged_in_the_summary(
     flag = summary["norm_zero_rows"]
     assert flag["step"] == 1 and flag["rows"]["block0/attn_in"] == 4 * 32  # every row of the batch
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["diag/block0/attn_in_zero_rows"] == 128
+    assert rows[1]["diag/block0/attn_in_zero_rows"] == 128  # rows[0]: step 0's evaluation
     # and a healthy run has no flag
     monkeypatch.undo()
     summary = train(_tiny(compose_cfg, "max_steps=2", "diag_interval=1"), tmp_path / "ok")

@@ -37,9 +37,16 @@ from omegaconf import DictConfig
 
 from normlab.commands.overrides import value_of
 from normlab.commands.schema_keys import help_text
-from normlab.commands.train_args import check_overrides, prepare_args
+from normlab.commands.train_args import (
+    SWEPT_ENV,
+    check_overrides,
+    job_swept,
+    prepare_args,
+    swept_keys,
+)
 from normlab.commands.train_outcomes import (
     JobFailure,
+    already_completed,
     fail,
     launch_rank,
     read_summary,
@@ -50,6 +57,7 @@ from normlab.commands.train_outcomes import (
 from normlab.compose import find_conf_dir, register_schema, validate
 from normlab.config import CliConfig, ConfigError, RunOptions
 from normlab.data.corpus import DataError, corpus_files
+from normlab.data.eval_sets import check_corpus, eval_data_configs
 
 log = logging.getLogger("normlab")
 
@@ -64,8 +72,11 @@ warnings.filterwarnings(
 PATH_KEYS = ("path", "token_dir", "cache_dir")
 
 
-def to_run_options(cfg: DictConfig | CliConfig, run_dir: Path) -> RunOptions:
-    """The invocation keys of a composed config as :class:`normlab.config.RunOptions`.
+def to_run_options(
+    cfg: DictConfig | CliConfig, run_dir: Path, swept: tuple[str, ...] = ()
+) -> RunOptions:
+    """The invocation keys of a composed config as :class:`normlab.config.RunOptions`, with the
+    config folder (``eval_data``'s data configs) and a sweep job's swept ``key=value``.
 
     ``resume=<path>`` must name ``run_dir`` (``prepare_args`` makes it so) and becomes ``required``.
 
@@ -82,7 +93,8 @@ def to_run_options(cfg: DictConfig | CliConfig, run_dir: Path) -> RunOptions:
             )
         resume = "required"
     names = ("ckpt_interval", "ckpt_keep", "max_loss", "force", "threads")
-    return RunOptions(resume=resume, **{k: getattr(full, k) for k in names})
+    given = {k: getattr(full, k) for k in names}
+    return RunOptions(resume=resume, conf_dir=str(find_conf_dir()), swept=swept, **given)
 
 
 def with_launch_paths(full: CliConfig, launch_dir: Path) -> CliConfig:
@@ -127,7 +139,10 @@ def _join_ranks() -> Path:
 def _run_options(full: CliConfig, run_dir: Path) -> RunOptions:
     """:func:`to_run_options`; under a submitit launcher ``resume: null`` becomes ``auto`` so that a
     job requeued after a pre-emption or a time limit continues from its checkpoint."""
-    opts = to_run_options(full, run_dir)
+    hc = HydraConfig.get()
+    keys = [k for k in os.environ.get(SWEPT_ENV, "").split(",") if k]
+    swept = job_swept(list(hc.overrides.task), keys) if hc.mode == RunMode.MULTIRUN else ()
+    opts = to_run_options(full, run_dir, swept)
     if opts.resume is None and "submitit" in str(HydraConfig.get().launcher.get("_target_", "")):
         log.info("resume=auto: a submitit job continues from its run dir's checkpoint if requeued")
         opts = dataclasses.replace(opts, resume="auto")
@@ -157,7 +172,8 @@ def _interrupted(summary: dict[str, Any], run_dir: Path) -> None:
 
 def _checked_without_torch(cfg: DictConfig) -> CliConfig:
     """Every check that needs no torch, run before torch is imported: the schema's range checks,
-    and that a local corpus exists (unless a ``data.token_dir`` stands in for it).
+    that a local corpus exists (unless a ``data.token_dir`` stands in for it), and that every
+    held-out corpus (``eval_data``) names a data config whose files (or package) are here.
 
     Raises:
         ConfigError, DataError: one line naming the key and value.
@@ -165,6 +181,8 @@ def _checked_without_torch(cfg: DictConfig) -> CliConfig:
     full = with_launch_paths(validate(cfg), Path(HydraConfig.get().runtime.cwd))
     if full.data.format.name != "hub" and full.data.token_dir is None:
         corpus_files(full.data)
+    for name, data in eval_data_configs(list(full.eval_data), full.data, find_conf_dir()).items():
+        check_corpus(name, data)
     return full
 
 
@@ -185,7 +203,7 @@ def _task(cfg: DictConfig) -> float | JobFailure:
     try:
         opts = _run_options(full, run_dir)
         done = read_summary(run_dir) if opts.resume else {}
-        if done.get("status") == "completed" and done.get("steps_completed", 0) >= full.max_steps:
+        if already_completed(done, full):
             loss = done.get("final_val_loss")
             shown = f"{loss:.4f}" if isinstance(loss, float) else loss
             say(
@@ -256,6 +274,7 @@ def main() -> None:
         print(help_text(conf_dir))
         return
     sys.argv[1:] = _refused_before_hydra(sys.argv[1:], conf_dir)
+    os.environ[SWEPT_ENV] = ",".join(swept_keys(sys.argv[1:]))  # the progress bars' names
     scratch = None
     if launch_rank() > 0:
         scratch = tempfile.mkdtemp(prefix=f"normlab-rank{launch_rank()}-")

@@ -214,3 +214,25 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
             compose_dict(job)
         except Exception as e:  # Hydra's and OmegaConf's composition errors
             raise ConfigError(one_line(e)) from None
+
+
+#: Where ``train`` leaves the keys a multirun sweeps, for its jobs (in this process or another).
+SWEPT_ENV = "NORMLAB_SWEPT_KEYS"
+
+
+def swept_keys(args: list[str]) -> list[str]:
+    """The keys (or groups) that a multirun command line sweeps (``norm=layer,rms`` ->
+    ``norm``); none for a single run or a line that does not parse (Hydra says why)."""
+    if "-m" not in args and "--multirun" not in args:
+        return []
+    try:
+        parsed = OverridesParser.create().parse_overrides([a for a in args if not a[:1] == "-"])
+    except HydraException:
+        return []
+    return [o.key_or_group for o in parsed if o.is_sweep_override()]
+
+
+def job_swept(task_overrides: list[str], keys: list[str]) -> tuple[str, ...]:
+    """This job's ``key=value`` of the swept ``keys``, from its overrides (``hydra.overrides.task``:
+    in a multirun, the job's own values)."""
+    return tuple(o for o in task_overrides if o.split("=", 1)[0].lstrip("+~") in keys)

@@ -136,3 +136,15 @@ class KeepJobRecords(Callback):
         job_dir = Path(str(config.hydra.runtime.output_dir)).resolve()
         for name, content in self.records.get(str(job_dir), {}).items():
             (job_dir / ".hydra" / name).write_bytes(content)
+
+
+def already_completed(done: dict[str, Any], full) -> bool:
+    """Whether a run's summary ``done`` says it completed what the config ``full`` asks:
+    ``max_steps``, or a time budget of at least ``max_time_s`` (a larger budget, or none,
+    continues a run that its budget stopped)."""
+    if done.get("status") != "completed":
+        return False
+    if done.get("steps_completed", 0) >= full.max_steps:
+        return True
+    budget, spent = full.max_time_s, done.get("train_time_s") or 0.0
+    return done.get("stopped_by") == "max_time_s" and budget is not None and spent >= budget

@@ -170,6 +170,10 @@ class TrainConfig:
     debug: bool = False  # show tracebacks for user errors instead of one line
     divergence_factor: float | None = 2.0  # loss > factor x max(first loss, ln vocab): diverged
     max_skipped_fraction: float | None = 0.5  # fp16 scaler skipped more steps: not completed
+    eval_data: list[str] = field(default_factory=list)  # held-out corpora: conf/data/*.yaml names
+    max_time_s: float | None = None  # budget in training-step seconds: then evaluate and complete
+    sample_interval: int | None = None  # text sample to train.log/wandb every N steps, at the end
+    sample_tokens: int = 64  # new tokens per sample (sample_interval)
 
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, "max_steps", self.max_steps, "must be >= 1")
@@ -189,12 +193,6 @@ class TrainConfig:
         _require(self.eval_interval >= 1, "eval_interval", self.eval_interval, "must be >= 1")
         _require(self.eval_batches >= 1, "eval_batches", self.eval_batches, "must be >= 1")
         _require(self.log_interval >= 1, "log_interval", self.log_interval, "must be >= 1")
-        _require(
-            self.timing_warmup_steps >= 0,
-            "timing_warmup_steps",
-            self.timing_warmup_steps,
-            "must be >= 0",
-        )
         _require(self.seed >= 0, "seed", self.seed, "must be >= 0")
         _require(
             bool(_DEVICE.match(self.device)),
@@ -214,13 +212,22 @@ class TrainConfig:
             self.peak_tflops,
             "must be auto (the device's measured matmul peak) or a number of TFLOP/s > 0",
         )
-        _require(
-            self.diag_interval is None or self.diag_interval >= 1,
-            "diag_interval",
-            self.diag_interval,
-            "must be null (off) or >= 1",
-        )
         self.norm.check(self.model.n_layer)  # the block schedule against the model's blocks
+        self._check_more_keys()
+
+    def _check_more_keys(self) -> None:
+        names, every, diag = list(self.eval_data), self.sample_interval, self.diag_interval
+        distinct = all(n and "/" not in n for n in names) and len(set(names)) == len(names)
+        budget = self.max_time_s is None or (math.isfinite(self.max_time_s) and self.max_time_s > 0)
+        for key, ok, allowed in [
+            ("eval_data", distinct, "must be distinct data config names, e.g. [wiki_vital,kjv]"),
+            ("max_time_s", budget, "must be null (no time budget) or a finite number > 0 (s)"),
+            ("sample_interval", every is None or every >= 1, "must be null (off) or >= 1"),
+            ("sample_tokens", self.sample_tokens >= 1, "must be >= 1"),
+            ("diag_interval", diag is None or diag >= 1, "must be null (off) or >= 1"),
+            ("timing_warmup_steps", self.timing_warmup_steps >= 0, "must be >= 0"),
+        ]:
+            _require(ok, key, getattr(self, key), allowed)
 
     @property
     def tokens_per_step(self) -> int:
@@ -246,6 +253,10 @@ class RunOptions:
     resume: str | None = None
     force: bool = False
     threads: int | None = None  # torch intra-op threads; None: commands/train.py's auto rule
+    conf_dir: str | None = (
+        None  # where eval_data's conf/data/<name>.yaml are read (commands set it)
+    )
+    swept: tuple[str, ...] = ()  # "key=value" of this sweep job's swept keys (the progress bar)
 
     def __post_init__(self) -> None:
         allowed = "null, auto or required"

@@ -1,9 +1,11 @@
 """Metric names (the one place they are written) and the buffer that keeps per-step values on the
 device until a log step, where the host reads them all at once and checks them for divergence.
 
-Every row of ``metrics.jsonl`` (and of wandb) holds ``step`` and the keys of :data:`NAMES`;
-diagnostic rows add ``diag/...`` keys (``diagnostics.py``). Runs written before the rename used the
-names in :data:`OLD_NAMES`.
+Every row of ``metrics.jsonl`` (and of wandb) holds ``step`` and the keys of :data:`NAMES` but the
+``val/`` ones, which evaluation rows add (with :func:`eval_keys` per held-out corpus); the row of
+step 0 (the evaluation before the first step) holds only ``step``, ``perf/train_time_s`` (0) and
+the ``val/`` keys. Diagnostic rows add ``diag/...`` keys (``diagnostics.py``). Runs written
+before the rename used the names in :data:`OLD_NAMES`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ NAMES = {
     "grad_norm": "train/grad_norm",  # global gradient L2 norm before clipping (after unscaling)
     "step_time_ms": "perf/step_time_ms",  # wall time of the optimizer step (ms)
     "tokens_per_s": "perf/tokens_per_s",  # tokens of the step / its wall time
+    "train_time_s": "perf/train_time_s",  # training-step wall time of the run so far (s)
     "val_loss": "val/loss",  # mean loss over the fixed validation batches (nats/token)
+    "val_bpb": "val/bpb",  # the same in bits per byte: val/loss / ln 2 / bytes per token
 }
 #: New name -> the name runs written before the rename used (``train/loss`` and ``val/loss`` kept).
 OLD_NAMES = {
@@ -33,6 +37,11 @@ OLD_NAMES = {
     "perf/tokens_per_s": "tokens_per_s",
 }
 DIAG_PREFIX = "diag/"
+
+
+def eval_keys(name: str) -> tuple[str, str]:
+    """``(loss key, bpb key)`` of the held-out corpus ``name``: ``val/<name>/loss``, ``.../bpb``."""
+    return f"val/{name}/loss", f"val/{name}/bpb"
 
 
 @dataclass
@@ -103,9 +112,12 @@ class MetricsBuffer:
         lr: float,
         step_time_ms: float,
         extra: dict[str, float] | None = None,
+        train_time_s: float | None = None,
     ) -> None:
-        """Keep step ``step`` (1-based: steps done) for the next :meth:`flush`; no host sync."""
-        self._pending.append((step, lr, step_time_ms, extra or {}))
+        """Keep step ``step`` (1-based: steps done) for the next :meth:`flush`; no host sync.
+        ``train_time_s``: the run's training-step seconds up to and including this step."""
+        timed = {NAMES["train_time_s"]: train_time_s} if train_time_s is not None else {}
+        self._pending.append((step, lr, step_time_ms, {**timed, **(extra or {})}))
         self._values.append(torch.stack([loss_sum, grad_norm]))
 
     def __len__(self) -> int:

@@ -26,8 +26,11 @@ from normlab.training.checkpoint import CKPT_DIR, Loaded, list_checkpoints, load
 log = logging.getLogger(__name__)
 
 #: Config keys that may differ between a checkpoint and the run that resumes from it: they change
-#: what is displayed or logged, or when a run is judged to have failed, never a number the run
-#: computes. Every other key is hashed.
+#: what is displayed or logged, or when a run is judged to have failed or done, never a number the
+#: run computes at a step. Every other key is hashed. ``eval_data``, ``sample_*``: evaluation and
+#: sampling draw no random number and leave the weights alone (a resumed run may add a held-out
+#: corpus; rows before it lack its keys). ``max_time_s``: where a run ends, not what its steps
+#: compute (the schedule is over ``max_steps``); raising it continues a run it stopped.
 RESUME_MAY_DIFFER = (
     "progress",
     "debug",
@@ -38,6 +41,10 @@ RESUME_MAY_DIFFER = (
     "diag_interval",
     "divergence_factor",
     "max_skipped_fraction",
+    "eval_data",
+    "max_time_s",
+    "sample_interval",
+    "sample_tokens",
     "data.cache_dir",
     "data.token_dir",
     "data.num_proc",

@@ -1,16 +1,20 @@
 """A run's bookkeeping around the loop: its summary, metric sinks, step timer, metric buffer,
-progress bar, checkpoints, and the ``summary.json`` written whatever the outcome.
+progress bar, checkpoints, the stop decisions (signals, ``max_time_s``), training samples, and the
+``summary.json`` written whatever the outcome.
 
 :func:`open_run` starts it (after ``build_run``'s checks passed), :class:`Progress` is what the loop
-updates, :func:`finish` writes the summary and closes the sinks.
+updates, :func:`finish` writes the summary (``summary.py``) and closes the sinks.
+
+The time budget's clock, ``Progress.train_time_s``: the sum of the training steps' wall times as
+the step timer measures them (``tracking.StepTimer``: from before the step's first forward to
+after its optimizer step), every step counted, warm-up and diagnosed ones too; evaluation,
+checkpoints, samples, logging and the host syncs between steps are not. It is kept in checkpoints,
+so a resumed run continues the same clock.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,35 +23,26 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from normlab.config import RunOptions
+from normlab.data.corpus import DataError
 from normlab.training import distributed
 from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
 from normlab.training.diagnostics import ZERO_ROWS_SUFFIX
+from normlab.training.evaluation import training_sample
 from normlab.training.metrics import DIAG_PREFIX, NAMES, Divergence, Limits, MetricsBuffer
 from normlab.training.peak import resolve_peak
-from normlab.training.resume import config_hash, rng_state
-from normlab.training.setup import versions
+from normlab.training.resume import rng_state
 from normlab.training.step import Run
-from normlab.training.tracking import MetricsLogger, StepTimer
+from normlab.training.summary import outcome_keys, start_summary, write_summary
+from normlab.training.tracking import MetricsLogger, NoSink, StepTimer, variant_label
 
 log = logging.getLogger(__name__)
-
-
-class NoSink:
-    """What ranks > 0 log to: nothing (rank 0 writes metrics.jsonl and wandb)."""
-
-    wandb_run_id = None
-
-    def log(self, row: dict[str, Any]) -> None:
-        pass
-
-    def finish(self, summary: dict[str, Any], exit_code: int = 0) -> None:
-        pass
 
 
 @dataclass
 class Progress:
     """What the loop updates: ``step`` (0-based, being worked on), ``done`` (steps done), the last
-    validation loss, the metric buffer and timer, the summary; and where rows and checkpoints go."""
+    evaluation (``val_loss``, and ``val_row``: its ``val/`` keys), the training time, the metric
+    buffer and timer, the summary; and where rows, samples and checkpoints go."""
 
     run_dir: Path
     opts: RunOptions
@@ -64,7 +59,10 @@ class Progress:
     log_interval: int = 1
     diag_interval: int | None = None
     max_skipped_fraction: float | None = None
-    val_key: str = field(default=NAMES["val_loss"])
+    val_row: dict[str, Any] = field(default_factory=dict)
+    train_time_s: float = 0.0  # the max_time_s clock (module docstring)
+    sample_interval: int | None = None
+    tokenizer: Any = None  # for samples, loaded at the first one
 
     def diag_due(self, done: int) -> bool:
         return bool(self.diag_interval) and done % self.diag_interval == 0
@@ -75,6 +73,38 @@ class Progress:
     @staticmethod
     def ckpt_due(done: int, interval: int) -> bool:
         return bool(interval) and done % interval == 0
+
+    def sample_due(self, done: int, last: bool) -> bool:
+        return bool(self.sample_interval) and (done % self.sample_interval == 0 or last)
+
+    def set_eval(self, row: dict[str, Any]) -> None:
+        """Keep an evaluation's ``val/`` keys (:func:`~normlab.training.evaluation.eval_row`)."""
+        self.val_row, self.val_loss = row, row[NAMES["val_loss"]]
+
+    def log_initial_eval(self, row: dict[str, Any]) -> None:
+        """Log the evaluation of the initial model as the row of step 0 (training time 0)."""
+        self.set_eval(row)
+        self.sink.log({"step": 0, NAMES["train_time_s"]: 0.0, **row})
+        self.bar.set_postfix(val=f"{self.val_loss:.3f}")
+
+    def out_of_time(self, max_time_s: float | None) -> bool:
+        """The time budget is spent on any rank (an all-reduce with a budget and several ranks)."""
+        late = max_time_s is not None and self.train_time_s >= max_time_s
+        return max_time_s is not None and bool(distributed.all_reduce_max(int(late)))
+
+    def sample(self, run: Run, done: int) -> None:
+        """A text sample after step ``done`` (rank 0) to train.log and the sink's table."""
+        if not distributed.is_main() or not self.sample_interval:
+            return
+        try:
+            self.tokenizer = self.tokenizer or run.data.load_tokenizer()
+        except DataError as e:  # samples never stop training
+            log.warning("no samples: the tokenizer cannot be loaded (%s)", e)
+            self.sample_interval = None
+            return
+        prompt, text = training_sample(run, self.tokenizer)
+        log.info("sample after step %d (prompt %r):\n%s", done, prompt, text)
+        self.sink.log_sample(done, prompt, text)
 
     def log_rows(self, rows: list[dict[str, Any]], last_logged: bool) -> None:
         """Log the rows of log steps (and the last row when ``last_logged``); move the bar; flag the
@@ -124,9 +154,10 @@ class Progress:
             self.done,
         )
 
-    def complete(self) -> None:
-        """The loop reached ``max_steps``: ``completed``, unless the fp16 grad scaler skipped every
-        optimizer step or more than ``max_skipped_fraction`` of them (then ``diverged``)."""
+    def complete(self, stopped_by: str = "max_steps") -> None:
+        """The loop reached ``max_steps`` or the time budget (``stopped_by``): ``completed``, unless
+        the fp16 grad scaler skipped every optimizer step or more than ``max_skipped_fraction`` of
+        them (then ``diverged``)."""
         skipped, steps, frac = self.metrics.skipped_steps, self.done, self.max_skipped_fraction
         if skipped and (skipped >= steps or (frac is not None and skipped > frac * steps)):
             limit = "every step" if frac is None else f"max_skipped_fraction={frac:g}"
@@ -141,7 +172,7 @@ class Progress:
             )
             log.error("run did not train: %s", self.summary["diverged_reason"])
             return
-        self.summary["status"] = "completed"
+        self.summary.update(status="completed", stopped_by=stopped_by)
 
     def save(self, run: Run, done: int) -> None:
         """Checkpoint after step ``done`` (rank 0 writes; every rank's RNG state goes in it);
@@ -161,6 +192,8 @@ class Progress:
             "config_hash": self.summary["config_hash"],
             "wandb_run_id": self.sink.wandb_run_id,
             "val_loss": self.val_loss,
+            "val_row": self.val_row,
+            "train_time_s": self.train_time_s,
             "last_finite_loss": self.metrics.last_finite_loss,
             "first_loss": self.metrics.first_loss,
             "skipped_steps": self.metrics.skipped_steps,
@@ -179,42 +212,12 @@ class Progress:
         return self.wall_before + time.perf_counter() - self.t_start
 
 
-def _summary(run: Run, opts: RunOptions) -> dict[str, Any]:
-    cfg = run.cfg
-    summary: dict[str, Any] = {
-        "status": "running",
-        "seed": cfg.seed,
-        "max_steps": cfg.max_steps,
-        "norm": run.config_dict["norm"],
-        "norm_impl": cfg.norm.impl.name,
-        "precision": cfg.precision.dtype.name,
-        "params": run.model.num_params(),
-        "device": str(run.device),
-        "world_size": distributed.world_size(),
-        "versions": versions(run.device, cfg.compile),
-        "preflight": run.preflight,
-        "data": {"cache": str(run.data.directory), "tokens": run.data.meta["tokens"]},
-        "config": run.config_dict,
-        "config_hash": config_hash(run.config_dict),
-        "run_options": dataclasses.asdict(opts),
-    }
-    if run.resume:
-        summary["resumed"] = {
-            "from_step": run.start,
-            "checkpoint": run.resume.path.name,
-            "skipped": run.resume.skipped,
-            "forced_config_diff": run.forced_diff,
-        }
-        log.info("resuming from %s at step %d", run.resume.path, run.start)
-    return summary
-
-
 def open_run(run: Run, run_dir: Path, opts: RunOptions) -> Progress:
     """Start a run's bookkeeping: summary, metrics sinks (rank 0), timer, metric buffer, bar; then
     restore (resumed run) or derive (ranks > 0) the RNG streams, last: wandb may draw numbers."""
     t_start = time.perf_counter()
     cfg, state, main, world = run.cfg, run.state, distributed.is_main(), distributed.world_size()
-    summary = _summary(run, opts)
+    summary = start_summary(run, opts)
     log.info(
         "model %s: %.2fM parameters, norm %s/%s on %s%s",
         cfg.model.name,
@@ -245,7 +248,7 @@ def open_run(run: Run, run_dir: Path, opts: RunOptions) -> Progress:
     bar = tqdm(
         total=cfg.max_steps,
         initial=run.start,
-        desc=f"{cfg.norm.kind.name}/{cfg.norm.impl.name}",
+        desc=variant_label(cfg, opts.swept),
         unit="step",
         disable=not (cfg.progress and main),
         dynamic_ncols=True,
@@ -257,6 +260,8 @@ def open_run(run: Run, run_dir: Path, opts: RunOptions) -> Progress:
         distributed.seed_rank(cfg.seed, run.start)  # ranks > 0: their own dropout masks
     p = Progress(run_dir, opts, summary, sink, timer, metrics, bar, t_start)
     p.wall_before, p.val_loss = state.get("wall_time_s", 0.0), state.get("val_loss")
+    p.val_row, p.train_time_s = state.get("val_row") or {}, state.get("train_time_s", 0.0)
+    p.sample_interval = cfg.sample_interval
     p.step = p.done = run.start
     p.log_interval, p.diag_interval = cfg.log_interval, cfg.diag_interval
     p.max_skipped_fraction = cfg.max_skipped_fraction
@@ -272,6 +277,7 @@ def finish(run: Run, p: Progress, run_dir: Path) -> None:
     tokens_per_step = run.cfg.tokens_per_step  # global: every rank's micro-batches
     flops_per_step = run.model.flops_per_token() * tokens_per_step
     peak = resolve_peak(run.cfg.peak_tflops, run.device, run.cfg.precision.dtype.name)
+    p.summary.update(outcome_keys(run, p))
     p.summary.update(
         **peak,
         steps_completed=p.step if status == "failed" else p.done,
@@ -288,10 +294,3 @@ def finish(run: Run, p: Progress, run_dir: Path) -> None:
             write_summary(run_dir, p.summary)
     finally:
         p.sink.finish(p.summary, exit_code=0 if status == "completed" else 1)
-
-
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    """Write ``summary.json`` atomically: a kill while writing leaves the previous one."""
-    tmp = run_dir / f".summary.json.tmp{os.getpid()}"
-    tmp.write_text(json.dumps(summary, indent=2))
-    os.replace(tmp, run_dir / "summary.json")

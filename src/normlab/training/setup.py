@@ -3,8 +3,9 @@
 Training, ``normlab-bench step``, the norm-cost and fp16 studies and the tests all build their
 model, optimizer, batches and scaler here, so what they measure is what ``train`` trains.
 
-Every check that can refuse a run comes first, before anything is built or written: the device,
-the norm implementation, the precision, the norm's preflight against its oracle, the token cache,
+Every check that can refuse a run comes first, before anything is built or written: the held-out
+corpora's names (``eval_data``), the device, the norm implementation, the precision, the norm's
+preflight against its oracle, the token cache (and the held-out corpora's, prepared like it),
 the vocabulary, ``optim.grad_accum`` against the number of processes, the checkpoint to resume from
 and its config and model shape, the free space for checkpoints, and (with ``torch.compile``) the
 rule that compilation never falls back to eager silently. Then the model is built from the seed,
@@ -23,12 +24,14 @@ from typing import Any
 import torch
 
 from normlab.config import ConfigError, NormImpl, RunOptions, TrainConfig, to_plain
+from normlab.data.eval_sets import eval_data_configs
 from normlab.data.tokens import BatchSampler, prepare
 from normlab.model import GPT
 from normlab.norms import resolve_norm
 from normlab.norms.preflight import preflight
 from normlab.training import distributed
 from normlab.training.distributed import resolve_device, seed_everything
+from normlab.training.evaluation import build_eval_sets
 from normlab.training.precision import check_precision, grad_scaler
 from normlab.training.resume import check_free_space, check_resumable, find_resume_point
 from normlab.training.step import Run, make_optimizer
@@ -90,12 +93,14 @@ def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | 
     opts = opts or RunOptions()
     # --- every refusing check: nothing below them is built or written if one fails
     _check_grad_accum(cfg)
+    eval_cfgs = eval_data_configs(list(cfg.eval_data), cfg.data, opts.conf_dir)
     device = resolve_device(cfg.device)
     norm_cfg = resolve_norm(cfg.norm, device.type)
     check_precision(cfg.precision.dtype, device)
     # the norms see the fp32 residual stream whatever the autocast dtype (see norms/preflight.py)
     norm_check = preflight(norm_cfg, cfg.model.d_model, device, torch.float32)
     data = prepare(cfg.data)
+    evals = build_eval_sets(cfg, eval_cfgs, data.directory, device)  # tokenized like the data
     vocab = cfg.model.vocab_size or data.vocab_size
     if vocab < data.vocab_size:
         raise ConfigError(
@@ -131,7 +136,7 @@ def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | 
     sampler = BatchSampler(data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, device)
     return Run(
         cfg, device, data, model, ddp, fwd, eval_fwd, optimizer, scaler, sampler, config_dict,
-        norm_check, resume, forced, state,
+        norm_check, resume, forced, state, evals,
     )  # fmt: skip
 
 

@@ -40,7 +40,8 @@ class Run:
     ``model`` holds the parameters (saved, clipped, diagnosed); ``ddp`` is ``model`` wrapped in
     DistributedDataParallel with several processes, else ``model``; ``fwd`` is ``ddp`` or
     ``torch.compile(ddp)``; ``eval_fwd`` what validation calls. ``state`` is the loop state of the
-    checkpoint resumed from (``step``, ``val_loss``, ...; empty for a new run).
+    checkpoint resumed from (``step``, ``val_loss``, ...; empty for a new run). ``evals``: the
+    held-out corpora (``eval_data``), scored at every evaluation.
     """
 
     cfg: TrainConfig
@@ -58,6 +59,7 @@ class Run:
     resume: Loaded | None = None
     forced_diff: list[str] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
+    evals: list[Any] = field(default_factory=list)  # evaluation.EvalSet per eval_data corpus
 
     @property
     def start(self) -> int:

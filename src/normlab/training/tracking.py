@@ -89,6 +89,21 @@ class StepTimer:
         }
 
 
+def variant_label(cfg: TrainConfig, swept: tuple[str, ...] | list[str] = ()) -> str:
+    """The progress bar's name of a run: the norm design with its implementation
+    (:func:`~normlab.config.schedule.norm_tag`) and the precision, then the swept ``key=value`` of
+    a sweep job that the design does not show, and the seed, e.g.
+    ``rms-cpp-pre-fp32 optim.lr=0.001 seed=1``."""
+    tag = f"{norm_tag(to_plain(cfg.norm), impl=True)}-{cfg.precision.dtype.name}"
+    shown = {"norm", "precision", "precision.dtype", "seed"} | {f"norm.{k}" for k in _TAGGED}
+    extra = [s for s in swept if s.split("=", 1)[0].lstrip("+").split(".positions")[0] not in shown]
+    return " ".join([tag, *extra, f"seed={cfg.seed}"])
+
+
+#: The norm keys that :func:`~normlab.config.schedule.norm_tag` shows (a swept one is not repeated).
+_TAGGED = ("kind", "impl", "placement", "qk", "embedding", "blocks", "positions")
+
+
 def run_names(cfg: TrainConfig) -> tuple[str, str]:
     """``(group, name)`` for wandb: the variant (model, the norm design of
     :func:`~normlab.config.schedule.norm_tag`: kind[schedule], impl, placement, qk, embedding,
@@ -99,6 +114,21 @@ def run_names(cfg: TrainConfig) -> tuple[str, str]:
     group = cfg.logger.group or variant
     name = cfg.logger.name or f"{variant}-seed{cfg.seed}"
     return group, name
+
+
+class NoSink:
+    """What ranks > 0 log to: nothing (rank 0 writes metrics.jsonl and wandb)."""
+
+    wandb_run_id = None
+
+    def log(self, row: dict[str, Any]) -> None:
+        pass
+
+    def log_sample(self, step: int, prompt: str, text: str) -> None:
+        pass
+
+    def finish(self, summary: dict[str, Any], exit_code: int = 0) -> None:
+        pass
 
 
 def _finite_or_none(v: Any) -> Any:
@@ -132,6 +162,7 @@ class MetricsLogger:
         self._file = self.path.open("a" if resume_step is not None else "w", buffering=1)
         self._write_failed = False
         self._wandb_run = None
+        self._samples: list[list[Any]] = []
         if cfg.logger.kind == LoggerKind.wandb:
             self._wandb_run = self._start_wandb(run_dir, cfg, config_dict, wandb_run_id)
         self.wandb_run_id: str | None = (
@@ -184,6 +215,20 @@ class MetricsLogger:
                     "wandb stopped accepting metrics (%s); continuing with metrics.jsonl", e
                 )
                 self._wandb_run = None
+
+    def log_sample(self, step: int, prompt: str, text: str) -> None:
+        """Add a text sample to the wandb table ``samples`` (columns step, prompt, text; the whole
+        table is logged again each time: a wandb table cannot grow after it is logged)."""
+        if self._wandb_run is None:
+            return
+        self._samples.append([step, prompt, text])
+        try:
+            import wandb
+
+            table = wandb.Table(columns=["step", "prompt", "text"], data=list(self._samples))
+            self._wandb_run.log({"samples": table}, step=step)
+        except Exception as e:
+            log.warning("wandb did not take the sample of step %d (%s)", step, e)
 
     def finish(self, summary: dict[str, Any], exit_code: int = 0) -> None:
         """Write the summary to wandb and close both sinks (always, whatever fails)."""
