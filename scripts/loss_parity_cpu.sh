@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The loss-parity experiment on a CPU, end to end: the 6-job sweep (with the held-out corpora
-# wiki_vital and kjv evaluated at every evaluation, and a time budget that a quiet machine does not
-# reach), then the interleaved step benchmark of its two variants in one process (A B B A ...,
+# wiki_vital and kjv evaluated at every evaluation: the experiment file's eval_data), then the
+# interleaved step benchmark of its two variants in one process (A B B A ...,
 # written to <sweep>/step_bench.json: the report's speed verdict), then the report.
 #   bash scripts/loss_parity_cpu.sh [extra train overrides...]
 #   MAX_TIME_S=90 bash scripts/loss_parity_cpu.sh     # equal wall-clock: runs end at 90 s of training
@@ -13,8 +13,8 @@ start=$(date +%s)
 # the jobs' thread count (train's threads=null: $OMP_NUM_THREADS, else half the cores), for the bench
 threads=${OMP_NUM_THREADS:-$(( $(nproc) / 2 ))}
 [ "$threads" -ge 1 ] || threads=1
-train experiment=loss_parity_cpu hydra.sweep.dir="$sweep" progress=false \
-  "eval_data=[wiki_vital,kjv]" max_time_s="${MAX_TIME_S:-300}" "$@"
+budget=(); [ -z "${MAX_TIME_S:-}" ] || budget=("max_time_s=$MAX_TIME_S")
+train experiment=loss_parity_cpu hydra.sweep.dir="$sweep" progress=false "${budget[@]}" "$@"
 normlab-bench step experiment=loss_parity_cpu "$@" --a norm=layer --b norm=rms \
   --pairs "${BENCH_PAIRS:-30}" --warmup 5 --threads "$threads" --json "$sweep/step_bench.json"
 normlab-report "$sweep"
