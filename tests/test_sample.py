@@ -351,3 +351,45 @@ def test_a_tokenizer_that_cannot_load_costs_the_samples_not_the_run(
     warned = [r.getMessage() for r in caplog.records if "no samples" in r.getMessage()]
     assert warned == ["no samples: the tokenizer cannot be loaded (the gpt2 tokenizer needs its "
                       "files: offline)"]  # fmt: skip
+
+
+def _old_names(state: dict) -> dict:
+    """A state dict as checkpoints had it before norms were named by position."""
+    new = {"attn_in": "norm1", "mlp_in": "norm2", "attn_out": "norm1", "mlp_out": "norm2"}
+    out = {}
+    for k, v in state.items():
+        parts = k.split(".")
+        if parts[0] == "blocks" and parts[2] in new:
+            parts[2] = new[parts[2]]
+        elif parts[0] == "final":
+            parts[0] = "norm_f"
+        out[".".join(parts)] = v
+    return out
+
+
+def test_a_checkpoint_with_the_old_norm_names_samples_with_the_same_weights(
+    tmp_path, cfg_tiny, one_thread
+):
+    run_dir = tmp_path / "run"
+    model = _write_run(run_dir, cfg_tiny("norm=rms", "norm.impl=torch"))
+    ckpt = next((run_dir / CKPT_DIR).iterdir())
+    state = torch.load(ckpt, weights_only=True)
+    state["model"] = _old_names(state["model"])
+    assert "blocks.0.norm1.weight" in state["model"] and "norm_f.weight" in state["model"]
+    ckpt.unlink()
+    save_checkpoint(run_dir / CKPT_DIR, state, keep=2)
+    run = load_run(run_dir, "cpu")
+    idx = torch.randint(0, 256, (1, CONTEXT))
+    torch.testing.assert_close(run.model(idx)[0], model(idx)[0], rtol=0, atol=0)
+
+
+def test_an_old_post_norm_checkpoint_with_a_final_norm_is_refused_in_one_line():
+    from normlab.training.checkpoint import upgrade_model_state
+
+    old = {"blocks.0.norm1.weight": torch.ones(4), "norm_f.weight": torch.ones(4)}
+    with pytest.raises(ValueError, match="post-norm checkpoint has a final norm"):
+        upgrade_model_state(old, "post")
+    renamed = upgrade_model_state({"blocks.3.norm2.bias": torch.zeros(4)}, "post")
+    assert list(renamed) == ["blocks.3.mlp_out.bias"]
+    current = {"blocks.0.attn_in.weight": torch.ones(4)}
+    assert upgrade_model_state(current, "pre") is current

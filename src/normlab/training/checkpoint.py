@@ -164,3 +164,39 @@ def load_latest(directory: Path, map_location: str | torch.device = "cpu") -> Lo
         out.path = path
         break
     return out
+
+
+#: Norm module names of checkpoints written before norms were named by position (normlab.model):
+#: ``blocks.{i}.norm1`` / ``norm2`` and ``norm_f``, by the placement they were trained with.
+_OLD_NORM_NAMES = {
+    "pre": {"norm1": "attn_in", "norm2": "mlp_in"},
+    "post": {"norm1": "attn_out", "norm2": "mlp_out"},
+}
+_OLD_NAME = re.compile(r"^(blocks\.\d+\.)(norm1|norm2)\.|^norm_f\.")
+
+
+def upgrade_model_state(state: dict[str, Any], placement: str) -> dict[str, Any]:
+    """A model state dict with the norm names of older checkpoints (``norm1``, ``norm2``,
+    ``norm_f``) renamed to the position names (``attn_in`` / ``mlp_in`` for pre-norm, ``attn_out``
+    / ``mlp_out`` for post-norm, ``final``); a state without old names is returned as it is.
+
+    Raises:
+        ValueError: a post-norm checkpoint with a final norm (``norm_f``): post-norm has none
+            since norms were named by position, so those weights fit no current model.
+    """
+    if not any(_OLD_NAME.match(k) for k in state):
+        return state
+    if placement == "post" and any(k.startswith("norm_f.") for k in state):
+        raise ValueError(
+            "this post-norm checkpoint has a final norm (norm_f), which post-norm models no longer"
+            " have: it cannot be loaded into the current model"
+        )
+    names = _OLD_NORM_NAMES[placement]
+
+    def rename(key: str) -> str:
+        if key.startswith("norm_f."):
+            return "final." + key.removeprefix("norm_f.")
+        m = _OLD_NAME.match(key)
+        return key if m is None else f"{m[1]}{names[m[2]]}.{key[m.end() :]}"
+
+    return {rename(k): v for k, v in state.items()}

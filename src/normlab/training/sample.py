@@ -41,7 +41,7 @@ from normlab.data.shards import META
 from normlab.data.tokens import prepare, token_dir
 from normlab.model import GPT
 from normlab.norms import resolve_norm
-from normlab.training.checkpoint import CKPT_DIR, load_latest
+from normlab.training.checkpoint import CKPT_DIR, load_latest, upgrade_model_state
 from normlab.training.distributed import resolve_device
 from normlab.training.resume import shape_mismatches
 
@@ -188,12 +188,16 @@ def load_run(run_dir: Path, device: str = "auto", norm_impl: NormImpl | None = N
     norm = _norm(config.get("norm"), dev.type, norm_impl)
     data = _build(DataConfig, "data", config.get("data"))
     model = GPT(model_cfg, norm)
-    mismatched = shape_mismatches(model, loaded.state["model"])
+    try:  # checkpoints from before norms were named by position
+        weights = upgrade_model_state(loaded.state["model"], norm.placement.name)
+    except ValueError as e:
+        raise ConfigError(f"{loaded.path}: {e}") from None
+    mismatched = shape_mismatches(model, weights)
     if mismatched:
         raise ConfigError(
             f"{loaded.path} holds weights that do not fit its config: {'; '.join(mismatched[:3])}"
         )
-    model.load_state_dict(loaded.state["model"])
+    model.load_state_dict(weights)
     model.to(dev).eval()
     tokenizer = run_tokenizer(data, run_dir)
     if tokenizer.n_vocab > model_cfg.vocab_size:
