@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The loss-parity experiment on a CPU, end to end: the 6-job sweep (with the held-out corpora
-# wiki_vital and kjv evaluated at every evaluation: eval_data), then the
+# wiki_vital and kjv evaluated at every evaluation: eval_data in the experiment file), then the
 # interleaved step benchmark of its two variants in one process (A B B A ...,
 # written to <sweep>/step_bench.json: the report's speed verdict), then the report.
 #   bash scripts/loss_parity_cpu.sh [extra train overrides...]
@@ -15,7 +15,7 @@ threads=${OMP_NUM_THREADS:-$(( $(nproc) / 2 ))}
 [ "$threads" -ge 1 ] || threads=1
 budget=(); [ -z "${MAX_TIME_S:-}" ] || budget=("max_time_s=$MAX_TIME_S")
 train experiment=loss_parity_cpu hydra.sweep.dir="$sweep" progress=false \
-  "eval_data=[wiki_vital,kjv]" "${budget[@]}" "$@"
+  "${budget[@]}" "$@"
 normlab-bench step experiment=loss_parity_cpu "$@" --a norm=layer --b norm=rms \
   --pairs "${BENCH_PAIRS:-30}" --warmup 5 --threads "$threads" --json "$sweep/step_bench.json"
 normlab-report "$sweep"

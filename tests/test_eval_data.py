@@ -207,6 +207,17 @@ def test_a_missing_corpus_package_is_one_line_naming_the_pip_command(tmp_path):
     assert not list(tmp_path.rglob("metrics.jsonl")), "nothing trained"
 
 
+def test_without_a_conf_dir_eval_data_resolves_in_the_config_folder_every_tool_uses(monkeypatch):
+    """``build_run`` without ``RunOptions(conf_dir=...)`` (the studies, the bench) finds the
+    names ``train`` finds: the same files, so the same configs; an unknown name is still refused."""
+    monkeypatch.delenv("NORMLAB_CONF_DIR", raising=False)
+    assert eval_data_configs(["kjv"], DataConfig(), None) == eval_data_configs(
+        ["kjv"], DataConfig(), CONF_DIR
+    )
+    with pytest.raises(ConfigError, match="there is no data config 'bible'"):
+        eval_data_configs(["bible"], DataConfig(), None)
+
+
 @pytest.mark.slow
 def test_the_packaged_held_out_corpora_in_a_real_run(tmp_path, cfg_tiny):
     """The Wikipedia summaries and the KJV, as the README sweep uses them (byte tokens)."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -73,6 +75,10 @@ def test_a_tiny_run_writes_metrics_and_summary(compose_cfg, tmp_path):
     assert summary["status"] == "completed" and summary["steps_completed"] == 6
     assert summary["steps_done"] == 6 and summary["stopped_by"] == "max_steps"
     assert summary["final_val_loss"] == rows[-1]["val/loss"]
+    # the host CPU's model name and core count, from /proc/cpuinfo, beside the versions
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = next(x.split(":", 1)[1].strip() for x in cpuinfo.splitlines() if "model name" in x)
+    assert summary["versions"]["cpu_model"] == f"{model} ({os.cpu_count()} cores)"
     assert summary["final_val_bpb"] == rows[-1]["val/bpb"] and summary["final_eval"] == {}
     assert summary["tokens_per_step"] == 4 * 32 and summary["max_time_s"] is None
     assert summary["norm_impl"] == "reference" and summary["norm"]["eps"] == 1e-5

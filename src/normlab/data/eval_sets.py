@@ -68,20 +68,22 @@ def eval_data_configs(
 ) -> dict[str, DataConfig]:
     """``name -> DataConfig`` for every held-out corpus, in the order given.
 
-    ``conf_dir`` is the config folder that holds ``data/<name>.yaml`` (``train`` passes its own).
+    ``conf_dir`` is the config folder that holds ``data/<name>.yaml`` (``train`` passes its own);
+    ``None`` means the one every tool composes from (:func:`normlab.compose.find_conf_dir`), so a
+    run built in-process (``build_run`` without a ``conf_dir``: the studies, the tests) resolves
+    the same names as ``train``.
 
     Raises:
-        ConfigError: no ``conf_dir`` while ``names`` is not empty, a name without a file (the
-            message lists the allowed names), a file that is no complete data config, or a value
-            out of range (one line each).
+        ConfigError: a name without a file (the message lists the allowed names), a file that is
+            no complete data config, or a value out of range (one line each).
+        FileNotFoundError: ``conf_dir`` is ``None`` and no config folder can be found.
     """
     if not names:
         return {}
     if conf_dir is None:
-        raise ConfigError(
-            "eval_data needs the config folder that holds data/<name>.yaml: "
-            "RunOptions(conf_dir=...) (the train command sets it)"
-        )
+        from normlab.compose import find_conf_dir  # Hydra's import only when it is needed
+
+        conf_dir = find_conf_dir()
     out = {}
     for name in names:
         values = _read(name, Path(conf_dir))

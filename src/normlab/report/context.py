@@ -111,7 +111,11 @@ def build_context(included: dict[str, list[Run]], baseline: str, margin: float) 
     setting = {k: _values(runs, k) for k in keys}
     versions = [(r.summary or {}).get("versions") or {} for r in runs]
     setting["device"] = list(dict.fromkeys(str((r.summary or {}).get("device")) for r in runs))
-    models = (v.get("cpu_model") or v.get("device") for v in versions)  # cpu_model: if recorded
+    devices = [str((r.summary or {}).get("device")) for r in runs]
+    models = (  # the GPU's name on CUDA; on a CPU its model name (cpu_model: runs since 2026-12)
+        v.get("device") if d.startswith("cuda") else v.get("cpu_model") or v.get("device")
+        for v, d in zip(versions, devices, strict=True)
+    )
     setting["device model"] = list(dict.fromkeys(map(str, models)))
     setting["torch"] = list(dict.fromkeys(str(v.get("torch")) for v in versions))
     threads = [((r.summary or {}).get("run_options") or {}).get("threads") for r in runs]

@@ -32,6 +32,7 @@ from normlab.norms.preflight import preflight
 from normlab.training import distributed
 from normlab.training.distributed import resolve_device, seed_everything
 from normlab.training.evaluation import build_eval_sets
+from normlab.training.peak import device_name
 from normlab.training.precision import check_precision, grad_scaler
 from normlab.training.resume import check_free_space, check_resumable, find_resume_point
 from normlab.training.step import Run, make_optimizer
@@ -141,7 +142,9 @@ def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | 
 
 
 def versions(device: torch.device, compiled: bool) -> dict[str, Any]:
-    """Versions and hardware that change numbers, recorded with every run."""
+    """Versions and hardware that change numbers, recorded with every run: ``device`` (the CUDA
+    device name or ``platform.processor()``) and ``cpu_model`` (the host CPU's model name and core
+    count from ``/proc/cpuinfo``: the report's device line, since CPU figures depend on it)."""
     try:
         import triton
 
@@ -155,6 +158,7 @@ def versions(device: torch.device, compiled: bool) -> dict[str, Any]:
         "triton": triton_version,
         "cuda": torch.version.cuda,
         "device": name or platform.processor() or "cpu",
+        "cpu_model": device_name(torch.device("cpu")),
         "compile": compiled,
     }
 
