@@ -63,7 +63,7 @@ MISSPELLED = [
     ),
     (
         ["norm.kind=rsm"],
-        "norm.kind=rsm is not allowed: did you mean norm.kind=rms? (allowed: layer, rms, dyt)",
+        "norm.kind=rsm is not allowed (allowed: layer, rms, dyt); did you mean norm.kind=rms?",
     ),
     (
         ["max_steps=ten"],

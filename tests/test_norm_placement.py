@@ -3,6 +3,8 @@ what they say, each option changes the outputs, and bad values stop ``train`` wi
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ from normlab.config import ModelConfig, NormConfig, NormImpl, NormKind, Placemen
 from normlab.model import GPT
 from normlab.norms import resolve_norm
 from normlab.training.diagnostics import named_norms
+from normlab.training.loop import train
 
 from .conftest import run_cli
 
@@ -135,3 +138,13 @@ def test_an_unknown_placement_or_qk_value_stops_train_with_one_line(tmp_path, ov
     assert res.returncode == 2 and len(err.splitlines()) == 1, err
     assert all(s in err for s in shown), err
     assert not (tmp_path / "outputs").exists() or not any((tmp_path / "outputs").rglob("*.pt"))
+
+
+def test_the_startup_line_names_the_norm_design_beside_kind_and_impl(tmp_path, cfg_tiny, caplog):
+    """train.log's first line says which design trained: placement, QK-norm, schedule."""
+    cfg = cfg_tiny("logger=none", "max_steps=1", "norm=rms", "norm.impl=reference",
+                   "norm.placement=peri", "norm.qk=head", "norm.blocks=0:layer")  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="normlab"):
+        train(cfg, tmp_path)
+    line = next(r.getMessage() for r in caplog.records if "parameters, norm" in r.getMessage())
+    assert "norm rms/reference (design rms[0:layer]-peri-qkhead) on cpu" in line, line

@@ -146,7 +146,7 @@ def test_bad_option_values_are_one_config_error_line(fields, line):
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["norm.cast=foo"], "norm.cast=foo is not allowed: (allowed: before_weight, after_weight)"),
+        (["norm.cast=foo"], "norm.cast=foo is not allowed (allowed: before_weight, after_weight)"),
         (
             ["norm=dyt", "norm.alpha_init=-0.5"],
             "norm.alpha_init=-0.5 is not allowed: must be a finite number > 0 "

@@ -5,6 +5,7 @@ paired difference per step and robust figure limits."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,13 @@ import pytest
 from normlab.commands.report import main
 from normlab.report import METRIC_RENAMES, ReportError, build_report, load_runs
 from normlab.report.runs import normalise_row
-from normlab.report.series import between_runs_problem, paired_curve, robust_limits, timing_check
+from normlab.report.series import (
+    between_runs_problem,
+    loss_limits,
+    paired_curve,
+    robust_limits,
+    timing_check,
+)
 
 from .test_report import make_sweep, write_run
 
@@ -222,3 +229,15 @@ def test_robust_limits_by_hand():
     assert robust_limits([100.0 + i % 10 for i in range(100)] + [22000.0] * 5) == pytest.approx(
         (97.8, 124.2)
     )
+
+
+def test_the_initial_models_loss_does_not_set_the_loss_axis():
+    steps = np.array([0.0, 50, 100, 150])
+    a, b = np.array([5.6, 2.6, 2.2, 2.0]), np.array([5.5, 2.5, 2.1, 1.9])
+    # top: 2.6 (step 0 left out), bottom: 1.9; padded by 5% of 0.7
+    assert loss_limits([(steps, a), (steps, b)]) == pytest.approx((1.865, 2.635))
+    # a curve of 2 points keeps both: nothing to zoom to without the first
+    assert loss_limits([(steps[:2], a[:2])]) == pytest.approx((2.6 - 0.15, 5.6 + 0.15))
+    # no finite value: no limits
+    lo, hi = loss_limits([(steps, np.full(4, np.nan))])
+    assert math.isnan(lo) and math.isnan(hi)

@@ -174,7 +174,10 @@ def test_heldout_section_per_corpus_with_paired_difference(tmp_path):
     assert h["loss"]["variants"]["norm=layer"]["mean"] == pytest.approx(3.0)
     assert h["bpb"]["comparisons"]["norm=rms"]["mean"] == pytest.approx(np.mean(diffs) / LN2)
     assert main([str(tmp_path)]) == 0
-    assert "## Held-out corpus `wiki_vital`" in (tmp_path / "report" / "report.md").read_text()
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Held-out corpus `wiki_vital`" in md
+    assert "](val_wiki_vital.png)" in md  # its own figure, linked in its section
+    assert (tmp_path / "report" / "val_wiki_vital.png").stat().st_size > 5000
     assert "heldout_wiki_vital_loss" in report_tables(rep)
 
 
@@ -193,10 +196,16 @@ def test_time_to_target_in_seconds_steps_and_tokens(tmp_path):
     default = build_report(tmp_path).target
     assert default["default"] and default["target"] == pytest.approx(2.02)  # the worst final
     assert default["variants"]["norm=rms"]["reached"] == 3
+    # every run ends 2.00 + (40 - s)·0.01 at steps 10, 20, 30, 40: 2.02 is reached at 40 only,
+    # so the section says the times are the runs' lengths instead of a ratio table
+    assert default["only_last"] and not t["only_last"]
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "reaches the target only at its last evaluation" in md and "steps ratio" not in md
     assert main([str(tmp_path), "--target", "2.15"]) == 0
     out = tmp_path / "report"
     md = (out / "report.md").read_text()
-    assert "## Time to target loss (2.1500 nats/token)" in md
+    assert "## Time to target loss (2.1500 nats/token)" in md and "steps ratio" in md
     assert (out / "val_time.png").stat().st_size > 5000
     assert (out / "val_tokens.png").stat().st_size > 5000
 
@@ -319,6 +328,14 @@ def test_context_section_states_tokens_epochs_eval_size_and_gap(tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## Context" in md and "48 validation tokens scored per evaluation" in md
     assert "worth about 2 of its last training steps" in md and "2 epochs" in md
+    assert "max_time_s none (no time budget)" in md  # unset is said as unset, not "not recorded"
+    assert "800,000 parameters" in md  # one count for every variant: said once
+    for d in tmp_path.glob("*rms*"):  # RMSNorm has no bias: fewer parameters than LayerNorm
+        s = json.loads((d / "summary.json").read_text())
+        (d / "summary.json").write_text(json.dumps({**s, "params": 799_000}))
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "parameters: 800,000 (`norm=layer`), 799,000 (`norm=rms`)" in md  # no median of two
 
 
 @pytest.mark.slow
@@ -380,6 +397,12 @@ def test_an_evaluation_row_without_training_seconds_takes_its_steps_time(tmp_pat
     from normlab.report.totarget import first_reach
 
     run = load_run(d)
-    assert first_reach(run, 2.10) == {"step": 30.0, "seconds": 14.5, "tokens": 30.0 * 16}
+    assert first_reach(run, 2.10) == {
+        "step": 30.0,
+        "seconds": 14.5,
+        "tokens": 30.0 * 16,
+        "last": False,
+    }
+    assert first_reach(run, 2.0)["last"]  # its final loss: reached at its last evaluation
     assert first_reach(run, 2.20)["seconds"] == 10.0  # its own row's seconds at step 20
     assert first_reach(run, 1.5) is None

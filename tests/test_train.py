@@ -133,7 +133,7 @@ def test_an_unknown_optimizer_is_refused_with_the_allowed_names(tmp_path):
         OptimConfig(name="lion")
     r = run_cli([*TINY, "optim.name=lion"], cwd=tmp_path)  # through the real CLI
     assert r.returncode == 2 and not list(tmp_path.rglob("metrics.jsonl")), "nothing trained"
-    assert r.stderr == "normlab: error: optim.name=lion is not allowed: (allowed: adamw)\n"
+    assert r.stderr == "normlab: error: optim.name=lion is not allowed (allowed: adamw)\n"
 
 
 def _tiny(compose_cfg, *overrides):

@@ -165,8 +165,8 @@ def _check_value(key: str, default: Any, values: list[Any]) -> None:
             members = list(type(default).__members__)
             if v not in members:
                 hint = suggest_key(v, members)
-                fix = f"did you mean {key}={hint}? " if hint and " or " not in hint else ""
-                raise ConfigError(f"{key}={v} is not allowed: {fix}(allowed: {', '.join(members)})")
+                fix = f"; did you mean {key}={hint}?" if hint and " or " not in hint else ""
+                raise ConfigError(f"{key}={v} is not allowed (allowed: {', '.join(members)}){fix}")
     node = OmegaConf.structured(CliConfig)
     for v in values:
         try:

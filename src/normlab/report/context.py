@@ -82,7 +82,8 @@ def _median(values: list[float]) -> float:
 
 def build_context(included: dict[str, list[Run]], baseline: str, margin: float) -> dict[str, Any]:
     """The context section's facts: ``setting`` (key -> values over the runs, as text),
-    ``params``, ``tokens_seen``, ``epochs`` (medians over runs), ``eval_tokens`` (tokens scored
+    ``params``, ``tokens_seen``, ``epochs`` (medians over runs), ``params_by`` (label -> median
+    parameter count: RMSNorm has no bias, so kinds differ), ``eval_tokens`` (tokens scored
     per evaluation: eval_batches × batch_size × context_length), ``gap`` per label (median
     :func:`train_val_gap`), ``per_seed`` (label -> seed -> final loss), ``worth``
     (:func:`steps_worth` of the baseline's mean validation curve) and ``stopped_by`` (label ->
@@ -129,6 +130,10 @@ def build_context(included: dict[str, list[Run]], baseline: str, margin: float) 
     return {
         "setting": setting,
         "params": _median([(r.summary or {}).get("params") or NAN for r in runs]),
+        "params_by": {
+            lab: _median([(r.summary or {}).get("params") or NAN for r in rs])
+            for lab, rs in included.items()
+        },
         "tokens_seen": _median([tokens_seen(r) for r in runs]),
         "epochs": _median([epochs(r) for r in runs]),
         "eval_tokens": _median(eval_tokens),

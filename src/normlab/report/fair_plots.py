@@ -13,9 +13,17 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from normlab.report.runs import Run
-from normlab.report.series import aggregate, series
+from normlab.report.series import aggregate, loss_limits, series
 from normlab.report.totarget import time_curves
 from normlab.report.tuned import lr_curves
+
+
+def zoom_to_losses(ax: Any, curves: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Zoom ``ax`` to :func:`~normlab.report.series.loss_limits` of ``curves`` (``(x, loss)``
+    pairs): the initial model's point is drawn off the top instead of squashing the rest."""
+    lo, hi = loss_limits(curves)
+    if math.isfinite(lo) and math.isfinite(hi):
+        ax.set_ylim(lo, hi)
 
 
 def _finish(fig: Figure, ax: Any, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
@@ -38,6 +46,7 @@ def plot_val_time(included: dict[str, list[Run]], target: float, path: Path) -> 
         for j, (t, v) in enumerate(runs):
             name = f"{lab} ({len(runs)} runs)" if j == 0 else None
             ax.plot(t, v, color=f"C{i % 10}", lw=1, marker="o", ms=2, alpha=0.8, label=name)
+    zoom_to_losses(ax, [c for runs in curves.values() for c in runs])
     if math.isfinite(target):
         ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.4f}")
     title = "Validation loss vs training time (each run; evaluations excluded from the time)"
@@ -49,7 +58,7 @@ def plot_val_tokens(included: dict[str, list[Run]], path: Path) -> Path | None:
     with a min–max band. None without validation points or tokens per step."""
     fig = Figure(figsize=(8, 5), layout="constrained")
     ax = fig.add_subplot()
-    drawn = False
+    drawn: list[tuple[np.ndarray, np.ndarray]] = []
     for i, (lab, runs) in enumerate(included.items()):
         curves = [
             (s * r.tokens_per_step, v)
@@ -63,9 +72,10 @@ def plot_val_tokens(included: dict[str, list[Run]], path: Path) -> Path | None:
         x, mean, lo, hi = aggregate(curves)
         ax.plot(x, mean, color=f"C{i % 10}", marker="o", ms=3, label=f"{lab} (n={len(curves)})")
         ax.fill_between(x, lo, hi, color=f"C{i % 10}", alpha=0.2, lw=0)
-        drawn = True
+        drawn += [(x, lo), (x, hi)]
     if not drawn:
         return None
+    zoom_to_losses(ax, drawn)
     title = "Validation loss vs tokens seen (mean over seeds, band: min–max)"
     return _finish(fig, ax, path, title, "tokens seen", "validation loss (nats/token)")
 

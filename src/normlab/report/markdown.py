@@ -11,7 +11,7 @@ from normlab.report.sections_context import render_bpb, render_context, render_h
 from normlab.report.sections_fair import render_speed, render_target, render_tuned
 from normlab.report.series import BETWEEN_LIMIT, DRIFT_LIMIT, MIN_STEPS, SPREAD_LIMIT
 from normlab.report.stats import POWER
-from normlab.report.text import figure_lines, fmt, fmt_ci, table
+from normlab.report.text import figure_lines, fmt, fmt_ci, fmt_power, table
 from normlab.report.variants import INERT_KEYS
 
 EMA_BETA = 0.95  # training-loss smoothing in the figure, per logged step
@@ -91,7 +91,7 @@ def _sentence(rep: Report, c: dict[str, Any]) -> str:
         f"p = {fmt(c['p_upper'], '.3g')} for H0 difference ≥ +{m:g}. Verdict: **{c['verdict']}**. "
         f"Power: with the observed std, ±{m:g} nats needs {need if need else 'more than 100000'} "
         f"seeds for {POWER:.0%} TOST power if the true difference is 0 (n = {c['n']} here gives "
-        f"{fmt(p['at_n'], '.0%')})."
+        f"{fmt_power(p['at_n'])}; the std itself is estimated from {c['n']} pairs)."
     )
 
 
@@ -122,7 +122,7 @@ def _paired_table(rep: Report) -> list[str]:
             fmt(c["p_lower"], ".3g"),
             fmt(c["p_upper"], ".3g"),
             c["verdict"],
-            fmt(c["power"]["at_n"], ".2f"),
+            fmt_power(c["power"]["at_n"]),
             c["power"]["seeds_needed"] or "n/a",
             c["power"]["seeds_needed_observed"] or "n/a",
         ]

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from normlab.report.compare import Report
 from normlab.report.diag_plots import plot_swept_value, write_diag_figures
 from normlab.report.diagnostics import diag_entries
-from normlab.report.fair_plots import plot_lr_curve, plot_val_time, plot_val_tokens
+from normlab.report.fair_plots import plot_lr_curve, plot_val_time, plot_val_tokens, zoom_to_losses
 from normlab.report.series import aggregate, ema, robust_limits, series
 from normlab.report.swept import swept_points
 
@@ -36,6 +36,7 @@ def _band_plot(curves: Curves, path: Path, title: str, ylabel: str) -> Path | No
         return None
     fig = Figure(figsize=(8, 5), layout="constrained")
     ax = fig.add_subplot()
+    drawn = []
     for label, runs in curves.items():
         runs = [c for c in runs if len(c[0])]
         if not runs:
@@ -44,6 +45,8 @@ def _band_plot(curves: Curves, path: Path, title: str, ylabel: str) -> Path | No
         marker = "o" if len(steps) < 30 else None
         line = ax.plot(steps, mean, marker=marker, ms=3, label=f"{label} (n={len(runs)})")[0]
         ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+        drawn += [(steps, lo), (steps, hi)]
+    zoom_to_losses(ax, drawn)
     ax.set(title=title, xlabel=STEP, ylabel=ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -51,11 +54,14 @@ def _band_plot(curves: Curves, path: Path, title: str, ylabel: str) -> Path | No
     return path
 
 
-def plot_val_loss(metrics: Metrics, path: Path) -> Path | None:
-    """Validation loss (nats/token) vs step: mean over runs per variant, min–max band."""
-    curves = {lab: [series(rows, "val/loss") for rows in runs] for lab, runs in metrics.items()}
-    title = "Validation loss (mean over seeds, band: min–max)"
-    return _band_plot(curves, path, title, "validation loss (nats/token)")
+def plot_val_loss(metrics: Metrics, path: Path, corpus: str | None = None) -> Path | None:
+    """Validation loss (nats/token) vs step: mean over runs per variant, min–max band; of the
+    held-out corpus ``corpus`` (``val/<corpus>/loss``) when given, else the validation split."""
+    key = f"val/{corpus}/loss" if corpus else "val/loss"
+    curves = {lab: [series(rows, key) for rows in runs] for lab, runs in metrics.items()}
+    what = f"Held-out corpus {corpus}: loss" if corpus else "Validation loss"
+    title = f"{what} (mean over seeds, band: min–max)"
+    return _band_plot(curves, path, title, f"{key} (nats/token)")
 
 
 def plot_train_loss(metrics: Metrics, path: Path, beta: float = 0.95) -> Path | None:
@@ -154,9 +160,9 @@ def plot_val_diff(rep: Report, path: Path) -> Path | None:
 def write_figures(rep: Report, out_dir: Path, beta: float = 0.95) -> dict[str, Path | None]:
     """Write every figure of ``rep`` into ``out_dir``: ``val_loss.png``, ``val_diff.png``,
     ``val_time.png``, ``val_tokens.png``, ``train_loss.png``, ``step_time.png``; for a tuned sweep
-    ``lr_curve.png``; with ``diag/`` keys ``resid_depth.png`` and
-    ``gains.png``; for a numeric sweep ``swept.png``. ``beta``: EMA of the training loss.
-    Returns name -> path, or None for a figure skipped for lack of data."""
+    ``lr_curve.png``; per held-out corpus ``val_<name>.png`` (key ``val_<name>``); with ``diag/``
+    keys ``resid_depth.png`` and ``gains.png``; for a numeric sweep ``swept.png``. ``beta``: EMA
+    of the training loss. Returns name -> path, or None for a figure skipped for lack of data."""
     metrics = {lab: [r.metrics for r in rep.included(lab)] for lab in rep.labels}
     times = {
         lab: [
@@ -173,6 +179,8 @@ def write_figures(rep: Report, out_dir: Path, beta: float = 0.95) -> dict[str, P
         "train_loss": plot_train_loss(metrics, out_dir / "train_loss.png", beta),
         "step_time": plot_step_times(times, out_dir / "step_time.png"),
     }
+    for name in rep.heldout.get("heldout", {}):
+        figs[f"val_{name}"] = plot_val_loss(metrics, out_dir / f"val_{name}.png", corpus=name)
     included = {lab: rep.included(lab) for lab in rep.labels}
     target = rep.target.get("target", float("nan"))
     figs["val_time"] = plot_val_time(included, target, out_dir / "val_time.png")

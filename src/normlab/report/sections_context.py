@@ -11,12 +11,23 @@ from typing import Any
 
 from normlab.report.compare import Report
 from normlab.report.context import GAP_ROWS
-from normlab.report.text import fmt, fmt_ci, table
+from normlab.report.text import figure_lines, fmt, fmt_ci, table
 
 
-def _joined(values: list[str]) -> str:
+def _joined(values: list[str], unset: str = "not recorded") -> str:
+    """The distinct values as code, joined by `` / ``; ``unset`` when none is set (a null key,
+    or a key that older runs did not record)."""
     shown = [v for v in values if v not in ("None", "")]
-    return " / ".join(f"`{v}`" for v in shown) if shown else "not recorded"
+    return " / ".join(f"`{v}`" for v in shown) if shown else unset
+
+
+def _params(c: dict[str, Any]) -> str:
+    """``N parameters`` when every variant has N; else each variant's count (no median of two
+    counts that no run has)."""
+    by = c.get("params_by") or {}
+    if len({v for v in by.values() if math.isfinite(v)}) <= 1:
+        return f"{fmt(c['params'], ',.0f')} parameters"
+    return "parameters: " + ", ".join(f"{fmt(v, ',.0f')} (`{lab}`)" for lab, v in by.items())
 
 
 def _worth(rep: Report) -> str:
@@ -28,8 +39,8 @@ def _worth(rep: Report) -> str:
         )
     where = (
         f"the baseline's mean validation curve was {m:g} nats above its final value "
-        f"({fmt(w['final'])}) last at step {fmt(w['step'], '.4g')}, so the margin is worth about "
-        f"{fmt(w['steps'], '.3g')} of its last training steps "
+        f"({fmt(w['final'])}) last at about step {fmt(w['step'], ',.0f')}, so the margin is worth "
+        f"about {fmt(w['steps'], ',.0f')} of its last training steps "
         f"({fmt(w['steps'] / w['last_step'], '.0%')} of the run)"
         if math.isfinite(w["step"])
         else f"the baseline's mean validation curve never was {m:g} nats above its final value "
@@ -59,14 +70,15 @@ def render_context(rep: Report) -> list[str]:
         "",
         f"- Model: {_joined(st['model.name'])} ({_joined(st['model.n_layer'])} layers, d_model "
         f"{_joined(st['model.d_model'])}, {_joined(st['model.n_head'])} heads, context "
-        f"{_joined(st['model.context_length'])}); {fmt(c['params'], ',.0f')} parameters (median)",
+        f"{_joined(st['model.context_length'])}); {_params(c)}",
         f"- Data: {_joined(st['data.name'])}, tokenizer {_joined(st['data.tokenizer'])}, batch "
         f"{_joined(st['data.batch_size'])}; tokens seen {fmt(c['tokens_seen'], ',.0f')} per run "
         f"(median), {fmt(c['epochs'], '.3g')} epochs of the training split",
         f"- Schedule: peak lr {_joined(st['optim.lr'])}, min lr {_joined(st['optim.min_lr'])}, "
         f"warm-up {_joined(st['optim.warmup_steps'])} steps, cosine decay "
         f"{_joined(st['optim.decay'])}, weight decay {_joined(st['optim.weight_decay'])}; "
-        f"max_steps {_joined(st['max_steps'])}, max_time_s {_joined(st['max_time_s'])}",
+        f"max_steps {_joined(st['max_steps'])}, "
+        f"max_time_s {_joined(st['max_time_s'], 'none (no time budget)')}",
         "- Stopped by: "
         + "; ".join(f"`{lab}`: {_joined(v)}" for lab, v in c["stopped_by"].items())
         + _budget_note(c["stopped_by"]),
@@ -157,4 +169,6 @@ def render_heldout(rep: Report) -> list[str]:
                 "",
                 *table(["variant", "n", "bpb diff", conf, "verdict"], _comparison_rows(bpb)),
             ]
+        title = f"Held-out corpus {name}: validation loss vs step"
+        out += ["", *figure_lines(rep.figures, {f"val_{name}": title})]
     return out

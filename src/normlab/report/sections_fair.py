@@ -103,6 +103,13 @@ def render_target(rep: Report) -> list[str]:
         "",
         *table(["variant", "reached", "mean seconds", "mean steps", "mean tokens"], rows),
     ]
+    if t.get("only_last"):
+        return out + [
+            "",
+            "Every run reaches the target only at its last evaluation: the times above are the "
+            "runs' lengths, and a paired ratio would say nothing about which variant learns "
+            "faster. Set a higher `--target`, or evaluate more often (`eval_interval`).",
+        ]
     if paired:
         head = ["variant", "seconds ratio", "steps ratio", "tokens ratio"]
         out += ["", *table(head, paired)]

@@ -129,3 +129,23 @@ def robust_limits(values: list[float], margin: float = 0.1) -> tuple[float, floa
     lo, hi = max(p1, q1 - 3 * (q3 - q1)), min(p99, q3 + 3 * (q3 - q1))
     pad = margin * (hi - lo) or 0.05 * abs(float(np.median(v))) or 1.0
     return float(lo - pad), float(hi + pad)
+
+
+def loss_limits(
+    curves: list[tuple[np.ndarray, np.ndarray]], pad: float = 0.05
+) -> tuple[float, float]:
+    """Y-axis limits for loss curves that the initial model does not set: each curve's first
+    point (step 0: ln(vocab) for an untrained model, 2-3x the final loss) is left out of the
+    upper limit when the curve has 3 points or more; the lower limit is the minimum of every
+    point. Widened by ``pad`` of the range on each side. Units of the values (nats/token);
+    ``(nan, nan)`` without a finite value. The first point still is drawn, off the top."""
+    rest = [v[1:] if len(v) >= 3 else v for _, v in curves]
+    every = [np.asarray(v, float) for _, v in curves]
+    top = np.concatenate([np.asarray(v, float) for v in rest] or [np.array([])])
+    low = np.concatenate(every or [np.array([])])
+    top, low = top[np.isfinite(top)], low[np.isfinite(low)]
+    if not top.size:
+        return NAN, NAN
+    lo, hi = float(low.min()), float(top.max())
+    margin = pad * (hi - lo) or 0.05 * abs(hi) or 1.0
+    return lo - margin, hi + margin

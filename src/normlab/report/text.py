@@ -13,6 +13,14 @@ def fmt(x: Any, spec: str = ".4f") -> str:
     return format(x, spec)
 
 
+def fmt_power(p: Any) -> str:
+    """A power (probability) as a percentage, ``">99%"`` above 0.99 and ``"<1%"`` below 0.01:
+    a power computed from an estimated std is not known to the last percent."""
+    if p is None or (isinstance(p, float) and not math.isfinite(p)):
+        return "n/a"
+    return ">99%" if p > 0.99 else "<1%" if p < 0.01 else format(p, ".0%")
+
+
 def fmt_ci(ci: tuple[float, float], spec: str = "+.4f") -> str:
     """An interval as ``[lo, hi]``."""
     return f"[{fmt(ci[0], spec)}, {fmt(ci[1], spec)}]"

@@ -34,8 +34,8 @@ def seconds_at(run: Run, step: float) -> float:
 def first_reach(run: Run, target: float, key: str = "val/loss") -> dict[str, float] | None:
     """The first evaluation row (by step) of ``run`` whose ``key`` is at or below ``target``:
     ``{"step", "seconds", "tokens"}`` (seconds: :func:`seconds_at`, nan without
-    ``perf/train_time_s``; tokens nan without tokens per step); None when no evaluation reaches
-    it."""
+    ``perf/train_time_s``; tokens nan without tokens per step; ``last``: whether it is the run's
+    last evaluation); None when no evaluation reaches it."""
     rows = sorted((r for r in run.metrics if "step" in r and r.get(key) is not None), key=_step)
     k = run.tokens_per_step
     for row in rows:
@@ -45,6 +45,7 @@ def first_reach(run: Run, target: float, key: str = "val/loss") -> dict[str, flo
                 "step": float(row["step"]),
                 "seconds": seconds_at(run, float(row["step"])),
                 "tokens": float(row["step"] * k) if k else NAN,
+                "last": row is rows[-1],
             }
     return None
 
@@ -75,15 +76,18 @@ def time_to_target(
     ``describe`` of their seconds, steps and tokens; per other variant the paired ratios
     (variant / baseline, geometric mean and its 1−alpha CI on logs, see
     :func:`~normlab.report.stats.ratio_interval`) of seconds, steps and tokens, over the seeds
-    where both reached the target at a step > 0."""
+    where both reached the target at a step > 0. ``only_last``: every run that reached it did so
+    at its last evaluation only (the times then say nothing beyond the run lengths)."""
     chosen = default_target(included) if target is None else float(target)
     reach = {
         lab: {r.seed: first_reach(r, chosen) for r in runs if r.seed is not None}
         for lab, runs in included.items()
     }
+    got_all = [x for by_seed in reach.values() for x in by_seed.values() if x is not None]
     out: dict[str, Any] = {
         "target": chosen,
         "default": target is None,
+        "only_last": bool(got_all) and all(x["last"] for x in got_all),
         "variants": {},
         "comparisons": {},
     }

@@ -23,6 +23,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from normlab.config import RunOptions
+from normlab.config.schedule import norm_tag
 from normlab.data.corpus import DataError
 from normlab.training import distributed
 from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
@@ -219,11 +220,12 @@ def open_run(run: Run, run_dir: Path, opts: RunOptions) -> Progress:
     cfg, state, main, world = run.cfg, run.state, distributed.is_main(), distributed.world_size()
     summary = start_summary(run, opts)
     log.info(
-        "model %s: %.2fM parameters, norm %s/%s on %s%s",
+        "model %s: %.2fM parameters, norm %s/%s (design %s) on %s%s",
         cfg.model.name,
         summary["params"] / 1e6,
         cfg.norm.kind.name,
         cfg.norm.impl.name,
+        norm_tag(run.config_dict["norm"]),  # placement, qk, embedding, schedule, positions
         run.device,
         f" x {world} processes" if world > 1 else "",
     )
