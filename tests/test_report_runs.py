@@ -202,6 +202,9 @@ def test_paired_curve_by_hand(tmp_path):
     assert cur["step"].tolist() == [10.0, 20.0] and cur["n"].tolist() == [3, 3]
     assert cur["mean"] == pytest.approx([0.02, 0.02])
     assert cur["lo"] == pytest.approx([0.02 - 0.024841] * 2, abs=1e-6)  # as t_interval's test
+    # the inner band is the 90% interval TOST reads: t(0.95, 2) / t(0.975, 2) of the 95% width
+    assert cur["lo_tost"] == pytest.approx([0.02 - 0.024841 * 2.919986 / 4.302653] * 2, abs=1e-6)
+    assert cur["hi_tost"] == pytest.approx([0.02 + 0.024841 * 2.919986 / 4.302653] * 2, abs=1e-6)
     base = {0: [{"step": 1, "val/loss": 2.0}, {"step": 2, "val/loss": 1.0}]}
     var = {0: [{"step": 2, "val/loss": 1.5}], 1: [{"step": 2, "val/loss": 9.0}]}  # seed 1 unpaired
     one = paired_curve(base, var)

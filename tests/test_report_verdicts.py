@@ -330,6 +330,7 @@ def test_context_section_states_tokens_epochs_eval_size_and_gap(tmp_path):
     assert "worth about 2 of its last training steps" in md and "2 epochs" in md
     assert "max_time_s none (no time budget)" in md  # unset is said as unset, not "not recorded"
     assert "800,000 parameters" in md  # one count for every variant: said once
+    assert "estimated from 3 pairs, 2 degree(s) of freedom: a rough figure" in md  # small n
     for d in tmp_path.glob("*rms*"):  # RMSNorm has no bias: fewer parameters than LayerNorm
         s = json.loads((d / "summary.json").read_text())
         (d / "summary.json").write_text(json.dumps({**s, "params": 799_000}))

@@ -91,7 +91,12 @@ def _sentence(rep: Report, c: dict[str, Any]) -> str:
         f"p = {fmt(c['p_upper'], '.3g')} for H0 difference ≥ +{m:g}. Verdict: **{c['verdict']}**. "
         f"Power: with the observed std, ±{m:g} nats needs {need if need else 'more than 100000'} "
         f"seeds for {POWER:.0%} TOST power if the true difference is 0 (n = {c['n']} here gives "
-        f"{fmt_power(p['at_n'])}; the std itself is estimated from {c['n']} pairs)."
+        f"{fmt_power(p['at_n'])}; the std itself is estimated from {c['n']} pairs"
+        + (
+            f", {c['n'] - 1} degree(s) of freedom: a rough figure, which more seeds can overturn)."
+            if c["n"] <= 3
+            else ")."
+        )
     )
 
 

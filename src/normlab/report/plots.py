@@ -120,8 +120,9 @@ def plot_step_times(times: dict[str, list[float]], path: Path) -> Path | None:
 def plot_val_diff(rep: Report, path: Path) -> Path | None:
     """Validation loss of each variant minus the baseline's, paired by seed, against step (and
     tokens seen, on the top axis, when every run consumes the same tokens per step): the
-    mean over seeds, its 1−alpha Student t band (where n >= 2), 0 and the ±margin lines
-    (nats/token). None without a comparison that has a paired validation step."""
+    mean over seeds, its 1−alpha Student t band (where n >= 2) with the 1−2·alpha band inside it
+    (the interval the TOST verdict reads, so a verdict and the figure agree), 0 and the ±margin
+    lines (nats/token). None without a comparison that has a paired validation step."""
     comps = [c for c in rep.comparisons if len(c["curve"]["step"])]
     if not comps:
         return None
@@ -135,12 +136,16 @@ def plot_val_diff(rep: Report, path: Path) -> Path | None:
             cur["step"], cur["mean"], marker="o", ms=3, color=color, label=f"{c['label']} ({n})"
         )
         ok = np.isfinite(cur["lo"])
-        ax.fill_between(cur["step"][ok], cur["lo"][ok], cur["hi"][ok], color=color, alpha=0.2, lw=0)
+        lo, hi = cur["lo"][ok], cur["hi"][ok]
+        ax.fill_between(cur["step"][ok], lo, hi, color=color, alpha=0.15, lw=0)
+        if "lo_tost" in cur:  # the inner band: the interval the TOST verdict reads
+            lo, hi = cur["lo_tost"][ok], cur["hi_tost"][ok]
+            ax.fill_between(cur["step"][ok], lo, hi, color=color, alpha=0.3, lw=0)
     ax.axhline(0, color="black", lw=0.8)
     for sign in (-1, 1):
         ax.axhline(sign * rep.margin, color="grey", ls="--", lw=1)
     ax.plot([], [], color="grey", ls="--", label=f"±margin ({rep.margin:g} nats)")
-    conf = f"{100 * (1 - rep.alpha):g}% CI"
+    conf = f"{100 * (1 - rep.alpha):g}% CI, inner {100 * (1 - 2 * rep.alpha):g}% (TOST)"
     per_step = {r.tokens_per_step for r in rep.runs if r.excluded is None}
     if len(per_step) == 1 and None not in per_step:  # one token count per step: a tokens axis
         k = per_step.pop()

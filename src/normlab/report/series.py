@@ -64,7 +64,8 @@ def paired_curve(
     ``variant``: seed -> metrics rows), over the seeds where both logged that step.
 
     Returns arrays of shape ``(k,)``: ``step``, ``n`` (pairs), ``mean``, ``lo``, ``hi`` (the 1−alpha
-    Student t interval; nan where n < 2), in the unit of ``key``.
+    Student t interval; nan where n < 2), ``lo_tost``, ``hi_tost`` (the 1−2·alpha interval, the one
+    TOST's verdict reads), in the unit of ``key``.
     """
     by_step: dict[float, list[float]] = {}
     for seed in sorted(set(base) & set(variant), key=str):
@@ -74,7 +75,10 @@ def paired_curve(
                 by_step.setdefault(float(s), []).append(v - b[s])
     steps = sorted(by_step)
     cis = [t_interval(by_step[s], 1 - alpha) for s in steps]
+    tost = [t_interval(by_step[s], 1 - 2 * alpha) for s in steps]
     return {
+        "lo_tost": np.array([c[0] for c in tost], float),
+        "hi_tost": np.array([c[1] for c in tost], float),
         "step": np.array(steps, float),
         "n": np.array([len(by_step[s]) for s in steps], int),
         "mean": np.array([np.mean(by_step[s]) for s in steps], float),
