@@ -7,9 +7,7 @@ through :func:`compose`; no other module outside ``commands/`` imports Hydra. Th
 
 from __future__ import annotations
 
-import os
 from enum import Enum
-from pathlib import Path
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
@@ -18,27 +16,8 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.config import CliConfig, ConfigError, TrainConfig, to_plain
+from normlab.config.paths import find_conf_dir
 from normlab.config.schedule import norm_tag
-
-
-def find_conf_dir() -> Path:
-    """Where ``train.yaml`` and its groups live.
-
-    In order: ``$NORMLAB_CONF_DIR``; ``normlab/conf`` inside the installed package (a wheel ships
-    the repository's ``conf/`` there); the repository's top-level ``conf/`` (editable install or a
-    source checkout).
-
-    Raises:
-        FileNotFoundError: naming the places searched.
-    """
-    here = Path(__file__).resolve().parent
-    candidates = [Path(p) for p in [os.environ.get("NORMLAB_CONF_DIR")] if p]
-    candidates += [here / "conf", here.parent.parent / "conf"]
-    for c in candidates:
-        if (c / "train.yaml").is_file():
-            return c
-    searched = ", ".join(map(str, candidates))
-    raise FileNotFoundError(f"normlab cannot find conf/train.yaml; searched: {searched}")
 
 
 def register_schema() -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from normlab.config import ConfigError, DataConfig, Tokenizer
+from normlab.config.paths import find_conf_dir
 from normlab.data import tokenizer as tt
 from normlab.data.corpus import DataError
 from normlab.data.sources import source_files
@@ -69,9 +70,9 @@ def eval_data_configs(
     """``name -> DataConfig`` for every held-out corpus, in the order given.
 
     ``conf_dir`` is the config folder that holds ``data/<name>.yaml`` (``train`` passes its own);
-    ``None`` means the one every tool composes from (:func:`normlab.compose.find_conf_dir`), so a
-    run built in-process (``build_run`` without a ``conf_dir``: the studies, the tests) resolves
-    the same names as ``train``.
+    ``None`` means the one every tool composes from
+    (:func:`normlab.config.paths.find_conf_dir`), so a run built in-process (``build_run`` without
+    a ``conf_dir``: the studies, the tests) resolves the same names as ``train``.
 
     Raises:
         ConfigError: a name without a file (the message lists the allowed names), a file that is
@@ -81,8 +82,6 @@ def eval_data_configs(
     if not names:
         return {}
     if conf_dir is None:
-        from normlab.compose import find_conf_dir  # Hydra's import only when it is needed
-
         conf_dir = find_conf_dir()
     out = {}
     for name in names:
