@@ -152,7 +152,7 @@ def plot_val_diff(rep: Report, path: Path) -> Path | None:
         top = ax.secondary_xaxis("top", functions=(lambda s: s * k, lambda t: t / k))
         top.set_xlabel("tokens seen")
     ax.set(
-        title=f"Validation loss, variant − {rep.baseline} (mean over seeds, band: {conf})",
+        title=f"Validation loss, variant − {rep.baseline}\n(mean over seeds; bands: {conf})",
         xlabel=STEP,
         ylabel="validation-loss difference (nats/token)",
     )
