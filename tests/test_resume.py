@@ -155,6 +155,9 @@ def test_sigint_stops_after_a_checkpoint_and_resume_continues_bit_identically(
 ):
     cfg = tiny("max_steps=8")
     train(cfg, tmp_path / "full", RunOptions(ckpt_interval=0))
+    # the handler before the run: Python's default_int_handler, or SIG_IGN when the test process
+    # was started in the background by a non-interactive shell (nohup ... &)
+    before = signal.getsignal(signal.SIGINT)
     signal_after_step(signal.SIGINT, 3)
     summary = train(cfg, tmp_path / "cut", RunOptions(ckpt_interval=0))
     assert (
@@ -162,7 +165,7 @@ def test_sigint_stops_after_a_checkpoint_and_resume_continues_bit_identically(
         and summary["signal"] == "SIGINT"
         and summary["steps_completed"] == 3
     )
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+    assert signal.getsignal(signal.SIGINT) is before  # handlers restored
     monkeypatch.undo()
     summary = train(cfg, tmp_path / "cut", RunOptions(ckpt_interval=0, resume="auto"))
     assert summary["status"] == "completed" and summary["resumed"]["from_step"] == 3
