@@ -30,7 +30,7 @@ from normlab.data.corpus import DataError
 from normlab.data.eval_sets import prepare_eval
 from normlab.data.tokens import BatchSampler, TokenData
 from normlab.training.metrics import NAMES, eval_keys
-from normlab.training.sample import SampleOptions, generate
+from normlab.training.sample import SampleOptions, sample_ids
 from normlab.training.step import evaluate
 
 log = logging.getLogger(__name__)
@@ -105,19 +105,9 @@ def training_sample(run, tokenizer) -> tuple[str, str]:
     the new tokens. The model is put back in training mode; no global RNG is touched."""
     opts = SampleOptions(max_new_tokens=run.cfg.sample_tokens)
     prompt = [int(i) for i in run.data.val_shards[0][:SAMPLE_PROMPT_TOKENS]]  # no concatenation
-    idx = torch.tensor([prompt], dtype=torch.long, device=run.device)
-    generator = torch.Generator(device=run.device).manual_seed(opts.seed)
     run.model.eval()
     try:
-        out = generate(
-            run.model,
-            idx,
-            opts.max_new_tokens,
-            opts.temperature,
-            opts.top_k,
-            generator,
-            vocab_limit=tokenizer.n_vocab,
-        )
+        out = sample_ids(run.model, [prompt], opts, run.device, tokenizer.n_vocab)
     finally:
         run.model.train()
     return tokenizer.decode(prompt), tokenizer.decode(out[0].tolist())

@@ -271,6 +271,19 @@ def generate(
     return idx
 
 
+def sample_ids(
+    model: GPT, rows: list[list[int]], opts: SampleOptions, device: torch.device, vocab_limit: int
+) -> torch.Tensor:
+    """:func:`generate` from ``rows`` (equal-length id lists, one batch) with ``opts``'s
+    temperature, top-k and new tokens, drawing from a ``torch.Generator`` on ``device`` seeded with
+    ``opts.seed``: the same model, rows and options give the same ids. Returns (B, T0 + N) int64."""
+    idx = torch.tensor(rows, dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(opts.seed)
+    return generate(
+        model, idx, opts.max_new_tokens, opts.temperature, opts.top_k, generator, vocab_limit
+    )
+
+
 def sample_texts(run: TrainedRun, prompt: str, opts: SampleOptions) -> list[str]:
     """``opts.num_samples`` texts, each ``decode(encode(prompt) + new ids)``.
 
@@ -282,16 +295,6 @@ def sample_texts(run: TrainedRun, prompt: str, opts: SampleOptions) -> list[str]
     """
     ids = encode_prompt(run.tokenizer, prompt)
     start = ids or [int(i) for i in np.asarray(run.tokenizer.separator)]
-    idx = torch.tensor([start] * opts.num_samples, dtype=torch.long, device=run.device)
-    generator = torch.Generator(device=run.device).manual_seed(opts.seed)
-    out = generate(
-        run.model,
-        idx,
-        opts.max_new_tokens,
-        opts.temperature,
-        opts.top_k,
-        generator,
-        vocab_limit=run.tokenizer.n_vocab,
-    )
+    out = sample_ids(run.model, [start] * opts.num_samples, opts, run.device, run.tokenizer.n_vocab)
     new = out[:, len(start) :].tolist()
     return [run.tokenizer.decode(ids + row) for row in new]
