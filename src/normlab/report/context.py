@@ -111,8 +111,8 @@ def build_context(included: dict[str, list[Run]], baseline: str, margin: float) 
     )
     setting = {k: _values(runs, k) for k in keys}
     versions = [(r.summary or {}).get("versions") or {} for r in runs]
-    setting["device"] = list(dict.fromkeys(str((r.summary or {}).get("device")) for r in runs))
     devices = [str((r.summary or {}).get("device")) for r in runs]
+    setting["device"] = list(dict.fromkeys(devices))
     models = (  # the GPU's name on CUDA; on a CPU its model name (cpu_model: runs since 2026-12)
         v.get("device") if d.startswith("cuda") else v.get("cpu_model") or v.get("device")
         for v, d in zip(versions, devices, strict=True)

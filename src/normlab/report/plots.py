@@ -138,9 +138,8 @@ def plot_val_diff(rep: Report, path: Path) -> Path | None:
         ok = np.isfinite(cur["lo"])
         lo, hi = cur["lo"][ok], cur["hi"][ok]
         ax.fill_between(cur["step"][ok], lo, hi, color=color, alpha=0.15, lw=0)
-        if "lo_tost" in cur:  # the inner band: the interval the TOST verdict reads
-            lo, hi = cur["lo_tost"][ok], cur["hi_tost"][ok]
-            ax.fill_between(cur["step"][ok], lo, hi, color=color, alpha=0.3, lw=0)
+        lo, hi = cur["lo_tost"][ok], cur["hi_tost"][ok]  # inner: the interval TOST reads
+        ax.fill_between(cur["step"][ok], lo, hi, color=color, alpha=0.3, lw=0)
     ax.axhline(0, color="black", lw=0.8)
     for sign in (-1, 1):
         ax.axhline(sign * rep.margin, color="grey", ls="--", lw=1)

@@ -50,9 +50,9 @@ def render_speed(rep: Report) -> list[str]:
     return out + [
         f"From `{rep.bench['path']}` (`normlab-bench step`, {raw.get('device')}, "
         f"{raw.get('threads')} thread(s), {raw.get('warmup')} warm-up step(s) each, common "
-        "overrides "
-        f"`{' '.join(raw.get('common', [])) or '-'}`): both setups in one process, optimizer steps "
-        "timed in pairs A B, B A, ..., so a change of machine speed slows both alike. Ratio = "
+        f"overrides `{' '.join(raw.get('common', [])) or '-'}`): both setups in one process, "
+        "optimizer steps timed in pairs A B, B A, ..., so a change of machine speed slows both "
+        "alike. Ratio = "
         f"variant / `{rep.baseline}` step time per pair; the CI is Student t on the log-ratios "
         "of the pairs. **This is the speed verdict**; the sequential ratio of the sweep's own "
         "runs (next section) is secondary.",

@@ -143,10 +143,9 @@ def loss_limits(
     upper limit when the curve has 3 points or more; the lower limit is the minimum of every
     point. Widened by ``pad`` of the range on each side. Units of the values (nats/token);
     ``(nan, nan)`` without a finite value. The first point still is drawn, off the top."""
-    rest = [v[1:] if len(v) >= 3 else v for _, v in curves]
-    every = [np.asarray(v, float) for _, v in curves]
-    top = np.concatenate([np.asarray(v, float) for v in rest] or [np.array([])])
-    low = np.concatenate(every or [np.array([])])
+    values = [np.asarray(v, float) for _, v in curves] or [np.empty(0)]
+    top = np.concatenate([v[1:] if len(v) >= 3 else v for v in values])
+    low = np.concatenate(values)
     top, low = top[np.isfinite(top)], low[np.isfinite(low)]
     if not top.size:
         return NAN, NAN

@@ -6,17 +6,19 @@ import math
 from typing import Any
 
 
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and not math.isfinite(x))
+
+
 def fmt(x: Any, spec: str = ".4f") -> str:
     """``x`` formatted by ``spec``; ``"n/a"`` for None and non-finite floats."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "n/a"
-    return format(x, spec)
+    return "n/a" if _missing(x) else format(x, spec)
 
 
 def fmt_power(p: Any) -> str:
     """A power (probability) as a percentage, ``">99%"`` above 0.99 and ``"<1%"`` below 0.01:
     a power computed from an estimated std is not known to the last percent."""
-    if p is None or (isinstance(p, float) and not math.isfinite(p)):
+    if _missing(p):
         return "n/a"
     return ">99%" if p > 0.99 else "<1%" if p < 0.01 else format(p, ".0%")
 
