@@ -181,3 +181,29 @@ def test_inference_mode_and_no_grad_give_the_same_output_without_a_graph():
     with torch.inference_mode():
         b = norm(x)  # below autograd: the op's CPU kernel, forward only
     assert a.grad_fn is None and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("rms", [True, False], ids=["rms", "layer"])
+def test_ops_pass_torch_library_opcheck_so_fakes_match_the_kernels(rms, threads):
+    # Schema, autograd registration, fake (meta) outputs against the real ones (shapes, dtypes:
+    # dbias is (0,) for RMSNorm), and AOT dispatch: what torch.compile relies on.
+    ops = cpp_impl.ops()
+    g = torch.Generator().manual_seed(0)
+    x, dy = torch.randn(2, 20, 96, generator=g).unbind(0)
+    w = torch.randn(96, generator=g)
+    b = None if rms else torch.randn(96, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        _, mean, rstd = ops.norm_fwd(x, w, b, 1e-5, rms)
+        leaf = [t.clone().requires_grad_() if t is not None else None for t in (x, w, b)]
+        for op, args in [
+            (ops.norm_fwd.default, (x, w, b, 1e-5, rms)),
+            (ops.norm_bwd.default, (dy, x, w, mean, rstd, rms)),
+            (ops.norm.default, (*leaf, 1e-5, rms)),
+        ]:
+            result = torch.library.opcheck(op, args)
+            assert set(result.values()) == {"SUCCESS"}, (op, result)
+    finally:
+        torch.set_num_threads(before)

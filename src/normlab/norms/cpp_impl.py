@@ -6,7 +6,7 @@ machine and version of the kernel source (the build is named by a hash of the so
 then loaded from ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). The vector ISA
 is the one inductor picks for this CPU (AVX-512, plus AVX512-BF16 where present; AVX2 elsewhere).
 The ops are registered as ``torch.ops.normlab_cpu``: ``norm(x, weight?, bias?, eps, rms) -> y``,
-the one the modules call, has its autograd registered in C++ (a ``torch::autograd::Function`` at the
+the one the modules call, has its autograd registered in C++ (a ``torch::autograd::Node``, at the
 end of ``cpu_kernels.cpp``), so a call carries no Python ``autograd.Function`` (that cost about
 0.07 ms a call, more than the kernel itself at 16 rows); ``norm_fwd`` / ``norm_bwd`` are the kernels
 it calls through the dispatcher (``torch.compile`` traces them with the fakes registered here).
@@ -161,7 +161,7 @@ def _register_fakes() -> None:
     @torch.library.register_fake("normlab_cpu::norm_bwd")
     def _bwd(dy, x, weight, mean, rstd, rms):
         dw = x.new_empty(x.shape[1], dtype=mean.dtype)
-        return torch.empty_like(x), dw, torch.empty_like(dw)
+        return torch.empty_like(x), dw, dw.new_empty(0 if rms else x.shape[1])
 
 
 @functools.cache

@@ -22,15 +22,14 @@
 // LayerNorm) and the block's column sums for dweight (and dbias): dweight costs no extra pass over
 // memory. A second sweep over the same rows (now in L1/L2) writes
 //   dx = rstd * (g - mean_d(g) - x_hat * mean_d(g * x_hat))   (RMSNorm: without mean_d(g))
-// with g = dy * w. Column sums go to one partial row per thread; norm_bwd adds the rows in
-// thread order, in the accumulation dtype.
+// with g = dy * w. Column sums go to one partial row per thread; bwd_call adds the rows in
+// thread order, in the accumulation dtype (one thread: straight into dweight / dbias).
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/zeros.h>
 #include <ATen/OpMathType.h>
 #include <c10/util/irange.h>
 #include <torch/csrc/autograd/function.h>
@@ -42,6 +41,7 @@
 #include <cmath>
 #include <tuple>
 #include <type_traits>
+#include <vector>
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512BF16__)
 #define NORMLAB_BF16_DOT 1  // AVX512-BF16: vdpbf16ps row sums, vcvtneps2bf16 rounding
@@ -348,9 +348,10 @@ inline void bwd_block(const T* xp, const T* dyp, const acc_t<T>* wp, const acc_t
   }
 }
 
+// dwb / dbb: the column-sum rows, one per thread (parts rows of d; one row: the outputs themselves).
 template <typename T, bool RMS>
 void bwd_impl(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w, const at::Tensor& mean,
-              const at::Tensor& rstd, at::Tensor& dx, at::Tensor& dw_part, at::Tensor& db_part) {
+              const at::Tensor& rstd, at::Tensor& dx, acc_t<T>* dwb, acc_t<T>* dbb) {
   using A = acc_t<T>;
   const int64_t n = x.size(0), d = x.size(1);
   const T* xp = x.const_data_ptr<T>();
@@ -359,13 +360,11 @@ void bwd_impl(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w, co
   const A* mp = mean.const_data_ptr<A>();
   const A* rp = rstd.const_data_ptr<A>();
   T* dxp = dx.data_ptr<T>();
-  A* dwb = dw_part.data_ptr<A>();
-  A* dbb = db_part.data_ptr<A>();
   const int64_t blocks = (n + ROWS - 1) / ROWS;
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     const int64_t t = at::get_thread_num();
     A* dwp = dwb + t * d;
-    A* dbp = dbb + t * d;
+    A* dbp = RMS ? nullptr : dbb + t * d;
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t r = blk * ROWS;
       if (r + ROWS <= n) {
@@ -417,43 +416,55 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_fwd(const at::Tensor& x, con
   return {y, mean, rstd};
 }
 
-// Sum the (threads, d) partial rows into row 0, in thread order (fixed threads: bit-identical).
-template <typename A>
-void sum_partials(at::Tensor& part) {
-  A* p = part.data_ptr<A>();
-  const int64_t nt = part.size(0), d = part.size(1);
+// Returns dx (rows, d) in x's dtype, dweight (d,) and dbias (d,) in the accumulation dtype (dbias
+// empty, (0,), for RMS). One thread: the kernel accumulates the column sums straight into dweight
+// and dbias. More: into one zeroed partial row per thread (a plain buffer, no tensor), then summed
+// into the outputs in thread order (fixed threads: bit-identical results). No other allocation: at
+// 16 rows the call's fixed cost is what decides the cheapest norm.
+template <typename T, bool RMS>
+void bwd_call(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w, const at::Tensor& mean,
+              const at::Tensor& rstd, at::Tensor& dx, at::Tensor& dw, at::Tensor& db) {
+  using A = acc_t<T>;
+  const int64_t d = x.size(1), nt = at::get_num_threads();
+  A* dwo = dw.data_ptr<A>();
+  A* dbo = RMS ? nullptr : db.data_ptr<A>();
+  if (nt == 1) {
+    std::fill_n(dwo, d, A(0));
+    if constexpr (!RMS) std::fill_n(dbo, d, A(0));
+    bwd_impl<T, RMS>(dy, x, w, mean, rstd, dx, dwo, dbo);
+    return;
+  }
+  std::vector<A> part((RMS ? 1 : 2) * nt * d, A(0));
+  A* dwb = part.data();
+  A* dbb = RMS ? nullptr : dwb + nt * d;
+  bwd_impl<T, RMS>(dy, x, w, mean, rstd, dx, dwb, dbb);
+  for (int64_t j = 0; j < d; ++j) dwo[j] = dwb[j];
   for (int64_t t = 1; t < nt; ++t)
-    for (int64_t j = 0; j < d; ++j) p[j] += p[t * d + j];
+    for (int64_t j = 0; j < d; ++j) dwo[j] += dwb[t * d + j];
+  if constexpr (!RMS) {
+    for (int64_t j = 0; j < d; ++j) dbo[j] = dbb[j];
+    for (int64_t t = 1; t < nt; ++t)
+      for (int64_t j = 0; j < d; ++j) dbo[j] += dbb[t * d + j];
+  }
 }
 
-// Returns dx (rows, d) in x's dtype, dweight and dbias (d,) in the accumulation dtype (dbias zeros
-// for RMS): column sums kept per thread, then summed in thread order here.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
                                                         const at::Tensor& mean, const at::Tensor& rstd, bool rms) {
   check_rows(x, "x");
   check_rows(dy, "dy");
   TORCH_CHECK(dy.sizes() == x.sizes() && dy.scalar_type() == x.scalar_type(), "normlab_cpu: dy must match x");
   check_vec(weight, x, "weight");
-  auto acc = at::toOpMathType(x.scalar_type());
+  const auto opts = x.options().dtype(at::toOpMathType(x.scalar_type()));
+  const int64_t d = x.size(1);
   auto dx = at::empty_like(x);
-  const int64_t nt = at::get_num_threads();
-  auto dw = at::zeros({nt, x.size(1)}, x.options().dtype(acc));
-  auto db = at::zeros({nt, x.size(1)}, x.options().dtype(acc));
+  auto dw = at::empty({d}, opts);
+  auto db = at::empty({rms ? 0 : d}, opts);
   if (rms) {
-    NORMLAB_DISPATCH(x.scalar_type(), true, bwd_impl, dy, x, weight, mean, rstd, dx, dw, db)
+    NORMLAB_DISPATCH(x.scalar_type(), true, bwd_call, dy, x, weight, mean, rstd, dx, dw, db)
   } else {
-    NORMLAB_DISPATCH(x.scalar_type(), false, bwd_impl, dy, x, weight, mean, rstd, dx, dw, db)
+    NORMLAB_DISPATCH(x.scalar_type(), false, bwd_call, dy, x, weight, mean, rstd, dx, dw, db)
   }
-  if (nt > 1) {
-    if (acc == at::kDouble) {
-      sum_partials<double>(dw);
-      if (!rms) sum_partials<double>(db);
-    } else {
-      sum_partials<float>(dw);
-      if (!rms) sum_partials<float>(db);
-    }
-  }
-  return {dx, dw[0], db[0]};
+  return {dx, dw, db};
 }
 
 // ----------------------------------------------------------------------------- the op `norm`
@@ -524,11 +535,15 @@ struct NormBackward : public torch::autograd::Node {
     if (!dy.defined()) return out;
     const auto self = getptr();
     const at::Tensor x2d = x2d_.unpack(self);
-    auto [dx, dw, db] = call_bwd(dy.reshape(x2d.sizes()).contiguous(), x2d, w_.unpack(self), mean_.unpack(self),
-                                 rstd_.unpack(self), rms_);
-    if (task_should_compute_output(0)) out[0] = dx.view(dy.sizes());
-    if (w_dtype_ && task_should_compute_output(1)) out[1] = dw.to(*w_dtype_);
-    if (b_dtype_ && task_should_compute_output(2)) out[2] = db.to(*b_dtype_);
+    // Grad mode is off here, so nothing below needs the Autograd or ADInplaceOrView kernels: skip
+    // them (as norm_autograd does), and skip the reshapes and casts that would change nothing.
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const bool same = dy.sizes() == x2d.sizes();
+    const at::Tensor dy2d = same ? dy.contiguous() : dy.reshape(x2d.sizes()).contiguous();
+    auto [dx, dw, db] = call_bwd(dy2d, x2d, w_.unpack(self), mean_.unpack(self), rstd_.unpack(self), rms_);
+    if (task_should_compute_output(0)) out[0] = same ? dx : dx.view(dy.sizes());
+    if (w_dtype_ && task_should_compute_output(1)) out[1] = dw.scalar_type() == *w_dtype_ ? dw : dw.to(*w_dtype_);
+    if (b_dtype_ && task_should_compute_output(2)) out[2] = db.scalar_type() == *b_dtype_ ? db : db.to(*b_dtype_);
     return out;
   }
 };
@@ -546,7 +561,7 @@ at::Tensor norm_autograd(const at::Tensor& x, const c10::optional<at::Tensor>& w
     at::AutoDispatchBelowADInplaceOrView guard;
     std::tie(x2d, w, b) = prepare(x, weight, bias);
     std::tie(y, mean, rstd) = call_fwd(x2d, w, opt(b), eps, rms);
-    y = y.view(x.sizes());
+    if (x.dim() != 2) y = y.view(x.sizes());
   }
   if (torch::autograd::compute_requires_grad(x, weight, bias)) {
     auto node = c10::make_intrusive<NormBackward>();
@@ -567,7 +582,8 @@ at::Tensor norm_autograd(const at::Tensor& x, const c10::optional<at::Tensor>& w
 at::Tensor norm_plain(const at::Tensor& x, const c10::optional<at::Tensor>& weight,
                       const c10::optional<at::Tensor>& bias, double eps, bool rms) {
   auto [x2d, w, b] = prepare(x, weight, bias);
-  return std::get<0>(call_fwd(x2d, w, opt(b), eps, rms)).view(x.sizes());
+  auto y = std::get<0>(call_fwd(x2d, w, opt(b), eps, rms));
+  return x.dim() == 2 ? y : y.view(x.sizes());
 }
 
 }  // namespace
