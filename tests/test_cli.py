@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from normlab.training import host_memory
+
 from .conftest import REPO, TINY, run_cli
 
 pytestmark = pytest.mark.slow
@@ -55,6 +57,8 @@ def test_single_run_writes_hydra_config_metrics_summary_and_offline_wandb_run(tm
         "norm_impl",
     ):
         assert summary[key] is not None, key
+    # a CPU run keeps freed host memory in the process (training.host_memory) and says so
+    assert summary["versions"]["malloc"] == host_memory.KEPT or host_memory._libc() is None
     (wandb_run,) = (run / "wandb").glob("offline-run-*")
     assert list(wandb_run.glob("*.wandb")), "offline wandb run has no data file"
 

@@ -30,7 +30,7 @@ from normlab.studies.bench_norms import (
     parse_shape,
 )
 from normlab.studies.bench_tables import format_norm_table
-from normlab.studies.timing import keep_freed_memory
+from normlab.training.host_memory import keep_freed_memory
 from normlab.training.distributed import resolve_device
 
 NORM_USAGE = """\

@@ -1,5 +1,6 @@
 """Timing helpers of the benchmarks: synchronized samples, settling a case into its steady state,
-cold-cache samples after a cache flush, and keeping freed memory in the process (glibc)."""
+cold-cache samples after a cache flush (keeping freed memory in the process:
+``training.host_memory``)."""
 
 from __future__ import annotations
 
@@ -10,25 +11,6 @@ from collections.abc import Callable
 import torch
 
 from normlab.training.tracking import synchronize
-
-
-def keep_freed_memory() -> str:
-    """Ask glibc to keep freed memory in the process (``mallopt``: no ``mmap`` for large blocks, no
-    trimming of the heap top). PyTorch's CPU allocator is plain ``malloc``; with glibc's defaults a
-    freed 25 MB tensor can go back to the kernel and the next call page-faults it in again, which
-    made samples bimodal (about 10 vs 20 ms for the same norm case) depending on glibc's heuristics,
-    not on the kernel timed. Returns what was done, recorded in the JSON (``malloc``)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        m_trim_threshold, m_mmap_max = -1, -4
-        if libc.mallopt(m_mmap_max, 0) == 1 and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1:
-            return "glibc mallopt: freed memory kept in the process (no mmap, no trim)"
-    except (OSError, AttributeError):
-        pass
-    return "allocator defaults (not glibc)"
 
 
 SETTLE_TOL = 1.1  # an untimed call within 10% of the case's fastest single call: steady state

@@ -32,6 +32,7 @@ from normlab.norms.preflight import preflight
 from normlab.training import distributed
 from normlab.training.distributed import resolve_device, seed_everything
 from normlab.training.evaluation import build_eval_sets
+from normlab.training.host_memory import host_memory, keep_freed_memory, release_freed_memory
 from normlab.training.peak import device_name
 from normlab.training.precision import check_precision, grad_scaler
 from normlab.training.resume import check_free_space, check_resumable, find_resume_point
@@ -120,6 +121,8 @@ def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | 
     if cfg.compile or cfg.norm.impl == NormImpl.compiled:
         forbid_eager_fallback()
     # --- build: the model from the seed, AdamW, the grad scaler, the resumed state, the forward
+    if device.type == "cpu":  # no page faults for the same activations every step (host_memory)
+        keep_freed_memory()
     model = build_model(cfg, device)
     optimizer = make_optimizer(model, cfg.optim, device)
     scaler = grad_scaler(cfg.precision, device)
@@ -144,7 +147,8 @@ def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | 
 def versions(device: torch.device, compiled: bool) -> dict[str, Any]:
     """Versions and hardware that change numbers, recorded with every run: ``device`` (the CUDA
     device name or ``platform.processor()``) and ``cpu_model`` (the host CPU's model name and core
-    count from ``/proc/cpuinfo``: the report's device line, since CPU figures depend on it)."""
+    count from ``/proc/cpuinfo``: the report's device line, since CPU figures depend on it) and
+    ``malloc`` (whether freed host memory stays in the process: ``host_memory``)."""
     try:
         import triton
 
@@ -160,14 +164,17 @@ def versions(device: torch.device, compiled: bool) -> dict[str, Any]:
         "device": name or platform.processor() or "cpu",
         "cpu_model": device_name(torch.device("cpu")),
         "compile": compiled,
+        "malloc": host_memory(),
     }
 
 
 def free_memory() -> None:
     """Release what a finished run leaves behind: unreachable objects, torch.compile's caches and
-    graphs, cached CUDA blocks. Called after every run, so the jobs of a multirun start clean."""
+    graphs, cached CUDA blocks, the heap's free pages (``host_memory.release_freed_memory``).
+    Called after every run, so the jobs of a multirun start clean."""
     gc.collect()
     if "torch._dynamo" in sys.modules:  # only if something was compiled; importing it is slow
         torch.compiler.reset()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+    release_freed_memory()
