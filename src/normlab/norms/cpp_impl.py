@@ -14,10 +14,12 @@ it calls through the dispatcher (``torch.compile`` traces them with the fakes re
 Why they exist: on CPU, PyTorch's RMSNorm is not fused and inductor's code for the backward makes
 a second pass over x and dy for the weight gradient (a column reduction), so neither measures what
 RMSNorm itself costs. These kernels give both kinds the same treatment: the forward keeps a row in
-L1 between the statistics and the output; the backward takes blocks of 8 rows and, in one sweep
-over their columns, accumulates in registers both the per-row sums and the block's column sums for
-``dweight`` / ``dbias``, so every tensor is read from memory once (the same design as PyTorch's
-CPU LayerNorm backward and as ``triton_kernels.py``). ``normlab-bench`` shows the effect.
+L1 between the statistics and the output; the backward reads every tensor from memory once. Rows
+of more than 4 KiB go in blocks of 8: one sweep over their columns accumulates in registers both
+the per-row sums and the block's column sums for ``dweight`` / ``dbias`` (the design of
+``triton_kernels.py``). Shorter rows go one at a time, as in PyTorch's CPU LayerNorm backward: x
+and dy are then two sequential streams, which the hardware prefetches (in a training step x comes
+from DRAM), and the ``dweight`` row they add to stays in L1. ``normlab-bench`` shows the effect.
 
 Semantics (last dimension of size d normalised; as ``reference.py`` and ``triton_kernels.py``):
 
