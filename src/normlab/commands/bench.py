@@ -30,8 +30,8 @@ from normlab.studies.bench_norms import (
     parse_shape,
 )
 from normlab.studies.bench_tables import format_norm_table
-from normlab.training.host_memory import keep_freed_memory
 from normlab.training.distributed import resolve_device
+from normlab.training.host_memory import keep_freed_memory
 
 NORM_USAGE = """\
 normlab-bench [-h] [--kinds K,..] [--impls I,..] [--dtypes D,..] [--shapes RxH,..] [options]

@@ -21,8 +21,8 @@ from normlab.data.tokens import DataError
 from normlab.studies.bench_settings import DEFAULT_SETTINGS, bench_settings, format_settings
 from normlab.studies.bench_step import bench_step, format_step
 from normlab.studies.profile_step import format_profile, profile_steps
-from normlab.training.host_memory import keep_freed_memory
 from normlab.training.distributed import resolve_device
+from normlab.training.host_memory import keep_freed_memory
 from normlab.training.peak import device_peak_tflops
 
 STEP_DESCRIPTION = """\

@@ -20,8 +20,9 @@ regimes (``--cache``):
   times a typical CPU L3 or GPU L2; raise it for a larger cache) that evicts the caches, a
   synchronize, and exactly one timed call (``inner`` = 1): every call starts from DRAM / HBM.
 
-On CPU the bench first asks glibc to keep freed memory in the process (``training.host_memory.keep_freed_memory``),
-so that no sample pays for page faults that glibc's trimming heuristics cause (JSON ``malloc``).
+On CPU the bench first asks glibc to keep freed memory in the process
+(``training.host_memory.keep_freed_memory``), so that no sample pays for page faults that glibc's
+trimming heuristics cause (JSON ``malloc``).
 
 Bytes model (each tensor counted in its own dtype; per-row statistics ignored): forward reads x,
 weight (+bias) and writes y; forward+backward adds reading x and dy and writing dx, dweight

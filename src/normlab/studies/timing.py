@@ -12,7 +12,6 @@ import torch
 
 from normlab.training.tracking import synchronize
 
-
 SETTLE_TOL = 1.1  # an untimed call within 10% of the case's fastest single call: steady state
 
 

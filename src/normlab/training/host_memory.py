@@ -18,7 +18,8 @@ import ctypes.util
 import functools
 
 KEPT = "glibc mallopt: freed memory kept in the process (no mmap, no trim)"
-DEFAULTS = "allocator defaults (not glibc)"
+DEFAULTS = "allocator defaults"  # keep_freed_memory not called (a GPU run), or it could not be
+NOT_GLIBC = "allocator defaults (not glibc)"
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc's <malloc.h>
 _state = [DEFAULTS]
 
@@ -36,12 +37,13 @@ def _libc() -> ctypes.CDLL | None:
 def keep_freed_memory() -> str:
     """Ask glibc to keep freed memory in the process: ``mallopt(M_MMAP_MAX, 0)`` (no ``mmap`` per
     large block) and ``mallopt(M_TRIM_THRESHOLD, 2**31 - 1)`` (no trimming of the heap top).
-    Idempotent. Returns what was done (:data:`KEPT`, or :data:`DEFAULTS` where the C library is not
-    glibc), also what :func:`host_memory` reports from then on."""
+    Idempotent. Returns what was done (:data:`KEPT`, or :data:`NOT_GLIBC` where the C library is
+    not glibc), also what :func:`host_memory` reports from then on."""
     libc = _libc()
-    if libc is not None and libc.mallopt(_M_MMAP_MAX, 0) == 1:
-        if libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1:
-            _state[0] = KEPT
+    if libc is None:
+        _state[0] = NOT_GLIBC
+    elif libc.mallopt(_M_MMAP_MAX, 0) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1:
+        _state[0] = KEPT
     return _state[0]
 
 
