@@ -38,7 +38,7 @@ normlab-bench [-h] [--kinds K,..] [--impls I,..] [--dtypes D,..] [--shapes RxH,.
        normlab-bench step [-h] [OVERRIDE ...] [--a OVERRIDES] [--b OVERRIDES] [options]
        normlab-bench step [-h] [OVERRIDE ...] --baseline | --profile THREADS [options]
        normlab-bench settings [-h] [OVERRIDE ...] [--setting OVERRIDES ...] [options]
-       normlab-bench peak [-h] [--device D] [--refresh] [--json PATH]"""
+       normlab-bench peak [-h] [--device D] [--refresh] [--threads N] [--json PATH]"""
 
 NORM_DESCRIPTION = """\
 Four modes: "normlab-bench [options]" times norm kernels (this help);

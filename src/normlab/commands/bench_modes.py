@@ -42,13 +42,15 @@ measured matmul peak of each setting's precision (peak_tflops: auto) and the spe
 over the first setting."""
 
 
-def add_common(p: argparse.ArgumentParser, json_default: str) -> None:
-    """``--threads`` and ``--json``, the options of every mode."""
+def add_common(p: argparse.ArgumentParser, json_default: str, overrides: bool = True) -> None:
+    """``--threads`` and ``--json``, the options of every mode (``overrides``: the mode takes
+    config overrides, whose ``threads`` key is then the default thread count)."""
+    from_overrides = "the threads key of the overrides, else " if overrides else ""
     p.add_argument(
         "--threads",
         type=int,
-        help="CPU threads (default: the threads key of the overrides, else train's rule: "
-        "$OMP_NUM_THREADS, else half the cores)",
+        help=f"CPU threads (default: {from_overrides}train's rule: $OMP_NUM_THREADS, else half "
+        "the cores)",
     )
     p.add_argument(
         "--json",
@@ -215,7 +217,7 @@ def peak_main(argv: list[str]) -> int:
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     p.add_argument("--refresh", action="store_true", help="measure again, ignoring the cache")
-    add_common(p, "bench_peak.json")
+    add_common(p, "bench_peak.json", overrides=False)
     args = p.parse_args(argv)
     try:
         print(set_threads(args.threads, None))
