@@ -22,8 +22,9 @@
 // LayerNorm) and the block's column sums for dweight (and dbias): dweight costs no extra pass over
 // memory. Rows of up to ROW_WISE_BYTES go one at a time instead (a block of 1 row): swept by
 // column, a block of short rows is 16 streams of a few cache lines each, too short for the
-// hardware prefetcher, and x is cold in a training step (saved in the forward); row by row, x and dy
-// are two sequential streams, and the dweight row they add to stays in L1. A second sweep over the same rows (now in L1/L2) writes
+// hardware prefetcher, and x is cold in a training step (saved in the forward); row by row, x and
+// dy are two sequential streams, and the dweight row they add to stays in L1. A second sweep over
+// the same rows (now in L1/L2) writes
 //   dx = rstd * (g - mean_d(g) - x_hat * mean_d(g * x_hat))   (RMSNorm: without mean_d(g))
 // with g = dy * w. Column sums go to one partial row per thread; bwd_call adds the rows in
 // thread order, in the accumulation dtype (one thread: straight into dweight / dbias).
@@ -60,8 +61,8 @@ using AVec = at::vec::Vectorized<acc_t<T>>;
 constexpr int64_t ROWS = 8;  // rows per backward block: 2 x 8 row accumulators + temporaries fit 32 zmm
 // Rows of at most this many bytes go one at a time through the backward (a block of 1): see the
 // header. 4096 x 128 fp32 with x cold (as a saved activation is in a training step): 8-row blocks
-// 0.63-0.84 ms, one row at a time 0.36-0.44 ms, PyTorch's LayerNorm 0.38-0.56 ms; warm the same
-// (0.18-0.19 ms); 1024 x 768: 0.80 -> 0.57 ms cold. At 256 x 4096 blocks stay faster (1.01 vs
+// 0.63-0.85 ms, one row at a time 0.30-0.44 ms, PyTorch's LayerNorm 0.35-0.56 ms in the same runs;
+// warm the same (0.18-0.19 ms); 1024 x 768: 0.80 -> 0.57 ms cold. At 256 x 4096 blocks stay faster (1.01 vs
 // 1.46 ms cold): the dweight row a row-at-a-time pass loads and stores is 16 KiB there.
 constexpr int64_t ROW_WISE_BYTES = 4096;
 
@@ -448,14 +449,13 @@ void bwd_call(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& w, co
   A* dwb = part.data();
   A* dbb = RMS ? nullptr : dwb + nt * d;
   bwd_impl<T, RMS>(dy, x, w, mean, rstd, dx, dwb, dbb);
-  for (int64_t j = 0; j < d; ++j) dwo[j] = dwb[j];
-  for (int64_t t = 1; t < nt; ++t)
-    for (int64_t j = 0; j < d; ++j) dwo[j] += dwb[t * d + j];
-  if constexpr (!RMS) {
-    for (int64_t j = 0; j < d; ++j) dbo[j] = dbb[j];
+  auto sum_rows = [&](A* out, const A* rows) {  // out = rows[0] + rows[1] + ..., in thread order
+    std::copy_n(rows, d, out);
     for (int64_t t = 1; t < nt; ++t)
-      for (int64_t j = 0; j < d; ++j) dbo[j] += dbb[t * d + j];
-  }
+      for (int64_t j = 0; j < d; ++j) out[j] += rows[t * d + j];
+  };
+  sum_rows(dwo, dwb);
+  if constexpr (!RMS) sum_rows(dbo, dbb);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
