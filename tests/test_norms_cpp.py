@@ -5,6 +5,11 @@ uses them, rows of millions of elements, and one-line errors when the kernels ca
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -110,6 +115,91 @@ def test_a_kernel_that_does_not_compile_is_a_one_line_config_error(tmp_path, cap
     assert "normlab: building the C++ norm kernels" in caplog.text  # the pause is announced
     assert "norm.impl=cpp could not build its C++ kernels" in str(e.value)
     assert "choose norm.impl=torch" in str(e.value) and "\n" not in str(e.value)
+
+
+_TINY_CPP = 'extern "C" int normlab_test_answer() { return 42; }\n'
+
+
+def _build_in_subprocess(ext_dir, name, src, env_extra=(), timeout=180):
+    """Run :func:`cpp_impl.build` in a child (a hang fails the test instead of blocking it)."""
+    code = (
+        "import logging, sys; from pathlib import Path\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "from normlab.norms import cpp_impl\n"
+        "from normlab.config import ConfigError\n"
+        f"try: cpp_impl.build({name!r}, Path({str(src)!r}), [])\n"
+        "except ConfigError as e: print('ConfigError:', e); sys.exit(2)\n"
+    )
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext_dir), **dict(env_extra)}
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _build_dir(ext_dir, name) -> Path:
+    """The folder torch builds extension ``name`` in under ``TORCH_EXTENSIONS_DIR=ext_dir``."""
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from torch.utils import cpp_extension as c; "
+            "print(c._get_build_directory(sys.argv[1], False))",
+            name,
+        ],
+        env={**os.environ, "TORCH_EXTENSIONS_DIR": str(ext_dir)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    path = Path(probe.stdout.strip())
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def test_a_stale_build_lock_left_by_a_killed_build_is_cleared_not_waited_on(tmp_path):
+    # torch's FileBaton leaves <build dir>/lock when its process is killed mid-build; every later
+    # build then waited on it forever. normlab's own flock makes the leftover provably stale.
+    src = tmp_path / "answer.cpp"
+    src.write_text(_TINY_CPP)
+    build_dir = _build_dir(tmp_path / "ext", "normlab_test_stale")
+    (build_dir / "lock").write_text("")
+    r = _build_in_subprocess(tmp_path / "ext", "normlab_test_stale", src, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "removing a stale build lock" in r.stderr
+    assert (build_dir / "normlab_test_stale.so").exists() and not (build_dir / "lock").exists()
+
+
+def test_a_live_builder_is_waited_for_with_a_notice_and_a_bounded_wait(tmp_path):
+    src = tmp_path / "answer.cpp"
+    src.write_text(_TINY_CPP)
+    ext = tmp_path / "ext"
+    build_dir = _build_dir(ext, "normlab_test_live")
+    holder = subprocess.Popen(  # a live process holding the build lock
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time; f = open(sys.argv[1], 'a+'); "
+            "fcntl.flock(f, fcntl.LOCK_EX); f.write(str(os.getpid())); f.flush(); "
+            "print('held', flush=True); time.sleep(60)",
+            str(build_dir / "normlab.lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        r = _build_in_subprocess(
+            ext, "normlab_test_live", src, env_extra={"NORMLAB_BUILD_WAIT_S": "1"}, timeout=60
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert f"waiting (up to 1 s) for process {holder.pid}" in r.stderr
+    assert f"process {holder.pid} has held the kernel build lock" in r.stdout
+    # once the holder is gone (its flock died with it), the same build goes through
+    r = _build_in_subprocess(ext, "normlab_test_live", src, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_missing_ninja_is_a_config_error_naming_the_fix(monkeypatch, tmp_path):

@@ -52,11 +52,15 @@ config refuses ``impl=cpp`` on other devices (:func:`normlab.norms.resolve_norm`
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
+import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import ClassVar
 
@@ -91,11 +95,24 @@ def _isa_flags() -> tuple[str, list[str]]:
     return "generic", []
 
 
+#: Seconds a run waits for another process that is building the same kernels before it refuses
+#: (``NORMLAB_BUILD_WAIT_S`` overrides it); a build takes seconds, so this only ends a real stall.
+BUILD_WAIT_S = 600.0
+
+
 def build(name: str, source: Path, flags: list[str]) -> None:
     """``torch.utils.cpp_extension.load`` of one C++ file registering torch ops (no Python module).
 
+    Builds are serialised by an ``flock`` on ``<build dir>/normlab.lock``, which the kernel releases
+    when its holder dies, so a killed build never blocks a later one. Under that lock no other
+    normlab process is building, so the ``lock`` file torch's own ``FileBaton`` leaves behind when
+    a build is killed (SIGTERM from ``timeout`` or SLURM) is stale: it is removed, with a warning,
+    instead of being waited on forever. A run that must wait for a live builder says so, names its
+    pid, and refuses after :data:`BUILD_WAIT_S`.
+
     Raises:
-        ConfigError: ninja missing, or the compiler failed (first line of its error).
+        ConfigError: ninja missing; the compiler failed (first line of its error); another process
+            held the build lock longer than the wait allows.
     """
     from torch.utils import cpp_extension
 
@@ -104,34 +121,83 @@ def build(name: str, source: Path, flags: list[str]) -> None:
             "norm.impl=cpp needs ninja to build its kernels: pip install ninja "
             "(or choose norm.impl=torch)"
         )
-    try:
-        built = Path(cpp_extension._get_build_directory(name, verbose=False)) / f"{name}.so"
-    except Exception:  # noqa: BLE001  (a private helper of torch: only the notice depends on it)
-        built = None
-    if built is not None and not built.exists():
-        log.warning(
-            "normlab: building the C++ norm kernels for this machine (norm.impl=cpp, once; "
-            "about 10 s) in %s",
-            built.parent,
-        )
-    try:
-        # -fopenmp: at::parallel_for is OpenMP compiled into this library (serial without it); the
-        # process already holds torch's libgomp.so.1, so the kernels share torch's thread pool.
-        cpp_extension.load(
-            name=name,
-            sources=[str(source)],
-            extra_cflags=["-O3", "-fopenmp", *flags],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
-    except Exception as e:  # noqa: BLE001
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(": [")[0][:200]
-        raise ConfigError(
-            f"norm.impl=cpp could not build its C++ kernels ({first}); "
-            "choose norm.impl=torch or reference "
-            "(compiled needs a C++ compiler too)"
-        ) from e
+    build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+    with _build_lock(build_dir):
+        baton = build_dir / "lock"
+        if baton.exists():
+            log.warning("normlab: removing a stale build lock left by a killed build: %s", baton)
+            baton.unlink(missing_ok=True)
+        if not (build_dir / f"{name}.so").exists():
+            log.warning(
+                "normlab: building the C++ norm kernels for this machine (norm.impl=cpp, once; "
+                "about 10 s) in %s",
+                build_dir,
+            )
+        try:
+            # -fopenmp: at::parallel_for is OpenMP compiled into this library (serial without it);
+            # the process already holds torch's libgomp.so.1: the kernels share its thread pool.
+            cpp_extension.load(
+                name=name,
+                sources=[str(source)],
+                extra_cflags=["-O3", "-fopenmp", *flags],
+                extra_ldflags=["-fopenmp"],
+                is_python_module=False,
+                verbose=False,
+            )
+        except Exception as e:  # noqa: BLE001
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(": [")[0][:200]
+            raise ConfigError(
+                f"norm.impl=cpp could not build its C++ kernels ({first}); "
+                "choose norm.impl=torch or reference "
+                "(compiled needs a C++ compiler too)"
+            ) from e
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path):
+    """Hold an exclusive ``flock`` on ``build_dir/normlab.lock`` (the file stays; the lock dies with
+    its process). Waits for a live holder with a notice naming its pid, at most
+    ``$NORMLAB_BUILD_WAIT_S`` (default :data:`BUILD_WAIT_S`) seconds.
+
+    Raises:
+        ConfigError: the wait ran out (naming the lock file and the holder's pid).
+    """
+    build_dir.mkdir(parents=True, exist_ok=True)
+    path = build_dir / "normlab.lock"
+    wait_s = float(os.environ.get("NORMLAB_BUILD_WAIT_S", BUILD_WAIT_S))
+    with open(path, "a+") as f:
+        deadline = time.monotonic() + wait_s
+        announced = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                if time.monotonic() >= deadline:
+                    raise ConfigError(
+                        f"norm.impl=cpp: process {holder} has held the kernel build lock {path} "
+                        f"for over {wait_s:g} s; wait for it, stop it, or choose norm.impl=torch"
+                    ) from None
+                if not announced:
+                    log.warning(
+                        "normlab: waiting (up to %g s) for process %s, which is building the C++ "
+                        "norm kernels in %s",
+                        wait_s,
+                        holder,
+                        build_dir,
+                    )
+                    announced = True
+                time.sleep(0.2)
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(str(os.getpid()))
+            f.flush()
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _ninja_module() -> bool:

@@ -154,11 +154,8 @@ def verdict(sweep: list[dict[str, Any]], checks: list[dict[str, Any]]) -> list[s
     return lines
 
 
-def write_report(out: Path, inputs, sweep, checks, fig: Path, rows: int) -> Path:
-    """``fp16_statistics.md`` and ``.json`` in ``out``; returns the Markdown path."""
-    from normlab.training.setup import versions
-
-    cfg = inputs.cfg
+def _norm_level_table(sweep) -> str:
+    """Per case and dtype: the first input RMS that broke it and the largest error before."""
     cases = list(dict.fromkeys(r["case"] for r in sweep))
     dtypes = list(dict.fromkeys(r["dtype"] for r in sweep))
     summary_rows = []
@@ -179,6 +176,14 @@ def write_report(out: Path, inputs, sweep, checks, fig: Path, rows: int) -> Path
     head = ["case"] + [
         h for dt in dtypes for h in (f"{dt}: first broken RMS", f"{dt}: max error before")
     ]
+    return md_table(head, summary_rows)
+
+
+def write_report(out: Path, inputs, sweep, checks, fig: Path, rows: int) -> Path:
+    """``fp16_statistics.md`` and ``.json`` in ``out``; returns the Markdown path."""
+    from normlab.training.setup import versions
+
+    cfg = inputs.cfg
     check_rows = [
         [
             c["mode"],
@@ -214,7 +219,7 @@ def write_report(out: Path, inputs, sweep, checks, fig: Path, rows: int) -> Path
         "",
         f"![output error vs input RMS]({fig.name})",
         "",
-        md_table(head, summary_rows),
+        _norm_level_table(sweep),
         "",
         "## Model level: residual stream entering block 0 scaled to a target RMS",
         "",
