@@ -6,8 +6,10 @@ uses them, rows of millions of elements, and one-line errors when the kernels ca
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -200,6 +202,48 @@ def test_a_live_builder_is_waited_for_with_a_notice_and_a_bounded_wait(tmp_path)
     # once the holder is gone (its flock died with it), the same build goes through
     r = _build_in_subprocess(ext, "normlab_test_live", src, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _build_processes(src: Path, build_dir: Path) -> list[str]:
+    """Live ninja and compiler processes of one build: those working in ``build_dir`` (ninja) or
+    compiling ``src`` (the compiler driver and cc1plus), Python processes aside."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        exe = Path(args[0].decode(errors="replace")).name
+        if "python" in exe:
+            continue
+        if cwd == str(build_dir) or str(src).encode() in b" ".join(args):
+            found.append(f"{proc.name} {exe}")
+    return found
+
+
+def test_sigterm_during_a_build_ends_the_compiler_and_leaves_no_lock(tmp_path):
+    # A SIGTERM (timeout, kill, SLURM) in the middle of a build used to orphan ninja and the
+    # compiler, which went on writing into the build folder, and to leave torch's lock behind.
+    src = tmp_path / "slow.cpp"
+    src.write_text("#include <torch/extension.h>\nint normlab_slow() { return 1; }\n")
+    ext = tmp_path / "ext"
+    build_dir = _build_dir(ext, "normlab_test_term")
+    code = (
+        "import os; from pathlib import Path; from normlab.norms import cpp_impl\n"
+        "cpp_impl.build('normlab_test_term', Path(os.environ['SRC']), [])\n"
+    )
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "SRC": str(src)}
+    child = subprocess.Popen([sys.executable, "-c", code], env=env)
+    deadline = time.monotonic() + 120
+    while not _build_processes(src, build_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)  # until ninja or the compiler runs
+    assert _build_processes(src, build_dir), "the build never started"
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=60) == -signal.SIGTERM  # ended as SIGTERM ends a process
+    time.sleep(1.0)
+    assert not _build_processes(src, build_dir), "a compiler outlived the run"
+    assert not (build_dir / "lock").exists()
 
 
 def test_missing_ninja_is_a_config_error_naming_the_fix(monkeypatch, tmp_path):

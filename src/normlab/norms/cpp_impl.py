@@ -60,6 +60,8 @@ import logging
 import os
 import re
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -136,14 +138,15 @@ def build(name: str, source: Path, flags: list[str]) -> None:
         try:
             # -fopenmp: at::parallel_for is OpenMP compiled into this library (serial without it);
             # the process already holds torch's libgomp.so.1: the kernels share its thread pool.
-            cpp_extension.load(
-                name=name,
-                sources=[str(source)],
-                extra_cflags=["-O3", "-fopenmp", *flags],
-                extra_ldflags=["-fopenmp"],
-                is_python_module=False,
-                verbose=False,
-            )
+            with _compiler_dies_with_us():
+                cpp_extension.load(
+                    name=name,
+                    sources=[str(source)],
+                    extra_cflags=["-O3", "-fopenmp", *flags],
+                    extra_ldflags=["-fopenmp"],
+                    is_python_module=False,
+                    verbose=False,
+                )
         except Exception as e:  # noqa: BLE001
             first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(": [")[0][:200]
             raise ConfigError(
@@ -151,6 +154,57 @@ def build(name: str, source: Path, flags: list[str]) -> None:
                 "choose norm.impl=torch or reference "
                 "(compiled needs a C++ compiler too)"
             ) from e
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while the kernels were building (see :func:`_compiler_dies_with_us`)."""
+
+
+@contextlib.contextmanager
+def _compiler_dies_with_us():
+    """While the kernels build, SIGTERM (what ``timeout``, ``kill`` and SLURM send) ends the build's
+    processes (ninja and the compilers it started: every descendant of this process) and raises
+    inside the build instead of ending the process at once, so torch's ``finally`` releases its
+    lock and no compiler outlives the run to write into the build folder while the next run builds
+    there. The signal is then delivered again to the handler
+    that was there before (by default: the process ends, exit status 143). Outside the main thread,
+    where handlers cannot be set, it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum: int, frame: object) -> None:
+        for pid in reversed(_descendants(os.getpid())):  # the compilers before ninja
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        raise _Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, handle)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, previous)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise KeyboardInterrupt from None  # a handler of the caller's took the signal and returned
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of process ``pid``, parents before their children (Linux ``/proc``;
+    empty where it is missing)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        out.append(todo.pop(0))
+        todo += children.get(out[-1], [])
+    return out
 
 
 @contextlib.contextmanager
