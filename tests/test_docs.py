@@ -23,8 +23,10 @@ from pathlib import Path
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 
 from normlab.compose import compose_cli
+from normlab.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -207,7 +209,7 @@ def jobs(overrides: list[str], multirun: bool) -> list[tuple[str, ...]]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compose_once(job: tuple[str, ...]) -> None:
     """Compose and validate ``job`` as ``train`` does (once per distinct override list)."""
     compose_cli(list(job))
@@ -258,7 +260,7 @@ def _doc_line(text: str) -> Command:
 )
 def test_a_bad_command_in_the_docs_fails(line: str):
     """The check itself: each of these lines, shown in a page, fails the test above."""
-    with pytest.raises(Exception):  # noqa: B017: any composition error is the expected outcome
+    with pytest.raises((ConfigError, HydraException, ValueError)):
         check_command(_doc_line(line))
 
 
@@ -383,8 +385,8 @@ def missing_modules(text: str, modules: list[str]) -> list[str]:
 
 
 def stale_paths(section: str) -> list[str]:
-    """Module paths named in the map (backticked ``x/y.py``) that do not exist."""
-    named = re.findall(r"`((?:[\w]+/)*[\w]+\.py)`", section)
+    """Module paths of the map's rows (a first cell holding ``x/y.py``) that name no module."""
+    named = re.findall(r"^\|\s*`((?:\w+/)*\w+\.py)`\s*\|", section, re.M)
     return [p for p in named if not (SRC / p).is_file()]
 
 
@@ -402,7 +404,8 @@ def test_a_module_missing_from_the_map_is_found():
     modules = ["training/loop.py", "report/stats.py", "report/plots.py", "norms/__init__.py"]
     assert missing_modules(text, modules) == ["report/plots.py", "norms/__init__.py"]
     assert missing_modules("`normlab.norms` builds them", ["norms/__init__.py"]) == []
-    assert stale_paths("`training/loop.py` and `training/no_such_module.py`") == [
+    rows = "| `training/loop.py` | the loop |\n| `training/no_such_module.py` | gone |\n"
+    assert stale_paths(rows + "prose naming `tests/test_docs.py`\n") == [
         "training/no_such_module.py"
     ]
 
