@@ -280,6 +280,7 @@ def test_a_good_command_with_flags_and_placeholders_composes():
 
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 REF_LINK = re.compile(r"^\s*\[[^\]]+\]:\s*(\S+)", re.M)
+FENCE = re.compile(r"```.*?```", re.S)
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 
 
@@ -294,7 +295,7 @@ def anchors(page: Path) -> set[str]:
     """Every heading anchor of a markdown page (repeats numbered as GitHub does)."""
     seen: dict[str, int] = {}
     out: set[str] = set()
-    for line in CODE.sub("", page.read_text()).splitlines():
+    for line in FENCE.sub("", page.read_text()).splitlines():
         m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
         if m:
             s = slug(m.group(1))
@@ -330,15 +331,16 @@ def test_every_relative_link_resolves(page: Path):
 
 
 def test_a_broken_link_is_found(tmp_path: Path):
-    (tmp_path / "there.md").write_text("# A heading\n")
+    (tmp_path / "there.md").write_text("# A heading\n## `norm=fused`: code\n```\n# not one\n```\n")
     page = tmp_path / "page.md"
     page.write_text(
         "[ok](there.md) [ok](there.md#a-heading) [web](https://x.org) `[code](nowhere.md)`\n"
-        "[gone](nowhere.md) [bad anchor](there.md#no-heading) ![img](missing.png)\n"
+        "[ok](there.md#normfused-code) [gone](nowhere.md) [bad anchor](there.md#not-one)\n"
+        "![img](missing.png)\n"
     )
     assert broken_links(page) == [
         "nowhere.md (no such file)",
-        "there.md#no-heading (no heading #no-heading in there.md)",
+        "there.md#not-one (no heading #not-one in there.md)",
         "missing.png (no such file)",
     ]
 
