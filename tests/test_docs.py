@@ -6,11 +6,11 @@ hash, session talk or "before:" note (measurements and their code versions live 
 history in CHANGELOG.md).
 
 A command is found in a fenced code block as a segment (split at ``&&``, ``;``, ``|``) that runs
-``train`` (also through ``torchrun`` or ``python -m normlab.commands.train``) or a study script
-``bash scripts/<study>.sh`` (composed as ``experiment=<study>`` plus its arguments). ``-m`` sweeps
-compose once per swept value (every value is composed, not the product); ``--cfg job`` and
-``--help`` compose the overrides beside them. Placeholders: a whole ``<...>`` argument is dropped,
-``<...>`` inside a value becomes ``x``.
+``train`` (also through ``torchrun`` or ``python -m normlab.commands.train``), ``normlab-prepare``
+(the same overrides) or a study script ``bash scripts/<study>.sh`` (composed as
+``experiment=<study>`` plus its arguments). ``-m`` sweeps compose once per swept value (every
+value is composed, not the product); ``--cfg job`` and ``--help`` compose the overrides beside
+them. Placeholders: a whole ``<...>`` argument is dropped, ``<...>`` inside a value becomes ``x``.
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ def _train_args(seg: list[str]) -> tuple[list[str], bool] | None:
         return None
     if seg[0] == "train":
         return seg[1:], False
+    if seg[0] == "normlab-prepare":  # composes as train does; runs every combination of a sweep
+        return [a for a in seg[1:] if a != "--fresh"], True
     if seg[0] == "torchrun" and "train" in seg:
         return seg[seg.index("train") + 1 :], False
     if seg[0] in ("torchrun", "python", "python3") and "normlab.commands.train" in seg:
@@ -256,6 +258,7 @@ def _doc_line(text: str) -> Command:
         "train --cfgg job norm=rms",  # a flag train does not have
         "bash scripts/eps_sweep.sh norm.epss=1e-5",  # a study script's bad override
         "bash scripts/setup.sh && train model=tinyy",  # after &&
+        "normlab-prepare --fresh data=tinystorie",  # normlab-prepare's overrides
     ],
 )
 def test_a_bad_command_in_the_docs_fails(line: str):
