@@ -321,7 +321,7 @@ def test_cli_refusal_exits_1_with_one_line_naming_the_key(tmp_path, capsys):
 def test_python_dash_m_runs_the_cli(tmp_path):
     make_sweep(tmp_path)
     write_run(tmp_path, "layer", 5, 3.0, edits={"max_steps": 40})
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = Path(__file__).resolve().parents[2] / "src"
     p = subprocess.run(
         [sys.executable, "-m", "normlab.commands.report", str(tmp_path)],
         capture_output=True,

@@ -26,7 +26,7 @@ from normlab.report import (
     report_tables,
     wandb_settings,
 )
-from normlab.report.context import steps_worth
+from normlab.report.compare import steps_worth
 from normlab.report.stats import ratio_interval
 
 LN2 = math.log(2)
@@ -394,8 +394,8 @@ def test_an_evaluation_row_without_training_seconds_takes_its_steps_time(tmp_pat
         if "val/loss" in row and row["step"] == 30:
             row.pop("perf/train_time_s")
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from normlab.report.compare import first_reach
     from normlab.report.runs import load_run
-    from normlab.report.totarget import first_reach
 
     run = load_run(d)
     assert first_reach(run, 2.10) == {
