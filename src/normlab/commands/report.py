@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"normlab-report: wrote {path}")
     if logged:
         print(f"normlab-report: {logged}")
+    for run, why in rep.skipped:
+        print(f"  note: skipped {run.path}: {why}")
     for w in rep.confounds:
         print(f"  warning: {w}")
     for c in rep.comparisons:

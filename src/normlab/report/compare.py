@@ -43,6 +43,7 @@ from normlab.report.runs import (
     confounds,
     label_runs,
     load_runs,
+    never_trained,
     override_key,
 )
 from normlab.report.series import (
@@ -71,6 +72,16 @@ TIME_KEY = "perf/train_time_s"
 LR_KEY = "optim.lr"
 #: The interleaved step benchmark's result, looked for in every source dir of a report.
 BENCH_FILE = "step_bench.json"
+#: What the figures of sequential times (``step_time.png``, ``val_time.png``) carry when the
+#: report finds those times not comparable (:func:`not_comparable`).
+NOT_COMPARABLE_MARK = "NOT COMPARABLE: step times fail the report's checks"
+#: A verdict rests on runs far from convergence (:func:`short_run_caveat`) when the baseline's
+#: validation loss still fell by the margin within the last STILL_FALLING of its steps, or when
+#: the runs saw under FEW_EPOCHS of their training split and under FEW_TOKENS_PER_PARAM training
+#: tokens per parameter (the compute-optimal ratio of Hoffmann et al. 2022 is about 20).
+STILL_FALLING = 0.1
+FEW_EPOCHS = 0.1
+FEW_TOKENS_PER_PARAM = 20
 #: line label -> [(swept value, final losses of the completed runs)]
 Points = dict[str, list[tuple[float, list[float]]]]
 
@@ -101,6 +112,8 @@ class Report:
     bench: dict[str, Any] | None = None
     #: :func:`build_context`
     context: dict[str, Any] = field(default_factory=dict)
+    #: run dirs that never trained (a refused run) with the reason, left out of everything
+    skipped: list[tuple[Run, str]] = field(default_factory=list)
 
     def included(self, label: str) -> list[Run]:
         """The runs of variant ``label`` that count in the statistics (completed, not set aside)."""
@@ -167,6 +180,13 @@ def _ratio(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str) -
     }
 
 
+def not_comparable(rep: Report) -> list[str]:
+    """The variants whose sequential step times do not compare with the baseline's (the checks of
+    :func:`_ratio` failed: a busy or changing machine). When any does, every figure of sequential
+    times carries :data:`NOT_COMPARABLE_MARK` and the report's text next to them says so."""
+    return [c["label"] for c in rep.comparisons if not c["ratio"]["comparable"]]
+
+
 def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str) -> dict[str, Any]:
     seeds = sorted(set(var) & set(base), key=str)
     diffs = [var[s].final_val_loss - base[s].final_val_loss for s in seeds]
@@ -202,46 +222,81 @@ def build_report(
     """Load, check and compare runs (no files written); ``paths``: a sweep dir, a run dir, or a
     list of either, anywhere; ``margin`` and ``target`` (time to target; None: the worst final
     loss) in nats/token. A sweep over ``optim.lr`` and other keys is a tuned comparison: labels
-    leave the lr out, each variant is compared at its best lr (:func:`choose_best_lr`).
+    leave the lr out, each variant is compared at its best lr (:func:`choose_best_lr`). Run dirs
+    that never trained (:func:`~normlab.report.runs.never_trained`: a refused run) are left out
+    of everything and listed in :attr:`Report.skipped`.
 
     Raises:
         ReportError: a refusal (see :func:`~normlab.report.runs.load_runs`,
             :func:`~normlab.report.runs.check_comparable`,
-            :func:`~normlab.report.runs.choose_baseline`) or a variant with two completed runs
-            of one seed (pairing would be ambiguous).
+            :func:`~normlab.report.runs.choose_baseline`), no run dir that trained, or a variant
+            with two completed runs of one seed (pairing would be ambiguous).
     """
     sources = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
-    runs = load_runs(sources)
+    runs, skipped = _trained(load_runs(sources), sources)
     tuned = lr_swept(runs)
     common = label_runs(runs, (LR_KEY,) if tuned else ())
     if tuned and len({r.label for r in runs}) < 2:  # only the lr differs: it is the variant
         tuned, common = False, label_runs(runs)
     check_comparable(runs)
     base = choose_baseline(runs, baseline)
-    rep = Report(sources, margin, alpha, base, runs, common)
+    rep = Report(sources, margin, alpha, base, runs, common, skipped=skipped)
     if tuned:
         labels = [base] + sorted({r.label for r in runs} - {base})
         rep.tuned = choose_best_lr(runs, labels, alpha)
         rep.tuned["at_lr"] = at_each_lr(rep.tuned, base, margin, alpha)
     by_seed: dict[str, dict[Any, Run]] = {}
     for lab in [base] + sorted({r.label for r in runs} - {base}):
-        inc = rep.included(lab)
         by_seed[lab] = _by_seed(rep, lab)
-        rep.timing[lab] = _timing(inc)
-        rep.variants.append(
-            {
-                "label": lab,
-                **describe([r.final_val_loss for r in inc]),
-                "excluded": sum(r.label == lab and r.excluded is not None for r in runs),
-                "step_time_ms": _median_of(inc, "step_time_ms_median"),
-                "tokens_per_s": _median_of(inc, "tokens_per_s"),
-                "bpb": describe([x for r in inc if math.isfinite(x := final_value(r, "val/bpb"))]),
-            }
-        )
+        rep.timing[lab] = _timing(rep.included(lab))
+        rep.variants.append(_variant_row(rep, lab))
     done = [r for r in runs if r.excluded is None and r.set_aside is None]
     rep.confounds = confounds(done or runs, rep.labels)
     rep.comparisons = [_compare(rep, by_seed[base], v, lab) for lab, v in list(by_seed.items())[1:]]
+    _qualify(rep, target)
+    found = load_step_bench(sources)
+    if found is not None:
+        ratios = {lab: bench_ratio(found[1], base, lab, alpha) for lab in rep.labels[1:]}
+        rep.bench = {"path": found[0], "ratios": ratios, "raw": found[1]}
+    return rep
+
+
+def _trained(runs: list[Run], sources: list[Path]) -> tuple[list[Run], list[tuple[Run, str]]]:
+    """``runs`` split into those that trained and those that never did, with the reason.
+
+    Raises:
+        ReportError: no run trained.
+    """
+    skipped = [(r, why) for r in runs if (why := never_trained(r)) is not None]
+    kept = [r for r in runs if never_trained(r) is None]
+    if not kept:
+        names = ", ".join(r.name for r, _ in skipped)
+        where = ", ".join(map(str, sources))
+        raise ReportError(f"no run in {where} trained (refused or never started: {names})")
+    return kept, skipped
+
+
+def _variant_row(rep: Report, label: str) -> dict[str, Any]:
+    """The final-loss row of variant ``label``: ``describe`` of its included runs' final
+    validation losses, runs excluded, median step time (ms) and tokens/s, final bpb."""
+    inc = rep.included(label)
+    return {
+        "label": label,
+        **describe([r.final_val_loss for r in inc]),
+        "excluded": sum(r.label == label and r.excluded is not None for r in rep.runs),
+        "step_time_ms": _median_of(inc, "step_time_ms_median"),
+        "tokens_per_s": _median_of(inc, "tokens_per_s"),
+        "bpb": describe([x for r in inc if math.isfinite(x := final_value(r, "val/bpb"))]),
+    }
+
+
+def _qualify(rep: Report, target: float | None) -> None:
+    """Set the verdict's qualifiers of ``rep`` (bpb and held-out corpora, time to ``target``, the
+    context) and add their warnings to ``rep.confounds``: tokenizers that differ, a verdict on
+    runs far from convergence (:func:`short_run_caveat`), runs stopped by the time budget next
+    to runs that were not."""
     included = {lab: rep.included(lab) for lab in rep.labels}
+    base, margin, alpha = rep.baseline, rep.margin, rep.alpha
     rep.heldout = bpb_and_heldout(included, base, margin, alpha)
     if rep.heldout["tokenizer_differs"]:
         each = "; ".join(f"`{k}`: {'/'.join(v)}" for k, v in rep.heldout["tokenizers"].items())
@@ -251,6 +306,9 @@ def build_report(
         )
     rep.target = time_to_target(included, base, target, alpha)
     rep.context = build_context(included, base, margin)
+    caveat = short_run_caveat(rep.context, margin) if rep.comparisons else None
+    rep.confounds += [caveat] if caveat else []
+    done = [r for runs in included.values() for r in runs]
     stops = {str((r.summary or {}).get("stopped_by")) for r in done}
     if "max_time_s" in stops and len(stops) > 1:
         rep.confounds.append(
@@ -258,11 +316,6 @@ def build_report(
             + ", ".join(sorted(stops))
             + "): their final losses compare at neither equal steps nor equal training time"
         )
-    found = load_step_bench(sources)
-    if found is not None:
-        ratios = {lab: bench_ratio(found[1], base, lab, alpha) for lab in rep.labels[1:]}
-        rep.bench = {"path": found[0], "ratios": ratios, "raw": found[1]}
-    return rep
 
 
 # --- context of the verdict ----------------------------------------------------------------------
@@ -394,6 +447,43 @@ def build_context(included: dict[str, list[Run]], baseline: str, margin: float) 
             for lab, rs in included.items()
         },
     }
+
+
+def short_run_caveat(context: dict[str, Any], margin: float) -> str | None:
+    """The caveat a verdict needs when it rests on runs far from convergence, or None.
+
+    The rule: (1) the steep end: the baseline's mean validation curve was still ``margin``
+    (nats/token) above its final value within the last :data:`STILL_FALLING` (10%) of its steps
+    (``context["worth"]``, :func:`steps_worth`): ten percent more training would move the loss
+    by more than the margin, so a difference or an equivalence at this step need not hold at
+    the end of training; or (2) a short run: the runs saw under :data:`FEW_EPOCHS` (0.1) epochs
+    of their training split and under :data:`FEW_TOKENS_PER_PARAM` (20) tokens per parameter
+    (medians; a large corpus seen for a fraction of an epoch by a model trained to 20 tokens
+    per parameter is no short run). ``context``: :func:`build_context`'s result."""
+    w, epochs = context["worth"], context["epochs"]
+    per_param = context["tokens_seen"] / context["params"] if context["params"] else NAN
+    reasons = []
+    if math.isfinite(w["steps"]) and w["steps"] < STILL_FALLING * w["last_step"]:
+        reasons.append(
+            f"the baseline's validation loss still fell by the margin (±{margin:g} nats) in its "
+            f"last {w['steps']:,.1f} steps ({w['steps'] / w['last_step']:.1%} of the run, under "
+            f"{STILL_FALLING:.0%}): its curve is steep at the end"
+        )
+    few = math.isfinite(epochs) and epochs < FEW_EPOCHS
+    if few and math.isfinite(per_param) and per_param < FEW_TOKENS_PER_PARAM:
+        reasons.append(
+            f"the runs saw {epochs:.3g} epochs of the training split and {per_param:.3g} "
+            f"training tokens per parameter (under {FEW_EPOCHS:g} and {FEW_TOKENS_PER_PARAM})"
+        )
+    if not reasons:
+        return None
+    return (
+        "the verdict rests on runs far from convergence: "
+        + "; ".join(reasons)
+        + ". A difference, or an equivalence, this early in training need not hold at its end, "
+        "whatever the power: train longer (max_steps) before reading it as a verdict on the "
+        "variants"
+    )
 
 
 # --- bits per byte and held-out corpora ----------------------------------------------------------

@@ -14,7 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from normlab.report.compare import BENCH_FILE, GAP_ROWS, Report, swept_points
+from normlab.report.compare import (
+    BENCH_FILE,
+    GAP_ROWS,
+    NOT_COMPARABLE_MARK,
+    Report,
+    not_comparable,
+    swept_points,
+)
 from normlab.report.runs import INERT_KEYS, Run
 from normlab.report.series import (
     BETWEEN_LIMIT,
@@ -92,10 +99,16 @@ def _header(rep: Report) -> list[str]:
         f"- Equivalence margin: ±{rep.margin:g} nats/token; alpha = {rep.alpha:g}",
         f"- Baseline: `{rep.baseline}`",
         f"- Runs: {len(rep.runs)} found, {len(rep.runs) - n_exc} included, {n_exc} excluded",
+        *([f"- Skipped (never trained, in no table): {_skipped(rep)}"] if rep.skipped else []),
         f"- Overrides that do not tell the variants apart (left out of the labels): {shared}",
         "- Keys that change no compared number, never in a label nor a refusal: "
         + ", ".join(f"`{k}`" for k in INERT_KEYS),
     ]
+
+
+def _skipped(rep: Report) -> str:
+    """The run dirs that never trained, each with its reason, on one line."""
+    return "; ".join(f"`{run.name}` ({why})" for run, why in rep.skipped)
 
 
 def _variants(rep: Report) -> list[str]:
@@ -743,6 +756,25 @@ FIGURE_TEXT = (
 )
 
 
+def _figures(rep: Report) -> list[str]:
+    """The figure links of :data:`FIGURES`; when sequential step times do not compare
+    (:func:`~normlab.report.compare.not_comparable`), a note under each figure of sequential
+    times, which carries the same mark."""
+    titles = {k: t for k, t in FIGURES.items() if k != "lr_curve" or rep.tuned}
+    bad = not_comparable(rep)
+    note = (
+        "> **Not comparable:** the sequential step times of "
+        + ", ".join(f"`{lab}` vs `{rep.baseline}`" for lab in bad)
+        + " fail the step-time checks (see the step-time ratio section); this figure carries "
+        f'the mark "{NOT_COMPARABLE_MARK}" and its times are no speed verdict.\n'
+    )
+    out = []
+    for key, title in titles.items():
+        out += figure_lines(rep.figures, {key: title})
+        out += [note] if bad and key in ("val_time", "step_time") and rep.figures.get(key) else []
+    return out
+
+
 def render_markdown(rep: Report) -> str:
     """The report as Markdown (losses in nats/token, times in ms)."""
     lines = [*_header(rep), *render_context(rep), *_variants(rep), *render_outcome(rep)]
@@ -759,9 +791,7 @@ def render_markdown(rep: Report) -> str:
         f"seeds at each step and the ±{rep.margin:g} nats margin. "
         + FIGURE_TEXT.format(conf=_conf(rep), margin=rep.margin),
         "",
-        *figure_lines(
-            rep.figures, {k: t for k, t in FIGURES.items() if k != "lr_curve" or rep.tuned}
-        ),
+        *_figures(rep),
     ]
     lines += render_swept(rep) + render_diagnostics(rep)
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -20,7 +20,14 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from normlab.report.compare import Report, lr_curves, swept_points, time_curves
+from normlab.report.compare import (
+    NOT_COMPARABLE_MARK,
+    Report,
+    lr_curves,
+    not_comparable,
+    swept_points,
+    time_curves,
+)
 from normlab.report.runs import Run
 from normlab.report.series import (
     Diag,
@@ -45,11 +52,53 @@ Curves = dict[str, list[tuple[np.ndarray, np.ndarray]]]
 STEP = "optimizer step"
 
 
+def _axes(figsize: tuple[float, float] = (8, 5)) -> tuple[Figure, Any]:
+    """A new figure (constrained layout, Agg: no display) and its one axes."""
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def zoom_to_losses(ax: Any, curves: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Zoom ``ax`` to :func:`~normlab.report.series.loss_limits` of ``curves`` (``(x, loss)``
+    pairs): the initial model's point is drawn off the top instead of squashing the rest."""
+    lo, hi = loss_limits(curves)
+    if math.isfinite(lo) and math.isfinite(hi):
+        ax.set_ylim(lo, hi)
+
+
+def _finish(fig: Figure, ax: Any, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _mark(fig: Figure, ax: Any, mark: str | None) -> None:
+    """Stamp ``mark`` (a "not comparable" verdict of the report) on the figure: in red above the
+    plot and across it, so the figure cannot be read, or cropped, without it. Nothing when None."""
+    if not mark:
+        return
+    fig.suptitle(mark, color="C3", fontweight="bold", fontsize="medium")
+    ax.text(
+        0.5,
+        0.5,
+        "NOT COMPARABLE",
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        rotation=20,
+        fontsize=32,
+        color="C3",
+        alpha=0.25,
+        fontweight="bold",
+    )
+
+
 def _band_plot(curves: Curves, path: Path, title: str, ylabel: str) -> Path | None:
     if not any(len(s) for runs in curves.values() for s, _ in runs):
         return None
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     drawn = []
     for label, runs in curves.items():
         runs = [c for c in runs if len(c[0])]
@@ -61,11 +110,7 @@ def _band_plot(curves: Curves, path: Path, title: str, ylabel: str) -> Path | No
         ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         drawn += [(steps, lo), (steps, hi)]
     zoom_to_losses(ax, drawn)
-    ax.set(title=title, xlabel=STEP, ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.savefig(path, dpi=120)
-    return path
+    return _finish(fig, ax, path, title, STEP, ylabel)
 
 
 def plot_val_loss(metrics: Metrics, path: Path, corpus: str | None = None) -> Path | None:
@@ -89,18 +134,20 @@ def plot_train_loss(metrics: Metrics, path: Path, beta: float = 0.95) -> Path | 
     return _band_plot(curves, path, title, "training loss (nats/token)")
 
 
-def plot_step_times(times: dict[str, list[float]], path: Path) -> Path | None:
+def plot_step_times(
+    times: dict[str, list[float]], path: Path, mark: str | None = None
+) -> Path | None:
     """Box plot per variant of post-warm-up step times (ms), all seeds pooled. The y range is
     :func:`~normlab.report.series.robust_limits` of all times; times beyond it are drawn
     as triangles at the edge with their count, so a few outliers (a busy machine) do not squash
-    the boxes. None if no data."""
+    the boxes. ``mark``: the report's "not comparable" mark, stamped on the figure (:func:`_mark`).
+    None if no data."""
     times = {lab: [x for x in t if math.isfinite(x)] for lab, t in times.items()}
     times = {lab: t for lab, t in times.items() if t}
     if not times:
         return None
     lo, hi = robust_limits([x for t in times.values() for x in t])
-    fig = Figure(figsize=(max(6, 1.8 * len(times)), 5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _axes((max(6, 1.8 * len(times)), 5))
     ax.boxplot(list(times.values()), flierprops={"markersize": 2})
     ax.set_ylim(lo, hi)
     for i, t in enumerate(times.values(), start=1):
@@ -127,6 +174,7 @@ def plot_step_times(times: dict[str, list[float]], path: Path) -> Path | None:
         ylabel="step time (ms)",
     )
     ax.grid(axis="y", alpha=0.3)
+    _mark(fig, ax, mark)
     fig.savefig(path, dpi=120)
     return path
 
@@ -140,8 +188,7 @@ def plot_val_diff(rep: Report, path: Path) -> Path | None:
     comps = [c for c in rep.comparisons if len(c["curve"]["step"])]
     if not comps:
         return None
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     for i, c in enumerate(comps):
         cur, color = c["curve"], f"C{i % 10}"
         ns = sorted(set(cur["n"].tolist()))
@@ -164,44 +211,23 @@ def plot_val_diff(rep: Report, path: Path) -> Path | None:
         k = per_step.pop()
         top = ax.secondary_xaxis("top", functions=(lambda s: s * k, lambda t: t / k))
         top.set_xlabel("tokens seen")
-    ax.set(
-        title=f"Validation loss, variant − {rep.baseline}\n(mean over seeds; bands: {conf})",
-        xlabel=STEP,
-        ylabel="validation-loss difference (nats/token)",
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.savefig(path, dpi=120)
-    return path
+    title = f"Validation loss, variant − {rep.baseline}\n(mean over seeds; bands: {conf})"
+    return _finish(fig, ax, path, title, STEP, "validation-loss difference (nats/token)")
 
 
 # --- fair comparisons: training seconds, tokens, learning rate -----------------------------------
 
 
-def zoom_to_losses(ax: Any, curves: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    """Zoom ``ax`` to :func:`~normlab.report.series.loss_limits` of ``curves`` (``(x, loss)``
-    pairs): the initial model's point is drawn off the top instead of squashing the rest."""
-    lo, hi = loss_limits(curves)
-    if math.isfinite(lo) and math.isfinite(hi):
-        ax.set_ylim(lo, hi)
-
-
-def _finish(fig: Figure, ax: Any, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.savefig(path, dpi=120)
-    return path
-
-
-def plot_val_time(included: dict[str, list[Run]], target: float, path: Path) -> Path | None:
+def plot_val_time(
+    included: dict[str, list[Run]], target: float, path: Path, mark: str | None = None
+) -> Path | None:
     """Validation loss against cumulative training seconds (``perf/train_time_s``), one thin line
-    per run and one colour per variant, the target loss dotted. None when no run records it."""
+    per run and one colour per variant, the target loss dotted; ``mark``: the report's "not
+    comparable" mark, stamped on the figure (:func:`_mark`). None when no run records it."""
     curves = {lab: [c for c in time_curves(runs) if len(c[0])] for lab, runs in included.items()}
     if not any(curves.values()):
         return None
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     for i, (lab, runs) in enumerate(curves.items()):
         for j, (t, v) in enumerate(runs):
             name = f"{lab} ({len(runs)} runs)" if j == 0 else None
@@ -210,14 +236,14 @@ def plot_val_time(included: dict[str, list[Run]], target: float, path: Path) -> 
     if math.isfinite(target):
         ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.4f}")
     title = "Validation loss vs training time (each run; evaluations excluded from the time)"
+    _mark(fig, ax, mark)
     return _finish(fig, ax, path, title, "training seconds", "validation loss (nats/token)")
 
 
 def plot_val_tokens(included: dict[str, list[Run]], path: Path) -> Path | None:
     """Validation loss against tokens seen (step × tokens per step): mean over a variant's runs
     with a min–max band. None without validation points or tokens per step."""
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     drawn: list[tuple[np.ndarray, np.ndarray]] = []
     for i, (lab, runs) in enumerate(included.items()):
         curves = [
@@ -246,8 +272,7 @@ def plot_lr_curve(tuned: dict[str, Any], path: Path, conf: str) -> Path | None:
     curves = lr_curves(tuned)
     if not any(len(c[0]) for c in curves.values()):
         return None
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     for i, (lab, (lrs, mean, lo, hi, _n)) in enumerate(curves.items()):
         color = f"C{i % 10}"
         err = np.vstack([mean - lo, hi - mean])
@@ -356,8 +381,7 @@ def plot_swept_value(
     points = {lab: pts for lab, pts in points.items() if pts}
     if not points:
         return None
-    fig = Figure(figsize=(7, 4.8), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _axes((7, 4.8))
     xs_all = [x for pts in points.values() for x, _ in pts]
     for i, (label, pts) in enumerate(points.items()):
         x = np.array([p[0] for p in pts])
@@ -377,15 +401,8 @@ def plot_swept_value(
         )
     if min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 100:
         ax.set_xscale("log")
-    ax.set(
-        title=f"Final validation loss vs {key} (mean over seeds, bar: min–max)",
-        xlabel=key,
-        ylabel="final validation loss (nats/token)",
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.savefig(path, dpi=120)
-    return path
+    title = f"Final validation loss vs {key} (mean over seeds, bar: min–max)"
+    return _finish(fig, ax, path, title, key, "final validation loss (nats/token)")
 
 
 # --- every figure --------------------------------------------------------------------------------
@@ -398,6 +415,7 @@ def write_figures(rep: Report, out_dir: Path, beta: float = 0.95) -> dict[str, P
     keys ``resid_depth.png`` and ``gains.png``; for a numeric sweep ``swept.png``. ``beta``: EMA
     of the training loss. Returns name -> path, or None for a figure skipped for lack of data."""
     metrics = {lab: [r.metrics for r in rep.included(lab)] for lab in rep.labels}
+    mark = NOT_COMPARABLE_MARK if not_comparable(rep) else None
     times = {
         lab: [
             float(t)
@@ -411,13 +429,13 @@ def write_figures(rep: Report, out_dir: Path, beta: float = 0.95) -> dict[str, P
         "val_loss": plot_val_loss(metrics, out_dir / "val_loss.png"),
         "val_diff": plot_val_diff(rep, out_dir / "val_diff.png"),
         "train_loss": plot_train_loss(metrics, out_dir / "train_loss.png", beta),
-        "step_time": plot_step_times(times, out_dir / "step_time.png"),
+        "step_time": plot_step_times(times, out_dir / "step_time.png", mark),
     }
     for name in rep.heldout.get("heldout", {}):
         figs[f"val_{name}"] = plot_val_loss(metrics, out_dir / f"val_{name}.png", corpus=name)
     included = {lab: rep.included(lab) for lab in rep.labels}
     target = rep.target.get("target", float("nan"))
-    figs["val_time"] = plot_val_time(included, target, out_dir / "val_time.png")
+    figs["val_time"] = plot_val_time(included, target, out_dir / "val_time.png", mark)
     figs["val_tokens"] = plot_val_tokens(included, out_dir / "val_tokens.png")
     if rep.tuned:
         conf = f"{100 * (1 - rep.alpha):g}% CI"

@@ -131,6 +131,22 @@ def exclusion_reason(summary: dict[str, Any] | None) -> str | None:
     return None
 
 
+def never_trained(run: Run) -> str | None:
+    """Why ``run`` never trained, or None when it did (or may have): a run dir without a single
+    ``metrics.jsonl`` row whose ``summary.json`` is absent (killed, or refused by a version that
+    wrote no summary, before its first step) or says ``status: refused`` (``train`` refused its
+    config before training). Such a dir, which a refused ``train`` leaves under
+    ``outputs/runs``, is not a run of the comparison: the report skips it with a note instead
+    of making it a variant of its own."""
+    if run.metrics:
+        return None
+    if run.summary is None:
+        return "never trained (no metrics.jsonl row, no summary.json)"
+    if run.summary.get("status") == "refused":
+        return f"refused before training: {run.summary.get('error', 'no reason recorded')}"
+    return None
+
+
 def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
     """One ``metrics.jsonl`` row with old names (:data:`METRIC_RENAMES`) renamed; where a row holds
     both the old and the new name, the new one is kept."""
