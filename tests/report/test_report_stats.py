@@ -10,6 +10,7 @@ import pytest
 from scipy import stats
 
 from normlab.report import paired_difference, seeds_needed, tost_power
+from normlab.report.stats import holm
 
 
 def test_verdict_states_equivalence_and_a_detectable_difference_when_both_hold():
@@ -63,3 +64,16 @@ def test_seeds_needed_is_none_when_no_n_suffices():
     assert seeds_needed(float("nan"), 0.02) is None  # n < 2: no std
     assert math.isnan(tost_power(1, 0.01, 0.02))
     assert tost_power(3, 0.0, 0.02) == 1.0 and tost_power(3, 0.0, 0.02, delta=0.03) == 0.0
+
+
+def test_holm_adjusted_p_values_equal_a_hand_computation():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> running max
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.6, 0.7]) == [1.0, 1.0]  # capped at 1
+    got = holm([0.02, math.nan, 0.04])  # no test (n < 2): nan, and not one of the m = 2
+    assert got[0] == pytest.approx(0.04) and math.isnan(got[1]) and got[2] == pytest.approx(0.04)
+    # 17 variants against one baseline, the best at p = 0.012: Holm's first threshold is
+    # 0.05 / 17 = 0.0029, so its adjusted p, 17 x 0.012 = 0.204, rejects nothing
+    family = holm([0.012] + [0.5] * 16)
+    assert family[0] == pytest.approx(0.204) and min(family) > 0.05
+    assert holm([0.03]) == [0.03] and holm([]) == []

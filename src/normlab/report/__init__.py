@@ -24,6 +24,7 @@ from normlab.report.plots import write_figures
 from normlab.report.runs import INERT_KEYS, METRIC_RENAMES, ReportError, Run, load_runs
 from normlab.report.stats import (
     describe,
+    holm,
     paired_difference,
     ratio_interval,
     seeds_needed,
@@ -40,6 +41,7 @@ __all__ = [
     "Run",
     "build_report",
     "describe",
+    "holm",
     "load_runs",
     "log_report_to_wandb",
     "paired_difference",

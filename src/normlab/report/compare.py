@@ -57,6 +57,7 @@ from normlab.report.series import (
 from normlab.report.stats import (
     POWER,
     describe,
+    holm_verdicts,
     paired_difference,
     ratio_interval,
     seeds_needed,
@@ -64,6 +65,9 @@ from normlab.report.stats import (
     tost_power,
 )
 
+#: The default equivalence margin (nats/token): a gross-difference screen, which catches a broken
+#: norm, not a parity claim (a norm's speed at stake is worth far less loss); a study sets its own.
+DEFAULT_MARGIN = 0.02
 #: The train/validation gap uses the mean of the last GAP_ROWS logged training losses.
 GAP_ROWS = 10
 #: Cumulative training seconds (evaluations and checkpoints excluded), in ``metrics.jsonl``.
@@ -214,7 +218,7 @@ def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str)
 
 def build_report(
     paths: str | Path | list[str | Path],
-    margin: float = 0.02,
+    margin: float = DEFAULT_MARGIN,
     alpha: float = 0.05,
     baseline: str | None = None,
     target: float | None = None,
@@ -222,7 +226,9 @@ def build_report(
     """Load, check and compare runs (no files written); ``paths``: a sweep dir, a run dir, or a
     list of either, anywhere; ``margin`` and ``target`` (time to target; None: the worst final
     loss) in nats/token. A sweep over ``optim.lr`` and other keys is a tuned comparison: labels
-    leave the lr out, each variant is compared at its best lr (:func:`choose_best_lr`). Run dirs
+    leave the lr out, each variant is compared at its best lr (:func:`choose_best_lr`). More than
+    one variant against the baseline is a family: each comparison gets ``holm``
+    (:func:`~normlab.report.stats.holm_verdicts`) next to its plain per-pair values. Run dirs
     that never trained (:func:`~normlab.report.runs.never_trained`: a refused run) are left out
     of everything and listed in :attr:`Report.skipped`.
 
@@ -253,6 +259,10 @@ def build_report(
     done = [r for r in runs if r.excluded is None and r.set_aside is None]
     rep.confounds = confounds(done or runs, rep.labels)
     rep.comparisons = [_compare(rep, by_seed[base], v, lab) for lab, v in list(by_seed.items())[1:]]
+    if len(rep.comparisons) > 1:  # variants against one baseline: a family (Holm)
+        family = holm_verdicts(rep.comparisons, margin, alpha)
+        for c, h in zip(rep.comparisons, family, strict=True):
+            c["holm"] = h
     _qualify(rep, target)
     found = load_step_bench(sources)
     if found is not None:

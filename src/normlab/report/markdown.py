@@ -16,6 +16,7 @@ import numpy as np
 
 from normlab.report.compare import (
     BENCH_FILE,
+    DEFAULT_MARGIN,
     GAP_ROWS,
     NOT_COMPARABLE_MARK,
     Report,
@@ -33,6 +34,11 @@ from normlab.report.series import (
 )
 from normlab.report.stats import POWER
 
+#: What the header says of the default margin.
+SCREEN = (
+    " (the default margin: a gross-difference screen, which catches a broken norm; it is no "
+    "parity claim: set `--margin` to the effect that matters)"
+)
 EMA_BETA = 0.95  # training-loss smoothing in the figure, per logged step
 
 
@@ -96,7 +102,8 @@ def _header(rep: Report) -> list[str]:
         "# normlab sweep report",
         "",
         f"- Runs from: {sources}",
-        f"- Equivalence margin: ±{rep.margin:g} nats/token; alpha = {rep.alpha:g}",
+        f"- Equivalence margin: ±{rep.margin:g} nats/token; alpha = {rep.alpha:g}"
+        + (SCREEN if rep.margin == DEFAULT_MARGIN else ""),
         f"- Baseline: `{rep.baseline}`",
         f"- Runs: {len(rep.runs)} found, {len(rep.runs) - n_exc} included, {n_exc} excluded",
         *([f"- Skipped (never trained, in no table): {_skipped(rep)}"] if rep.skipped else []),
@@ -156,7 +163,9 @@ def _sentence(rep: Report, c: dict[str, Any]) -> str:
         )
     p = c["power"]
     need = p["seeds_needed"]
-    return (
+    return _family_clause(
+        rep,
+        c,
         f"{who}: over n = {c['n']} seeds paired with the baseline ({seeds}), the final validation "
         f"loss differs by {fmt(c['mean'], '+.4f')} nats/token on average (std {fmt(c['std'])}); "
         f"{conf} {fmt_ci(c['ci'])}, {tconf} {fmt_ci(c['ci_tost'])}; TOST at ±{m:g} nats: one-sided "
@@ -169,7 +178,19 @@ def _sentence(rep: Report, c: dict[str, Any]) -> str:
             f", {c['n'] - 1} degree(s) of freedom: a rough figure, which more seeds can overturn)."
             if c["n"] <= 3
             else ")."
-        )
+        ),
+    )
+
+
+def _family_clause(rep: Report, c: dict[str, Any], sentence: str) -> str:
+    """``sentence`` followed, for a comparison of a family (``c["holm"]``), by its Holm verdict."""
+    h = c.get("holm")
+    if not h:
+        return sentence
+    return (
+        f"{sentence} Over the family of {len(rep.comparisons)} comparisons with "
+        f"`{rep.baseline}` (Holm-adjusted p = {fmt(h['p_tost_holm'], '.3g')} for equivalence, "
+        f"{fmt(h['p_diff_holm'], '.3g')} for a difference): **{h['verdict']}**."
     )
 
 
@@ -216,6 +237,42 @@ def _paired_table(rep: Report) -> list[str]:
         "probability that the TOST shows equivalence, for normal differences with the observed "
         "std (Phillips 1990); seeds needed: the smallest n reaching it (n/a: never, as when the "
         "true difference is at or beyond the margin).",
+        "",
+        *table(head, rows),
+    ]
+
+
+def _family(rep: Report) -> list[str]:
+    """``## Family of comparisons (Holm)``: the plain and Holm-adjusted p-values and verdicts of
+    each variant against the baseline; nothing for a single comparison."""
+    comps = [c for c in rep.comparisons if c.get("holm")]
+    if not comps:
+        return []
+    rows = [
+        [
+            f"`{c['label']}`",
+            c["n"],
+            fmt(c["holm"]["p_tost"], ".3g"),
+            fmt(c["holm"]["p_tost_holm"], ".3g"),
+            fmt(c["holm"]["p_diff"], ".3g"),
+            fmt(c["holm"]["p_diff_holm"], ".3g"),
+            c["verdict"],
+            f"**{c['holm']['verdict']}**",
+        ]
+        for c in comps
+    ]
+    head = ["variant", "n", "p TOST", "Holm p TOST", "p difference", "Holm p difference"]
+    head += ["verdict (one comparison alone)", "verdict (family, Holm)"]
+    return [
+        "",
+        f"## Family of comparisons (Holm): {len(comps)} variants against `{rep.baseline}`",
+        "",
+        f"Read together, {len(comps)} comparisons with one baseline give {len(comps)} chances of "
+        "a false claim; Holm's step-down adjustment (Holm 1979) keeps the chance of any false "
+        f"claim in the family at alpha = {rep.alpha:g}. p TOST: the larger of the two one-sided "
+        "p-values (equivalence iff it is below alpha); p difference: the two-sided paired t-test "
+        "of a zero difference. Each is adjusted over the family; the family's verdict uses the "
+        "adjusted values, the plain ones hold for one comparison read alone.",
         "",
         *table(head, rows),
     ]
@@ -778,7 +835,8 @@ def _figures(rep: Report) -> list[str]:
 def render_markdown(rep: Report) -> str:
     """The report as Markdown (losses in nats/token, times in ms)."""
     lines = [*_header(rep), *render_context(rep), *_variants(rep), *render_outcome(rep)]
-    lines += [*_verdict(rep), *_paired_table(rep), *render_tuned(rep), *render_bpb(rep)]
+    lines += [*_verdict(rep), *_paired_table(rep), *_family(rep), *render_tuned(rep)]
+    lines += render_bpb(rep)
     lines += [*render_heldout(rep), *render_speed(rep), *_ratio(rep), *render_target(rep)]
     lines += _excluded(rep)
     lines += [
