@@ -27,6 +27,7 @@ from normlab.report import (
     log_report_to_wandb,
     paired_difference,
     ratio_interval,
+    report_tables,
     t_interval,
 )
 
@@ -452,7 +453,15 @@ def test_a_family_of_variants_gets_holm_adjusted_p_values_and_verdicts(tmp_path,
     assert other["holm"]["p_tost_holm"] == pytest.approx(max(min(1.0, 2 * min(tost)), tost[0]))
     assert rms["detectable"] and rms["verdict"].startswith("different: 95% CI")
     assert not rms["holm"]["detectable"] and rms["holm"]["verdict"] == "not shown equivalent"
+    table = report_tables(rep)["family_holm"]
+    assert table[0][:4] == ["variant", "n", "p_tost", "p_tost_holm"]
+    assert table[1][1][:2] == ["norm=rms", 3] and table[1][1][5] == pytest.approx(2 * p_rms)
     assert main([str(tmp_path)]) == 0
+    assert (
+        "norm=rms vs norm=layer: n=3, different: 95% CI [+0.0052, +0.0548] excludes 0; not "
+        "shown equivalent within 0.02 nats; over the family (Holm): not shown equivalent\n"
+        in (capsys.readouterr().out)
+    )
     md = (tmp_path / "report" / "report.md").read_text()
     family = md.split("## Family of comparisons (Holm): 2 variants against `norm=layer`")[1]
     assert "| `norm=rms` | 3 | " in family and "| **not shown equivalent** |" in family

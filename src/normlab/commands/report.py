@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     for w in rep.confounds:
         print(f"  warning: {w}")
     for c in rep.comparisons:
-        print(f"  {c['label']} vs {rep.baseline}: n={c['n']}, {c['verdict']}")
+        family = f"; over the family (Holm): {c['holm']['verdict']}" if c.get("holm") else ""
+        print(f"  {c['label']} vs {rep.baseline}: n={c['n']}, {c['verdict']}{family}")
         bench = (rep.bench or {}).get("ratios", {}).get(c["label"])
         if bench:
             print(
