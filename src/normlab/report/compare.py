@@ -147,6 +147,14 @@ def _by_seed(rep: Report, label: str) -> dict[Any, Run]:
     return {r.seed: r for r in inc if r.seed is not None}
 
 
+def _paired(base: dict[Any, float], var: dict[Any, float]) -> tuple[list[Any], list[float]]:
+    """The seeds where both ``base`` and ``var`` (seed -> value) have a finite value, sorted, and
+    the differences variant − baseline there (units of the values)."""
+    seeds = sorted(set(var) & set(base), key=str)
+    seeds = [s for s in seeds if math.isfinite(var[s]) and math.isfinite(base[s])]
+    return seeds, [var[s] - base[s] for s in seeds]
+
+
 def _timing(runs: list[Run]) -> dict[str, Any]:
     """The step-time checks (:func:`timing_check`) of ``runs`` and the between-runs rule."""
     checks = {r.name: timing_check((r.summary or {}).get("step_times_ms") or []) for r in runs}
@@ -192,8 +200,10 @@ def not_comparable(rep: Report) -> list[str]:
 
 
 def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str) -> dict[str, Any]:
-    seeds = sorted(set(var) & set(base), key=str)
-    diffs = [var[s].final_val_loss - base[s].final_val_loss for s in seeds]
+    seeds, diffs = _paired(
+        {s: r.final_val_loss for s, r in base.items()},
+        {s: r.final_val_loss for s, r in var.items()},
+    )
     pd = paired_difference(diffs, rep.margin, rep.alpha)
     power = {
         "at_n": tost_power(pd["n"], pd["std"], rep.margin, rep.alpha),
@@ -564,9 +574,7 @@ def metric_comparison(
     for lab, var in finals.items():
         if lab == baseline:
             continue
-        seeds = [s for s in sorted(set(var) & set(base), key=str)]
-        seeds = [s for s in seeds if math.isfinite(var[s]) and math.isfinite(base[s])]
-        diffs = [var[s] - base[s] for s in seeds]
+        seeds, diffs = _paired(base, var)
         out["comparisons"][lab] = {"seeds": seeds, **paired_difference(diffs, margin, alpha, unit)}
     return out
 
@@ -799,9 +807,7 @@ def at_each_lr(
         for lr, p in pts.items():
             if lr not in base:
                 continue
-            seeds = sorted(set(p["by_seed"]) & set(base[lr]["by_seed"]), key=str)
-            diffs = [p["by_seed"][s] - base[lr]["by_seed"][s] for s in seeds]
-            diffs = [d for d in diffs if math.isfinite(d)]
+            _, diffs = _paired(base[lr]["by_seed"], p["by_seed"])
             out[lab][lr] = paired_difference(diffs, margin, alpha)
     return out
 
