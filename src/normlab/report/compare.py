@@ -61,6 +61,7 @@ from normlab.report.stats import (
     paired_difference,
     ratio_interval,
     seeds_needed,
+    std_upper,
     t_interval,
     tost_power,
 )
@@ -209,6 +210,8 @@ def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str)
         "at_n": tost_power(pd["n"], pd["std"], rep.margin, rep.alpha),
         "seeds_needed": seeds_needed(pd["std"], rep.margin, rep.alpha, POWER),
         "seeds_needed_observed": seeds_needed(pd["std"], rep.margin, rep.alpha, POWER, pd["mean"]),
+        "std_upper": (upper := std_upper(pd["std"], pd["n"], rep.alpha)),
+        "seeds_needed_upper": seeds_needed(upper, rep.margin, rep.alpha, POWER),
     }
     curve = paired_curve(
         {s: r.metrics for s, r in base.items()},

@@ -178,7 +178,19 @@ def _sentence(rep: Report, c: dict[str, Any]) -> str:
             f", {c['n'] - 1} degree(s) of freedom: a rough figure, which more seeds can overturn)."
             if c["n"] <= 3
             else ")."
-        ),
+        )
+        + _upper_clause(rep, c),
+    )
+
+
+def _upper_clause(rep: Report, c: dict[str, Any]) -> str:
+    """The seeds the margin needs at the std's one-sided 1−alpha upper confidence bound."""
+    p = c["power"]
+    need = p["seeds_needed_upper"]
+    return (
+        f" Planned at the std's {1 - rep.alpha:.0%} upper confidence bound "
+        f"({fmt(p['std_upper'])}, {fmt(p['std_upper'] / c['std'], '.3g')}x the estimate), "
+        f"±{rep.margin:g} nats needs {need if need else 'more than 100000'} seeds."
     )
 
 
@@ -210,6 +222,7 @@ def _paired_table(rep: Report) -> list[str]:
     head = ["variant", "n", "mean diff", "std", conf, tconf, "p (H0: ≤ −margin)"]
     head += ["p (H0: ≥ +margin)", "verdict", "TOST power at n", f"seeds for {POWER:.0%} power"]
     head += [f"seeds for {POWER:.0%} power if true diff = mean"]
+    head += [f"seeds for {POWER:.0%} power at the std's {1 - rep.alpha:.0%} upper bound"]
     rows = [
         [
             f"`{c['label']}`",
@@ -224,6 +237,7 @@ def _paired_table(rep: Report) -> list[str]:
             fmt_power(c["power"]["at_n"]),
             c["power"]["seeds_needed"] or "n/a",
             c["power"]["seeds_needed_observed"] or "n/a",
+            c["power"]["seeds_needed_upper"] or "n/a",
         ]
         for c in rep.comparisons
     ]
@@ -236,7 +250,9 @@ def _paired_table(rep: Report) -> list[str]:
         f"the difference is detectable iff the {conf} excludes 0 (both can hold). Power: the "
         "probability that the TOST shows equivalence, for normal differences with the observed "
         "std (Phillips 1990); seeds needed: the smallest n reaching it (n/a: never, as when the "
-        "true difference is at or beyond the margin).",
+        "true difference is at or beyond the margin); at the std's upper bound: the same for the "
+        f"one-sided {1 - rep.alpha:.0%} upper confidence bound of the std (chi-square), which the "
+        "true std of a few seeds can well reach.",
         "",
         *table(head, rows),
     ]

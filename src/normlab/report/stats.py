@@ -182,6 +182,16 @@ def tost_power(n: int, std: float, margin: float, alpha: float = 0.05, delta: fl
     return float(min(1.0, max(0.0, val)))
 
 
+def std_upper(std: float, n: int, alpha: float = 0.05) -> float:
+    """The one-sided 1−alpha upper confidence bound of a normal std estimated by ``std`` (ddof=1)
+    from ``n`` values: std · sqrt((n − 1) / χ²_{alpha, n−1}), since (n − 1)s²/σ² is χ²_{n−1}
+    (units of ``std``; nan when n < 2 or std is not finite). At n = 2 and alpha = 0.05 it is
+    15.9x the estimate: power planned from the estimate alone can be far too hopeful."""
+    if n < 2 or not math.isfinite(std):
+        return NAN
+    return float(std * math.sqrt((n - 1) / stats.chi2.ppf(alpha, n - 1)))
+
+
 def seeds_needed(
     std: float, margin: float, alpha: float = 0.05, power: float = POWER, delta: float = 0.0
 ) -> int | None:
