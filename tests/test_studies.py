@@ -16,14 +16,14 @@ from normlab.compose import to_train_config
 from normlab.config import ModelConfig, NormConfig, NormImpl, NormKind
 from normlab.model import GPT
 from normlab.norms import resolve_norm
+from normlab.report.compare import swept_numeric
 from normlab.report.plots import write_diag_figures
-from normlab.report.sections import swept_numeric
 from normlab.studies.bench_step import build_setup
 from normlab.studies.fp16_statistics import first_broken, model_check, norm_cases, norm_error_sweep
 from normlab.studies.norm_cost import CATEGORIES, ModuleTimer, breakdown, hooked_step
 
 from .conftest import TINY
-from .test_report import make_sweep, write_run
+from .report.test_report import make_sweep, write_run
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"
 STUDIES = ["placement_warmup", "fp16_statistics", "eps_sweep", "norm_cost"]

@@ -14,6 +14,7 @@ from normlab.report import (
     wandb_settings,
     write_report,
 )
+from normlab.report.compare import DEFAULT_MARGIN
 from normlab.report.wandb_log import MODES
 
 
@@ -30,7 +31,11 @@ def _parser() -> argparse.ArgumentParser:
         help="a Hydra multirun dir (one subdirectory per job), or run dirs from anywhere",
     )
     p.add_argument(
-        "--margin", type=float, default=0.02, help="equivalence margin in nats/token (default 0.02)"
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        help=f"equivalence margin in nats/token (default {DEFAULT_MARGIN:g}: a gross-difference "
+        "screen that catches a broken norm, not a parity claim; set the effect that matters)",
     )
     p.add_argument(
         "--out",
@@ -118,10 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"normlab-report: wrote {path}")
     if logged:
         print(f"normlab-report: {logged}")
+    for run, why in rep.skipped:
+        print(f"  note: skipped {run.path}: {why}")
     for w in rep.confounds:
         print(f"  warning: {w}")
     for c in rep.comparisons:
-        print(f"  {c['label']} vs {rep.baseline}: n={c['n']}, {c['verdict']}")
+        family = f"; over the family (Holm): {c['holm']['verdict']}" if c.get("holm") else ""
+        print(f"  {c['label']} vs {rep.baseline}: n={c['n']}, {c['verdict']}{family}")
         bench = (rep.bench or {}).get("ratios", {}).get(c["label"])
         if bench:
             print(

@@ -2,14 +2,16 @@
 loss and step time, paired by seed, and write ``report.md`` with figures.
 
 A pure reader of run dirs (``.hydra/overrides.yaml``, ``.hydra/config.yaml``, ``metrics.jsonl``,
-``summary.json``); it never imports torch, the model, training or Hydra. Modules, each importing
-only those above it: ``runs`` (read run dirs, old metric names) <- ``stats`` (CI, TOST, power),
-``series`` (curves, step-time checks), ``variants`` (labels, comparability, confounds),
-``diagnostics``, ``compare`` (:func:`build_report`) <- ``swept``, ``sections``, ``markdown``,
-``diag_plots``, ``plots`` <- this package (:func:`write_report`). The verdict's qualifiers, each
-a module: ``heldout`` (bpb, ``eval_data`` corpora), ``totarget`` (time to a target loss),
-``tuned`` (each variant at its best lr), ``speed`` (the interleaved step benchmark), ``context``;
-rendered by ``sections_context`` / ``sections_fair``, drawn by ``fair_plots``; ``wandb_log``.
+``summary.json``); it never imports torch, the model, training or Hydra. Modules by job, each
+importing only those before it:
+
+- ``runs``: read run dirs (old metric names too), label the variants, check that nothing else
+  differs, choose the baseline, name the confounds;
+- ``stats``: descriptive statistics, t intervals, the paired TOST, ratio intervals, power;
+- ``series``: metric curves, smoothing, the step-time checks, axis limits, ``diag/`` statistics;
+- ``compare``: :func:`build_report`, the verdict and all its qualifiers (context, bpb and held-out
+  corpora, time to target, the tuned comparison, the interleaved speed verdict, a swept value);
+- ``markdown``: ``report.md``; ``plots``: every figure; ``wandb_log``: the report to wandb.
 """
 
 from __future__ import annotations
@@ -19,16 +21,16 @@ from pathlib import Path
 from normlab.report.compare import Report, build_report
 from normlab.report.markdown import EMA_BETA, render_markdown
 from normlab.report.plots import write_figures
-from normlab.report.runs import METRIC_RENAMES, ReportError, Run, load_runs
+from normlab.report.runs import INERT_KEYS, METRIC_RENAMES, ReportError, Run, load_runs
 from normlab.report.stats import (
     describe,
+    holm,
     paired_difference,
     ratio_interval,
     seeds_needed,
     t_interval,
     tost_power,
 )
-from normlab.report.variants import INERT_KEYS
 from normlab.report.wandb_log import log_report_to_wandb, report_tables, wandb_settings
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "Run",
     "build_report",
     "describe",
+    "holm",
     "load_runs",
     "log_report_to_wandb",
     "paired_difference",

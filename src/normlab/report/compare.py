@@ -1,12 +1,32 @@
-"""Build a :class:`Report`: load runs, label and check them, then compare every variant with the
-baseline, paired by seed (final validation loss, TOST power, step-time ratio and its checks).
+"""The verdict and its qualifiers: build a :class:`Report` by loading runs, labelling and
+checking them, then comparing every variant with the baseline, paired by seed (final validation
+loss with its TOST verdict and power, step-time ratio and its checks), and qualifying that verdict
+with everything a reader needs to judge it:
 
-No files are written here (see :func:`normlab.report.write_report`). Losses in nats/token, times
-in ms.
+- the context (model and parameters, tokens seen and epochs of the corpus, learning rate and
+  schedule, precision, device, evaluation size, the train/validation gap, and the margin in
+  compute-equivalent steps of the baseline's own validation curve);
+- final validation bits per byte and the held-out corpora (``eval_data``), paired by seed;
+- time to a target loss in training seconds, optimizer steps and tokens;
+- a tuned comparison (a sweep over ``optim.lr`` x the variants x ``seed``: each variant at its
+  own best learning rate, the runs at its other rates set aside);
+- the speed verdict of the interleaved step benchmark (``normlab-bench step --json
+  <sweep>/step_bench.json``): both setups timed in pairs A B, B A, ... in one process, so a machine
+  that changes speed slows both alike; the sweep's sequential step times are the secondary figure;
+- final validation loss against a swept numeric override (``norm.eps``, ``optim.warmup_steps``).
+
+No files are written here (see :func:`normlab.report.write_report`). Metric keys as
+``metrics.jsonl`` writes them: ``val/loss`` (nats/token), ``val/bpb`` (bits/byte),
+``val/<name>/loss`` and ``val/<name>/bpb`` for the held-out corpus ``<name>``,
+``perf/train_time_s`` (cumulative training wall time, evaluations and checkpoints excluded).
+Final values come from ``summary.json`` (``final_val_loss``, ``final_val_bpb``, ``final_eval``),
+else from the last finite row of ``metrics.jsonl``; runs written before these keys simply have
+none. Losses in nats/token, times in ms (step times) or seconds (time to target).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,24 +34,61 @@ from typing import Any
 
 import numpy as np
 
-from normlab.report.context import build_context
-from normlab.report.heldout import bpb_and_heldout, final_value
-from normlab.report.runs import ReportError, Run, load_runs
-from normlab.report.series import BETWEEN_LIMIT, between_runs_problem, paired_curve, timing_check
-from normlab.report.speed import bench_ratio, load_step_bench
+from normlab.report.runs import (
+    NAN,
+    ReportError,
+    Run,
+    check_comparable,
+    choose_baseline,
+    confounds,
+    label_runs,
+    load_runs,
+    never_trained,
+    override_key,
+)
+from normlab.report.series import (
+    BETWEEN_LIMIT,
+    aggregate,
+    between_runs_problem,
+    paired_curve,
+    series,
+    timing_check,
+)
 from normlab.report.stats import (
     POWER,
     describe,
+    holm_verdicts,
     paired_difference,
     ratio_interval,
     seeds_needed,
+    std_upper,
+    t_interval,
     tost_power,
 )
-from normlab.report.totarget import time_to_target
-from normlab.report.tuned import LR_KEY, at_each_lr, choose_best_lr, lr_swept
-from normlab.report.variants import check_comparable, choose_baseline, confounds, label_runs
 
-NAN = float("nan")
+#: The default equivalence margin (nats/token): a gross-difference screen, which catches a broken
+#: norm, not a parity claim (a norm's speed at stake is worth far less loss); a study sets its own.
+DEFAULT_MARGIN = 0.02
+#: The train/validation gap uses the mean of the last GAP_ROWS logged training losses.
+GAP_ROWS = 10
+#: Cumulative training seconds (evaluations and checkpoints excluded), in ``metrics.jsonl``.
+TIME_KEY = "perf/train_time_s"
+#: The key a tuned comparison sweeps (each variant at its own best value of it).
+LR_KEY = "optim.lr"
+#: The interleaved step benchmark's result, looked for in every source dir of a report.
+BENCH_FILE = "step_bench.json"
+#: What the figures of sequential times (``step_time.png``, ``val_time.png``) carry when the
+#: report finds those times not comparable (:func:`not_comparable`).
+NOT_COMPARABLE_MARK = "NOT COMPARABLE: step times fail the report's checks"
+#: A verdict rests on runs far from convergence (:func:`short_run_caveat`) when the baseline's
+#: validation loss still fell by the margin within the last STILL_FALLING of its steps, or when
+#: the runs saw under FEW_EPOCHS of their training split and under FEW_TOKENS_PER_PARAM training
+#: tokens per parameter (the compute-optimal ratio of Hoffmann et al. 2022 is about 20).
+STILL_FALLING = 0.1
+FEW_EPOCHS = 0.1
+FEW_TOKENS_PER_PARAM = 20
+#: line label -> [(swept value, final losses of the completed runs)]
+Points = dict[str, list[tuple[float, list[float]]]]
 
 
 @dataclass
@@ -50,16 +107,18 @@ class Report:
     confounds: list[str] = field(default_factory=list)
     timing: dict[str, dict[str, Any]] = field(default_factory=dict)
     figures: dict[str, Path | None] = field(default_factory=dict)
-    #: bpb and held-out corpora (:func:`~normlab.report.heldout.bpb_and_heldout`)
+    #: bpb and held-out corpora (:func:`bpb_and_heldout`)
     heldout: dict[str, Any] = field(default_factory=dict)
-    #: time to a target loss (:func:`~normlab.report.totarget.time_to_target`)
+    #: time to a target loss (:func:`time_to_target`)
     target: dict[str, Any] = field(default_factory=dict)
-    #: a tuned study (:func:`~normlab.report.tuned.choose_best_lr` and ``at_lr``), else None
+    #: a tuned study (:func:`choose_best_lr` and ``at_lr``), else None
     tuned: dict[str, Any] | None = None
     #: the interleaved step benchmark: ``path`` and ``ratios`` per label, else None
     bench: dict[str, Any] | None = None
-    #: :func:`~normlab.report.context.build_context`
+    #: :func:`build_context`
     context: dict[str, Any] = field(default_factory=dict)
+    #: run dirs that never trained (a refused run) with the reason, left out of everything
+    skipped: list[tuple[Run, str]] = field(default_factory=list)
 
     def included(self, label: str) -> list[Run]:
         """The runs of variant ``label`` that count in the statistics (completed, not set aside)."""
@@ -75,8 +134,7 @@ class Report:
 
 def _median_of(runs: list[Run], key: str) -> float:
     """Median over runs of a summary field (each run's median step time, tokens/s); nan if none."""
-    vals = [x for x in (r.summary_float(key) for r in runs) if math.isfinite(x)]
-    return float(np.median(vals)) if vals else NAN
+    return _median([r.summary_float(key) for r in runs])
 
 
 def _by_seed(rep: Report, label: str) -> dict[Any, Run]:
@@ -88,6 +146,14 @@ def _by_seed(rep: Report, label: str) -> dict[Any, Run]:
             f"variant {label} has two completed runs with seed {dup[0]}; cannot pair by seed"
         )
     return {r.seed: r for r in inc if r.seed is not None}
+
+
+def _paired(base: dict[Any, float], var: dict[Any, float]) -> tuple[list[Any], list[float]]:
+    """The seeds where both ``base`` and ``var`` (seed -> value) have a finite value, sorted, and
+    the differences variant − baseline there (units of the values)."""
+    seeds = sorted(set(var) & set(base), key=str)
+    seeds = [s for s in seeds if math.isfinite(var[s]) and math.isfinite(base[s])]
+    return seeds, [var[s] - base[s] for s in seeds]
 
 
 def _timing(runs: list[Run]) -> dict[str, Any]:
@@ -127,14 +193,25 @@ def _ratio(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str) -
     }
 
 
+def not_comparable(rep: Report) -> list[str]:
+    """The variants whose sequential step times do not compare with the baseline's (the checks of
+    :func:`_ratio` failed: a busy or changing machine). When any does, every figure of sequential
+    times carries :data:`NOT_COMPARABLE_MARK` and the report's text next to them says so."""
+    return [c["label"] for c in rep.comparisons if not c["ratio"]["comparable"]]
+
+
 def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str) -> dict[str, Any]:
-    seeds = sorted(set(var) & set(base), key=str)
-    diffs = [var[s].final_val_loss - base[s].final_val_loss for s in seeds]
+    seeds, diffs = _paired(
+        {s: r.final_val_loss for s, r in base.items()},
+        {s: r.final_val_loss for s, r in var.items()},
+    )
     pd = paired_difference(diffs, rep.margin, rep.alpha)
     power = {
         "at_n": tost_power(pd["n"], pd["std"], rep.margin, rep.alpha),
         "seeds_needed": seeds_needed(pd["std"], rep.margin, rep.alpha, POWER),
         "seeds_needed_observed": seeds_needed(pd["std"], rep.margin, rep.alpha, POWER, pd["mean"]),
+        "std_upper": (upper := std_upper(pd["std"], pd["n"], rep.alpha)),
+        "seeds_needed_upper": seeds_needed(upper, rep.margin, rep.alpha, POWER),
     }
     curve = paired_curve(
         {s: r.metrics for s, r in base.items()},
@@ -154,7 +231,7 @@ def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str)
 
 def build_report(
     paths: str | Path | list[str | Path],
-    margin: float = 0.02,
+    margin: float = DEFAULT_MARGIN,
     alpha: float = 0.05,
     baseline: str | None = None,
     target: float | None = None,
@@ -162,46 +239,87 @@ def build_report(
     """Load, check and compare runs (no files written); ``paths``: a sweep dir, a run dir, or a
     list of either, anywhere; ``margin`` and ``target`` (time to target; None: the worst final
     loss) in nats/token. A sweep over ``optim.lr`` and other keys is a tuned comparison: labels
-    leave the lr out, each variant is compared at its best lr (:mod:`normlab.report.tuned`).
+    leave the lr out, each variant is compared at its best lr (:func:`choose_best_lr`). More than
+    one variant against the baseline is a family: each comparison gets ``holm``
+    (:func:`~normlab.report.stats.holm_verdicts`) next to its plain per-pair values. Run dirs
+    that never trained (:func:`~normlab.report.runs.never_trained`: a refused run) are left out
+    of everything and listed in :attr:`Report.skipped`.
 
     Raises:
         ReportError: a refusal (see :func:`~normlab.report.runs.load_runs`,
-            :func:`~normlab.report.variants.check_comparable`,
-            :func:`~normlab.report.variants.choose_baseline`) or a variant with two completed runs
-            of one seed (pairing would be ambiguous).
+            :func:`~normlab.report.runs.check_comparable`,
+            :func:`~normlab.report.runs.choose_baseline`), no run dir that trained, or a variant
+            with two completed runs of one seed (pairing would be ambiguous).
     """
     sources = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
-    runs = load_runs(sources)
+    runs, skipped = _trained(load_runs(sources), sources)
     tuned = lr_swept(runs)
     common = label_runs(runs, (LR_KEY,) if tuned else ())
     if tuned and len({r.label for r in runs}) < 2:  # only the lr differs: it is the variant
         tuned, common = False, label_runs(runs)
     check_comparable(runs)
     base = choose_baseline(runs, baseline)
-    rep = Report(sources, margin, alpha, base, runs, common)
+    rep = Report(sources, margin, alpha, base, runs, common, skipped=skipped)
     if tuned:
         labels = [base] + sorted({r.label for r in runs} - {base})
         rep.tuned = choose_best_lr(runs, labels, alpha)
         rep.tuned["at_lr"] = at_each_lr(rep.tuned, base, margin, alpha)
     by_seed: dict[str, dict[Any, Run]] = {}
     for lab in [base] + sorted({r.label for r in runs} - {base}):
-        inc = rep.included(lab)
         by_seed[lab] = _by_seed(rep, lab)
-        rep.timing[lab] = _timing(inc)
-        rep.variants.append(
-            {
-                "label": lab,
-                **describe([r.final_val_loss for r in inc]),
-                "excluded": sum(r.label == lab and r.excluded is not None for r in runs),
-                "step_time_ms": _median_of(inc, "step_time_ms_median"),
-                "tokens_per_s": _median_of(inc, "tokens_per_s"),
-                "bpb": describe([x for r in inc if math.isfinite(x := final_value(r, "val/bpb"))]),
-            }
-        )
+        rep.timing[lab] = _timing(rep.included(lab))
+        rep.variants.append(_variant_row(rep, lab))
     done = [r for r in runs if r.excluded is None and r.set_aside is None]
     rep.confounds = confounds(done or runs, rep.labels)
     rep.comparisons = [_compare(rep, by_seed[base], v, lab) for lab, v in list(by_seed.items())[1:]]
+    if len(rep.comparisons) > 1:  # variants against one baseline: a family (Holm)
+        family = holm_verdicts(rep.comparisons, margin, alpha)
+        for c, h in zip(rep.comparisons, family, strict=True):
+            c["holm"] = h
+    _qualify(rep, target)
+    found = load_step_bench(sources)
+    if found is not None:
+        ratios = {lab: bench_ratio(found[1], base, lab, alpha) for lab in rep.labels[1:]}
+        rep.bench = {"path": found[0], "ratios": ratios, "raw": found[1]}
+    return rep
+
+
+def _trained(runs: list[Run], sources: list[Path]) -> tuple[list[Run], list[tuple[Run, str]]]:
+    """``runs`` split into those that trained and those that never did, with the reason.
+
+    Raises:
+        ReportError: no run trained.
+    """
+    skipped = [(r, why) for r in runs if (why := never_trained(r)) is not None]
+    kept = [r for r in runs if never_trained(r) is None]
+    if not kept:
+        names = ", ".join(r.name for r, _ in skipped)
+        where = ", ".join(map(str, sources))
+        raise ReportError(f"no run in {where} trained (refused or never started: {names})")
+    return kept, skipped
+
+
+def _variant_row(rep: Report, label: str) -> dict[str, Any]:
+    """The final-loss row of variant ``label``: ``describe`` of its included runs' final
+    validation losses, runs excluded, median step time (ms) and tokens/s, final bpb."""
+    inc = rep.included(label)
+    return {
+        "label": label,
+        **describe([r.final_val_loss for r in inc]),
+        "excluded": sum(r.label == label and r.excluded is not None for r in rep.runs),
+        "step_time_ms": _median_of(inc, "step_time_ms_median"),
+        "tokens_per_s": _median_of(inc, "tokens_per_s"),
+        "bpb": describe([x for r in inc if math.isfinite(x := final_value(r, "val/bpb"))]),
+    }
+
+
+def _qualify(rep: Report, target: float | None) -> None:
+    """Set the verdict's qualifiers of ``rep`` (bpb and held-out corpora, time to ``target``, the
+    context) and add their warnings to ``rep.confounds``: tokenizers that differ, a verdict on
+    runs far from convergence (:func:`short_run_caveat`), runs stopped by the time budget next
+    to runs that were not."""
     included = {lab: rep.included(lab) for lab in rep.labels}
+    base, margin, alpha = rep.baseline, rep.margin, rep.alpha
     rep.heldout = bpb_and_heldout(included, base, margin, alpha)
     if rep.heldout["tokenizer_differs"]:
         each = "; ".join(f"`{k}`: {'/'.join(v)}" for k, v in rep.heldout["tokenizers"].items())
@@ -211,6 +329,9 @@ def build_report(
         )
     rep.target = time_to_target(included, base, target, alpha)
     rep.context = build_context(included, base, margin)
+    caveat = short_run_caveat(rep.context, margin) if rep.comparisons else None
+    rep.confounds += [caveat] if caveat else []
+    done = [r for runs in included.values() for r in runs]
     stops = {str((r.summary or {}).get("stopped_by")) for r in done}
     if "max_time_s" in stops and len(stops) > 1:
         rep.confounds.append(
@@ -218,8 +339,612 @@ def build_report(
             + ", ".join(sorted(stops))
             + "): their final losses compare at neither equal steps nor equal training time"
         )
-    found = load_step_bench(sources)
-    if found is not None:
-        ratios = {lab: bench_ratio(found[1], base, lab, alpha) for lab in rep.labels[1:]}
-        rep.bench = {"path": found[0], "ratios": ratios, "raw": found[1]}
-    return rep
+
+
+# --- context of the verdict ----------------------------------------------------------------------
+
+
+def _values(runs: list[Run], key: str) -> list[str]:
+    """The distinct resolved values of ``key`` over ``runs``, as text, in first-seen order."""
+    return list(dict.fromkeys(str(r.resolved(key)) for r in runs))
+
+
+def steps_done(run: Run) -> int | None:
+    """Optimizer steps the run completed: ``steps_done``, else ``steps_completed``."""
+    s = run.summary or {}
+    v = s.get("steps_done", s.get("steps_completed"))
+    return int(v) if isinstance(v, (int, float)) else None
+
+
+def tokens_seen(run: Run) -> float:
+    """Training tokens consumed: steps done × tokens per step (nan when either is unknown)."""
+    n, k = steps_done(run), run.tokens_per_step
+    return float(n * k) if n is not None and k else NAN
+
+
+def epochs(run: Run) -> float:
+    """Tokens seen / tokens of the training split (``summary.json`` ``data.tokens.train``)."""
+    tokens = ((run.summary or {}).get("data") or {}).get("tokens") or {}
+    train = tokens.get("train") if isinstance(tokens, dict) else None
+    return tokens_seen(run) / train if isinstance(train, (int, float)) and train > 0 else NAN
+
+
+def train_val_gap(run: Run) -> float:
+    """Final validation loss − the mean of the last :data:`GAP_ROWS` logged training losses
+    (nats/token; nan without either). Positive: the model does better on what it trained on."""
+    _, train = series(run.metrics, "train/loss")
+    if not len(train) or not math.isfinite(run.final_val_loss):
+        return NAN
+    return run.final_val_loss - float(np.mean(train[-GAP_ROWS:]))
+
+
+def steps_worth(steps: np.ndarray, mean: np.ndarray, margin: float) -> dict[str, float]:
+    """What ``margin`` (nats/token) is worth on a validation curve (``steps``, ``mean``: shape
+    ``(k,)``, by step): the step at which the curve was last ``margin`` above its final value,
+    linearly interpolated between evaluations, and ``steps`` = final step − that step (the
+    training the margin amounts to at the end). ``step`` nan when the curve never was that high
+    (the margin is worth more than the whole run) or has fewer than 2 points."""
+    out = {"final": NAN, "level": NAN, "step": NAN, "steps": NAN, "last_step": NAN}
+    if len(steps) < 2:
+        return out
+    final = float(mean[-1])
+    level = final + margin
+    out |= {"final": final, "level": level, "last_step": float(steps[-1])}
+    above = np.nonzero(mean[:-1] >= level)[0]
+    if not above.size:
+        return out
+    i = int(above[-1])  # mean[i] >= level > mean[j] for every j > i
+    s0, s1, y0, y1 = steps[i], steps[i + 1], mean[i], mean[i + 1]
+    at = float(s0 + (y0 - level) / (y0 - y1) * (s1 - s0)) if y0 != y1 else float(s0)
+    return {**out, "step": at, "steps": float(steps[-1]) - at}
+
+
+def _median(values: list[float]) -> float:
+    """Median of the finite ``values`` (nan when none is)."""
+    v = [x for x in values if math.isfinite(x)]
+    return float(np.median(v)) if v else NAN
+
+
+def build_context(included: dict[str, list[Run]], baseline: str, margin: float) -> dict[str, Any]:
+    """The context section's facts: ``setting`` (key -> values over the runs, as text),
+    ``params``, ``tokens_seen``, ``epochs`` (medians over runs), ``params_by`` (label -> median
+    parameter count: RMSNorm has no bias, so kinds differ), ``eval_tokens`` (tokens scored
+    per evaluation: eval_batches × batch_size × context_length), ``gap`` per label (median
+    :func:`train_val_gap`), ``per_seed`` (label -> seed -> final loss), ``worth``
+    (:func:`steps_worth` of the baseline's mean validation curve) and ``stopped_by`` (label ->
+    the runs' ``stopped_by`` values)."""
+    runs = [r for rs in included.values() for r in rs]
+    keys = (
+        "model.name",
+        "model.n_layer",
+        "model.d_model",
+        "model.n_head",
+        "model.context_length",
+        "data.name",
+        "data.tokenizer",
+        "data.batch_size",
+        "optim.lr",
+        "optim.min_lr",
+        "optim.warmup_steps",
+        "optim.decay",
+        "optim.weight_decay",
+        "max_steps",
+        "max_time_s",
+        "precision.dtype",
+        "norm.impl",
+        "compile",
+    )
+    setting = {k: _values(runs, k) for k in keys}
+    versions = [(r.summary or {}).get("versions") or {} for r in runs]
+    devices = [str((r.summary or {}).get("device")) for r in runs]
+    setting["device"] = list(dict.fromkeys(devices))
+    models = (  # the GPU's name on CUDA; on a CPU its model name (cpu_model: runs since 2026-12)
+        v.get("device") if d.startswith("cuda") else v.get("cpu_model") or v.get("device")
+        for v, d in zip(versions, devices, strict=True)
+    )
+    setting["device model"] = list(dict.fromkeys(map(str, models)))
+    setting["torch"] = list(dict.fromkeys(str(v.get("torch")) for v in versions))
+    threads = [((r.summary or {}).get("run_options") or {}).get("threads") for r in runs]
+    setting["threads"] = list(dict.fromkeys(map(str, threads)))
+    eval_tokens = []
+    for r in runs:
+        vals = [r.resolved(k) for k in ("eval_batches", "data.batch_size", "model.context_length")]
+        eval_tokens.append(math.prod(vals) if all(isinstance(v, int) for v in vals) else NAN)
+    base = included.get(baseline, [])
+    steps, mean, _, _ = aggregate([series(r.metrics, "val/loss") for r in base])
+    return {
+        "setting": setting,
+        "params": _median([(r.summary or {}).get("params") or NAN for r in runs]),
+        "params_by": {
+            lab: _median([(r.summary or {}).get("params") or NAN for r in rs])
+            for lab, rs in included.items()
+        },
+        "tokens_seen": _median([tokens_seen(r) for r in runs]),
+        "epochs": _median([epochs(r) for r in runs]),
+        "eval_tokens": _median(eval_tokens),
+        "gap": {lab: _median([train_val_gap(r) for r in rs]) for lab, rs in included.items()},
+        "per_seed": {lab: {r.seed: r.final_val_loss for r in rs} for lab, rs in included.items()},
+        "worth": steps_worth(steps, mean, margin),
+        "stopped_by": {
+            lab: sorted({str((r.summary or {}).get("stopped_by")) for r in rs})
+            for lab, rs in included.items()
+        },
+    }
+
+
+def short_run_caveat(context: dict[str, Any], margin: float) -> str | None:
+    """The caveat a verdict needs when it rests on runs far from convergence, or None.
+
+    The rule: (1) the steep end: the baseline's mean validation curve was still ``margin``
+    (nats/token) above its final value within the last :data:`STILL_FALLING` (10%) of its steps
+    (``context["worth"]``, :func:`steps_worth`): ten percent more training would move the loss
+    by more than the margin, so a difference or an equivalence at this step need not hold at
+    the end of training; or (2) a short run: the runs saw under :data:`FEW_EPOCHS` (0.1) epochs
+    of their training split and under :data:`FEW_TOKENS_PER_PARAM` (20) tokens per parameter
+    (medians; a large corpus seen for a fraction of an epoch by a model trained to 20 tokens
+    per parameter is no short run). ``context``: :func:`build_context`'s result."""
+    w, epochs = context["worth"], context["epochs"]
+    per_param = context["tokens_seen"] / context["params"] if context["params"] else NAN
+    reasons = []
+    if math.isfinite(w["steps"]) and w["steps"] < STILL_FALLING * w["last_step"]:
+        reasons.append(
+            f"the baseline's validation loss still fell by the margin (±{margin:g} nats) in its "
+            f"last {w['steps']:,.1f} steps ({w['steps'] / w['last_step']:.1%} of the run, under "
+            f"{STILL_FALLING:.0%}): its curve is steep at the end"
+        )
+    few = math.isfinite(epochs) and epochs < FEW_EPOCHS
+    if few and math.isfinite(per_param) and per_param < FEW_TOKENS_PER_PARAM:
+        reasons.append(
+            f"the runs saw {epochs:.3g} epochs of the training split and {per_param:.3g} "
+            f"training tokens per parameter (under {FEW_EPOCHS:g} and {FEW_TOKENS_PER_PARAM})"
+        )
+    if not reasons:
+        return None
+    return (
+        "the verdict rests on runs far from convergence: "
+        + "; ".join(reasons)
+        + ". A difference, or an equivalence, this early in training need not hold at its end, "
+        "whatever the power: train longer (max_steps) before reading it as a verdict on the "
+        "variants"
+    )
+
+
+# --- bits per byte and held-out corpora ----------------------------------------------------------
+
+
+def final_value(run: Run, key: str) -> float:
+    """The run's final value of ``key`` (units of the key; nan when the run has none)."""
+    s = run.summary or {}
+    if key == "val/loss":
+        return run.final_val_loss
+    v = None
+    if key == "val/bpb":
+        v = s.get("final_val_bpb")
+    elif key.count("/") == 2 and key.startswith("val/"):
+        _, name, what = key.split("/")
+        entry = (s.get("final_eval") or {}).get(name)
+        v = entry.get(what) if isinstance(entry, dict) else None
+    if v is not None:
+        return float(v)
+    _, vals = series(run.metrics, key)
+    return float(vals[-1]) if len(vals) else NAN
+
+
+def heldout_names(runs: list[Run]) -> list[str]:
+    """Names of the held-out corpora of ``runs``: ``final_eval``'s keys and ``val/<name>/loss``
+    (or ``/bpb``) keys of the metrics, sorted."""
+    names: set[str] = set()
+    for r in runs:
+        final_eval = (r.summary or {}).get("final_eval")
+        names |= set(final_eval) if isinstance(final_eval, dict) else set()
+        for row in r.metrics:
+            for k in row:
+                parts = k.split("/")
+                if len(parts) == 3 and parts[0] == "val" and parts[2] in ("loss", "bpb"):
+                    names.add(parts[1])
+    return sorted(names)
+
+
+def bpb_per_nat(runs: list[Run], loss_key: str = "val/loss", bpb_key: str = "val/bpb") -> float:
+    """Median over ``runs`` of final bpb / final loss: 1 / (ln 2 · bytes per token), the factor
+    that turns nats/token into bits/byte on that split (nan when no run has both)."""
+    r = [final_value(x, bpb_key) / final_value(x, loss_key) for x in runs]
+    r = [v for v in r if math.isfinite(v) and v > 0]
+    return float(np.median(r)) if r else NAN
+
+
+def metric_comparison(
+    included: dict[str, list[Run]],
+    baseline: str,
+    key: str,
+    margin: float,
+    alpha: float,
+    unit: str = "nats",
+) -> dict[str, Any]:
+    """Final ``key`` per variant (``describe`` of the runs that have it) and, per other variant,
+    :func:`~normlab.report.stats.paired_difference` of variant − baseline over the seeds where
+    both have it, with ``margin`` in the unit of ``key`` (``unit`` names it in the verdict).
+    ``included``: label -> runs (baseline among them), each seed at most once per label."""
+    out: dict[str, Any] = {"key": key, "margin": margin, "variants": {}, "comparisons": {}}
+    finals = {
+        lab: {r.seed: final_value(r, key) for r in runs if r.seed is not None}
+        for lab, runs in included.items()
+    }
+    for lab, runs in included.items():
+        vals = [final_value(r, key) for r in runs]
+        out["variants"][lab] = describe([v for v in vals if math.isfinite(v)])
+    base = finals.get(baseline, {})
+    for lab, var in finals.items():
+        if lab == baseline:
+            continue
+        seeds, diffs = _paired(base, var)
+        out["comparisons"][lab] = {"seeds": seeds, **paired_difference(diffs, margin, alpha, unit)}
+    return out
+
+
+def tokenizers(included: dict[str, list[Run]]) -> dict[str, list[str]]:
+    """Per label the tokenizers (``data.tokenizer``) of its runs, sorted."""
+    return {
+        lab: sorted({str(r.resolved("data.tokenizer")) for r in runs})
+        for lab, runs in included.items()
+    }
+
+
+def bpb_and_heldout(
+    included: dict[str, list[Run]], baseline: str, margin: float, alpha: float
+) -> dict[str, Any]:
+    """Everything the bpb and held-out sections need.
+
+    Returns ``{"tokenizer_differs": bool, "tokenizers", "bpb": comparison of val/bpb or None,
+    "heldout": {name: {"loss": comparison, "bpb": comparison or None}}}``. The bpb margin is
+    ``margin`` (nats/token) × :func:`bpb_per_nat` of the baseline's runs on that split: the
+    nats margin in bits/byte of the baseline's tokens.
+    """
+    every = [r for runs in included.values() for r in runs]
+    toks = tokenizers(included)
+    base = included.get(baseline, [])
+
+    def bpb(loss_key: str, bpb_key: str) -> dict[str, Any] | None:
+        if not any(math.isfinite(final_value(r, bpb_key)) for r in every):
+            return None
+        m = margin * bpb_per_nat(base, loss_key, bpb_key)
+        return metric_comparison(included, baseline, bpb_key, m, alpha, "bits/byte")
+
+    heldout = {
+        name: {
+            "loss": metric_comparison(included, baseline, f"val/{name}/loss", margin, alpha),
+            "bpb": bpb(f"val/{name}/loss", f"val/{name}/bpb"),
+        }
+        for name in heldout_names(every)
+    }
+    return {
+        "tokenizer_differs": len({t for ts in toks.values() for t in ts}) > 1,
+        "tokenizers": toks,
+        "bpb": bpb("val/loss", "val/bpb"),
+        "heldout": heldout,
+    }
+
+
+# --- time to a target loss -----------------------------------------------------------------------
+
+
+def seconds_at(run: Run, step: float) -> float:
+    """Training seconds of ``run`` at ``step``: ``perf/train_time_s`` of a row of that step, else
+    of the latest earlier row that has it (an evaluation row written apart from its step's row);
+    nan when no row up to ``step`` records it."""
+    times = [
+        (float(r["step"]), float(r[TIME_KEY]))
+        for r in run.metrics
+        if "step" in r and r.get(TIME_KEY) is not None and float(r["step"]) <= step
+    ]
+    return max(times)[1] if times else NAN
+
+
+def first_reach(run: Run, target: float, key: str = "val/loss") -> dict[str, float] | None:
+    """The first evaluation row (by step) of ``run`` whose ``key`` is at or below ``target``:
+    ``{"step", "seconds", "tokens"}`` (seconds: :func:`seconds_at`, nan without
+    ``perf/train_time_s``; tokens nan without tokens per step; ``last``: whether it is the run's
+    last evaluation); None when no evaluation reaches it."""
+    rows = sorted((r for r in run.metrics if "step" in r and r.get(key) is not None), key=_step)
+    k = run.tokens_per_step
+    for row in rows:
+        v = float(row[key])
+        if math.isfinite(v) and v <= target:
+            return {
+                "step": float(row["step"]),
+                "seconds": seconds_at(run, float(row["step"])),
+                "tokens": float(row["step"] * k) if k else NAN,
+                "last": row is rows[-1],
+            }
+    return None
+
+
+def _step(row: dict[str, Any]) -> float:
+    return float(row["step"])
+
+
+def default_target(included: dict[str, list[Run]]) -> float:
+    """The highest final validation loss of any included run (the worst variant's worst seed),
+    so that every run reaches it; nan without a finite one."""
+    finals = [r.final_val_loss for runs in included.values() for r in runs]
+    finals = [x for x in finals if math.isfinite(x)]
+    return max(finals) if finals else NAN
+
+
+def _ratios(base: dict[Any, dict], var: dict[Any, dict], what: str, alpha: float) -> dict:
+    seeds = sorted(set(base) & set(var), key=str)
+    pairs = {s: var[s][what] / base[s][what] for s in seeds if base[s][what] > 0}
+    pairs = {s: x for s, x in pairs.items() if math.isfinite(x) and x > 0}
+    return {**ratio_interval(list(pairs.values()), alpha), "seeds": list(pairs)}
+
+
+def time_to_target(
+    included: dict[str, list[Run]], baseline: str, target: float | None, alpha: float
+) -> dict[str, Any]:
+    """Per variant how many runs reach ``target`` (nats/token; None: :func:`default_target`) and
+    ``describe`` of their seconds, steps and tokens; per other variant the paired ratios
+    (variant / baseline, geometric mean and its 1−alpha CI on logs, see
+    :func:`~normlab.report.stats.ratio_interval`) of seconds, steps and tokens, over the seeds
+    where both reached the target at a step > 0. ``only_last``: every run that reached it did so
+    at its last evaluation only (the times then say nothing beyond the run lengths)."""
+    chosen = default_target(included) if target is None else float(target)
+    reach = {
+        lab: {r.seed: first_reach(r, chosen) for r in runs if r.seed is not None}
+        for lab, runs in included.items()
+    }
+    got_all = [x for by_seed in reach.values() for x in by_seed.values() if x is not None]
+    out: dict[str, Any] = {
+        "target": chosen,
+        "default": target is None,
+        "only_last": bool(got_all) and all(x["last"] for x in got_all),
+        "variants": {},
+        "comparisons": {},
+    }
+    for lab, by_seed in reach.items():
+        got = [x for x in by_seed.values() if x is not None]
+        out["variants"][lab] = {
+            "runs": len(by_seed),
+            "reached": len(got),
+            **{
+                w: describe([x[w] for x in got if math.isfinite(x[w])])
+                for w in ("seconds", "step", "tokens")
+            },
+        }
+    base = {s: x for s, x in reach.get(baseline, {}).items() if x is not None}
+    for lab, by_seed in reach.items():
+        if lab == baseline:
+            continue
+        var = {s: x for s, x in by_seed.items() if x is not None}
+        out["comparisons"][lab] = {
+            w: _ratios(base, var, w, alpha) for w in ("seconds", "step", "tokens")
+        }
+    return out
+
+
+def time_curves(runs: list[Run], key: str = "val/loss") -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per run ``(training seconds, key)`` at its evaluations (seconds: :func:`seconds_at`;
+    float arrays of shape ``(k,)``; empty for runs written before ``perf/train_time_s``)."""
+    out = []
+    for r in runs:
+        pts = [
+            (seconds_at(r, float(row["step"])), float(row[key]))
+            for row in sorted(r.metrics, key=lambda x: x.get("step", 0))
+            if "step" in row and row.get(key) is not None
+        ]
+        pts = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
+        out.append((np.array([p[0] for p in pts]), np.array([p[1] for p in pts])))
+    return out
+
+
+# --- tuned comparison: each variant at its best lr -----------------------------------------------
+
+
+def run_lr(run: Run) -> float | None:
+    """The run's peak learning rate (``optim.lr`` as resolved), None when not recorded."""
+    v = run.resolved(LR_KEY)
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def lr_swept(runs: list[Run]) -> bool:
+    """True when every run overrides ``optim.lr`` (as a sweep over it does) and the runs hold at
+    least two learning rates: the sweep may be a tuned comparison (it is one when other keys label
+    variants too). A lone run at another lr is a variant of its own, not a tuning grid."""
+    overridden = bool(runs) and all(
+        any(override_key(o) == LR_KEY for o in r.overrides) for r in runs
+    )
+    return overridden and len({run_lr(r) for r in runs} - {None}) >= 2
+
+
+def choose_best_lr(runs: list[Run], labels: list[str], alpha: float = 0.05) -> dict[str, Any]:
+    """Per variant label, the completed runs grouped by learning rate; the best learning rate (the
+    lowest mean final validation loss; ties: the smaller lr); the runs at the other rates get
+    :attr:`Run.set_aside` (this mutates ``runs``).
+
+    Returns ``{"lrs": sorted learning rates, "points": {label: {lr: {**describe, "ci",
+    "by_seed"}}}, "best": {label: lr}, "edge": labels whose best lr is the smallest or largest of
+    the grid}``; ``ci`` is the 1−alpha Student t interval of the mean (nats/token).
+    """
+    lrs = sorted({x for x in map(run_lr, runs) if x is not None})
+    points: dict[str, dict[float, dict[str, Any]]] = {}
+    best: dict[str, float] = {}
+    for lab in labels:
+        done = [r for r in runs if r.label == lab and r.excluded is None and run_lr(r) is not None]
+        by_lr: dict[float, list[Run]] = {}
+        for r in done:
+            by_lr.setdefault(run_lr(r), []).append(r)
+        points[lab] = {
+            lr: {
+                **describe([r.final_val_loss for r in rs]),
+                "ci": t_interval([r.final_val_loss for r in rs], 1 - alpha),
+                "by_seed": {r.seed: r.final_val_loss for r in rs},
+            }
+            for lr, rs in sorted(by_lr.items())
+        }
+        if not by_lr:
+            continue
+        best[lab] = min(points[lab], key=lambda lr, lab=lab: (points[lab][lr]["mean"], lr))
+        for r in done:
+            if run_lr(r) != best[lab]:
+                r.set_aside = (
+                    f"{LR_KEY}={run_lr(r):g} is not the best learning rate of `{lab}` "
+                    f"({best[lab]:g})"
+                )
+    edge = [lab for lab, lr in best.items() if len(lrs) > 2 and lr in (lrs[0], lrs[-1])]
+    return {"lrs": lrs, "points": points, "best": best, "edge": edge}
+
+
+def at_each_lr(
+    tuned: dict[str, Any], baseline: str, margin: float, alpha: float
+) -> dict[str, dict[float, dict[str, Any]]]:
+    """Per non-baseline label and learning rate both ran: the paired difference (variant −
+    baseline, nats/token, by seed) of :func:`~normlab.report.stats.paired_difference`."""
+    base = tuned["points"].get(baseline, {})
+    out: dict[str, dict[float, dict[str, Any]]] = {}
+    for lab, pts in tuned["points"].items():
+        if lab == baseline:
+            continue
+        out[lab] = {}
+        for lr, p in pts.items():
+            if lr not in base:
+                continue
+            _, diffs = _paired(base[lr]["by_seed"], p["by_seed"])
+            out[lab][lr] = paired_difference(diffs, margin, alpha)
+    return out
+
+
+def lr_curves(tuned: dict[str, Any]) -> dict[str, tuple[np.ndarray, ...]]:
+    """Per label ``(lrs, mean, lo, hi, n)`` arrays of shape ``(k,)`` for the loss-vs-lr figure."""
+    out = {}
+    for lab, pts in tuned["points"].items():
+        lrs = sorted(pts)
+        cols = [
+            np.array([pts[x]["mean"] for x in lrs], float),
+            np.array([pts[x]["ci"][0] for x in lrs], float),
+            np.array([pts[x]["ci"][1] for x in lrs], float),
+            np.array([pts[x]["n"] for x in lrs], int),
+        ]
+        out[lab] = (np.array(lrs, float), *cols)
+    return out
+
+
+# --- speed verdict: the interleaved step benchmark -----------------------------------------------
+
+
+def load_step_bench(sources: list[Path]) -> tuple[Path, dict[str, Any]] | None:
+    """The first ``step_bench.json`` found in a source dir of the report, with its path; None
+    when there is none.
+
+    Raises:
+        ReportError: the file is not JSON, or not a ``normlab-bench step`` result (``mode`` "step"
+            with ``a``, ``b`` and ``ratio.per_pair``).
+    """
+    for src in sources:
+        path = Path(src) / BENCH_FILE
+        if not path.is_file():
+            continue
+        try:
+            bench = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ReportError(f"cannot read {path}: {e.msg} (line {e.lineno})") from None
+        ok = isinstance(bench, dict) and bench.get("mode") == "step"
+        ok = ok and all(isinstance(bench.get(k), dict) for k in ("a", "b", "ratio"))
+        if not ok or not bench["ratio"].get("per_pair"):
+            raise ReportError(
+                f"cannot read {path}: not a `normlab-bench step` result (mode 'step' with a, b "
+                "and ratio.per_pair)"
+            )
+        return path, bench
+    return None
+
+
+def _matches(setup: dict[str, Any], common: list[str], label: str) -> bool:
+    """True when every override of the variant ``label`` is among the setup's overrides."""
+    given = {*setup.get("overrides", []), *common}
+    return set(label.split(",")) <= given
+
+
+def bench_ratio(bench: dict[str, Any], baseline: str, label: str, alpha: float) -> dict | None:
+    """The interleaved ratio variant / baseline step time: ``median`` of the per-pair ratios and
+    their geometric mean with the 1−alpha Student t CI on logs (:func:`ratio_interval`), ``pairs``,
+    both medians (ms), device and threads. The setups are matched to the labels by overrides
+    (B/A when A is the baseline, A/B inverted when B is); None when neither way matches."""
+    common = bench.get("common", [])
+    a, b = bench["a"], bench["b"]
+    per = np.asarray(bench["ratio"]["per_pair"], float)
+    if _matches(a, common, baseline) and _matches(b, common, label):
+        base, var = a, b
+    elif _matches(b, common, baseline) and _matches(a, common, label):
+        base, var, per = b, a, 1 / per
+    else:
+        return None
+    per = per[np.isfinite(per) & (per > 0)]
+    p25, med, p75 = (float(v) for v in np.percentile(per, [25, 50, 75]))
+    return {
+        **ratio_interval(list(per), alpha),
+        "median": med,
+        "iqr": (p25, p75),
+        "pairs": int(per.size),
+        "baseline_ms": base.get("median_ms"),
+        "variant_ms": var.get("median_ms"),
+        "device": bench.get("device"),
+        "threads": bench.get("threads"),
+    }
+
+
+# --- final loss against a swept numeric override -------------------------------------------------
+
+
+def _number(text: str) -> float | None:
+    try:
+        x = float(text)
+    except ValueError:
+        return None
+    return x if math.isfinite(x) else None
+
+
+def swept_numeric(labels: list[str]) -> tuple[str, dict[str, tuple[float, str]]] | None:
+    """The numeric override that varies most across variant labels, and per label its value and the
+    label of the other overrides (the line it belongs to; ``"all"`` when none). None when no
+    override with at least two numeric values is set in every label (``norm=layer`` vs
+    ``norm=rms``)."""
+    parsed = {}
+    for lab in labels:
+        parts = [o.split("=", 1) for o in lab.split(",")]
+        if not parts or any(len(p) != 2 for p in parts):
+            return None
+        parsed[lab] = dict(parts)
+    if not parsed:
+        return None
+    keys = sorted(set.intersection(*(set(p) for p in parsed.values())))
+    numeric = [k for k in keys if all(_number(p[k]) is not None for p in parsed.values())]
+    numeric = [k for k in numeric if len({_number(p[k]) for p in parsed.values()}) >= 2]
+    if not numeric:
+        return None
+
+    def spread(k: str) -> tuple[int, int]:
+        return len({_number(p[k]) for p in parsed.values()}), -keys.index(k)
+
+    key = max(numeric, key=spread)
+    return key, {
+        lab: (
+            _number(p[key]),
+            ",".join(f"{k}={v}" for k, v in sorted(p.items()) if k != key) or "all",
+        )
+        for lab, p in parsed.items()
+    }
+
+
+def swept_points(rep: Report) -> tuple[str, Points] | None:
+    """``(key, line label -> [(value, final losses of the completed runs)])`` for
+    :func:`swept_numeric` of the report's variants; None when nothing numeric is swept."""
+    found = swept_numeric(rep.labels)
+    if found is None:
+        return None
+    key, where = found
+    points: Points = {}
+    for lab, (x, line) in where.items():
+        points.setdefault(line, []).append((x, [r.final_val_loss for r in rep.included(lab)]))
+    return key, points

@@ -1,24 +1,97 @@
-"""``report.md``: the tables, the verdict with its warnings, the step-time ratio with its checks,
-the excluded runs and the figures. Losses in nats/token, times in ms."""
+"""``report.md``, rendered section by section: the header, the context the verdict holds in, the
+final losses per variant and what happened to each run, the verdict with its warnings, the paired
+table, the tuned comparison, bits per byte and the held-out corpora, the speed verdict and the
+sequential step-time ratio with its checks, the time to a target loss, the excluded runs, the
+figures, final loss against a swept value, and the per-block diagnostics. Each section returns
+Markdown lines ([] when it has nothing to say). Losses in nats/token, bpb in bits/byte, times in
+seconds or ms as named.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from normlab.report.compare import Report
-from normlab.report.sections import render_diagnostics, render_outcome, render_swept
-from normlab.report.sections_context import render_bpb, render_context, render_heldout
-from normlab.report.sections_fair import render_speed, render_target, render_tuned
-from normlab.report.series import BETWEEN_LIMIT, DRIFT_LIMIT, MIN_STEPS, SPREAD_LIMIT
-from normlab.report.stats import POWER
-from normlab.report.text import figure_lines, fmt, fmt_ci, fmt_power, table
-from normlab.report.variants import INERT_KEYS
+import numpy as np
 
+from normlab.report.compare import (
+    BENCH_FILE,
+    DEFAULT_MARGIN,
+    GAP_ROWS,
+    NOT_COMPARABLE_MARK,
+    Report,
+    not_comparable,
+    swept_points,
+)
+from normlab.report.runs import INERT_KEYS, Run
+from normlab.report.series import (
+    BETWEEN_LIMIT,
+    DRIFT_LIMIT,
+    MIN_STEPS,
+    SPREAD_LIMIT,
+    diag_entries,
+    diag_summary,
+)
+from normlab.report.stats import POWER
+
+#: What the header says of the default margin.
+SCREEN = (
+    " (the default margin: a gross-difference screen, which catches a broken norm; it is no "
+    "parity claim: set `--margin` to the effect that matters)"
+)
 EMA_BETA = 0.95  # training-loss smoothing in the figure, per logged step
 
 
+# --- text helpers ---------------------------------------------------------------------------------
+
+
+def _missing(x: Any) -> bool:
+    return x is None or (isinstance(x, float) and not math.isfinite(x))
+
+
+def fmt(x: Any, spec: str = ".4f") -> str:
+    """``x`` formatted by ``spec``; ``"n/a"`` for None and non-finite floats."""
+    return "n/a" if _missing(x) else format(x, spec)
+
+
+def fmt_power(p: Any) -> str:
+    """A power (probability) as a percentage, ``">99%"`` above 0.99 and ``"<1%"`` below 0.01:
+    a power computed from an estimated std is not known to the last percent."""
+    if _missing(p):
+        return "n/a"
+    return ">99%" if p > 0.99 else "<1%" if p < 0.01 else format(p, ".0%")
+
+
+def fmt_ci(ci: tuple[float, float], spec: str = "+.4f") -> str:
+    """An interval as ``[lo, hi]``."""
+    return f"[{fmt(ci[0], spec)}, {fmt(ci[1], spec)}]"
+
+
+def table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """A Markdown table: a header line, the rule, one line per row."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def figure_lines(figures: dict[str, Any], titles: dict[str, str]) -> list[str]:
+    """An image link per figure written, ``- <title>: no data`` for one skipped."""
+    return [
+        f"![{t}]({figures[k].name})\n" if figures.get(k) else f"- {t}: no data\n"
+        for k, t in titles.items()
+    ]
+
+
+# --- the verdict and its tables ------------------------------------------------------------------
+
+
+def _conf(rep: Report) -> str:
+    """The name of the 1−alpha interval (``95% CI``)."""
+    return f"{100 * (1 - rep.alpha):g}% CI"
+
+
 def _confs(rep: Report) -> tuple[str, str]:
-    return f"{100 * (1 - rep.alpha):g}% CI", f"{100 * (1 - 2 * rep.alpha):g}% CI"
+    """The names of the 1−alpha and the 1−2·alpha (TOST) intervals."""
+    return _conf(rep), f"{100 * (1 - 2 * rep.alpha):g}% CI"
 
 
 def _header(rep: Report) -> list[str]:
@@ -29,13 +102,20 @@ def _header(rep: Report) -> list[str]:
         "# normlab sweep report",
         "",
         f"- Runs from: {sources}",
-        f"- Equivalence margin: ±{rep.margin:g} nats/token; alpha = {rep.alpha:g}",
+        f"- Equivalence margin: ±{rep.margin:g} nats/token; alpha = {rep.alpha:g}"
+        + (SCREEN if rep.margin == DEFAULT_MARGIN else ""),
         f"- Baseline: `{rep.baseline}`",
         f"- Runs: {len(rep.runs)} found, {len(rep.runs) - n_exc} included, {n_exc} excluded",
+        *([f"- Skipped (never trained, in no table): {_skipped(rep)}"] if rep.skipped else []),
         f"- Overrides that do not tell the variants apart (left out of the labels): {shared}",
         "- Keys that change no compared number, never in a label nor a refusal: "
         + ", ".join(f"`{k}`" for k in INERT_KEYS),
     ]
+
+
+def _skipped(rep: Report) -> str:
+    """The run dirs that never trained, each with its reason, on one line."""
+    return "; ".join(f"`{run.name}` ({why})" for run, why in rep.skipped)
 
 
 def _variants(rep: Report) -> list[str]:
@@ -83,7 +163,9 @@ def _sentence(rep: Report, c: dict[str, Any]) -> str:
         )
     p = c["power"]
     need = p["seeds_needed"]
-    return (
+    return _family_clause(
+        rep,
+        c,
         f"{who}: over n = {c['n']} seeds paired with the baseline ({seeds}), the final validation "
         f"loss differs by {fmt(c['mean'], '+.4f')} nats/token on average (std {fmt(c['std'])}); "
         f"{conf} {fmt_ci(c['ci'])}, {tconf} {fmt_ci(c['ci_tost'])}; TOST at ±{m:g} nats: one-sided "
@@ -97,6 +179,30 @@ def _sentence(rep: Report, c: dict[str, Any]) -> str:
             if c["n"] <= 3
             else ")."
         )
+        + _upper_clause(rep, c),
+    )
+
+
+def _upper_clause(rep: Report, c: dict[str, Any]) -> str:
+    """The seeds the margin needs at the std's one-sided 1−alpha upper confidence bound."""
+    p = c["power"]
+    need = p["seeds_needed_upper"]
+    return (
+        f" Planned at the std's {1 - rep.alpha:.0%} upper confidence bound "
+        f"({fmt(p['std_upper'])}, {fmt(p['std_upper'] / c['std'], '.3g')}x the estimate), "
+        f"±{rep.margin:g} nats needs {need if need else 'more than 100000'} seeds."
+    )
+
+
+def _family_clause(rep: Report, c: dict[str, Any], sentence: str) -> str:
+    """``sentence`` followed, for a comparison of a family (``c["holm"]``), by its Holm verdict."""
+    h = c.get("holm")
+    if not h:
+        return sentence
+    return (
+        f"{sentence} Over the family of {len(rep.comparisons)} comparisons with "
+        f"`{rep.baseline}` (Holm-adjusted p = {fmt(h['p_tost_holm'], '.3g')} for equivalence, "
+        f"{fmt(h['p_diff_holm'], '.3g')} for a difference): **{h['verdict']}**."
     )
 
 
@@ -116,6 +222,7 @@ def _paired_table(rep: Report) -> list[str]:
     head = ["variant", "n", "mean diff", "std", conf, tconf, "p (H0: ≤ −margin)"]
     head += ["p (H0: ≥ +margin)", "verdict", "TOST power at n", f"seeds for {POWER:.0%} power"]
     head += [f"seeds for {POWER:.0%} power if true diff = mean"]
+    head += [f"seeds for {POWER:.0%} power at the std's {1 - rep.alpha:.0%} upper bound"]
     rows = [
         [
             f"`{c['label']}`",
@@ -130,6 +237,7 @@ def _paired_table(rep: Report) -> list[str]:
             fmt_power(c["power"]["at_n"]),
             c["power"]["seeds_needed"] or "n/a",
             c["power"]["seeds_needed_observed"] or "n/a",
+            c["power"]["seeds_needed_upper"] or "n/a",
         ]
         for c in rep.comparisons
     ]
@@ -142,7 +250,45 @@ def _paired_table(rep: Report) -> list[str]:
         f"the difference is detectable iff the {conf} excludes 0 (both can hold). Power: the "
         "probability that the TOST shows equivalence, for normal differences with the observed "
         "std (Phillips 1990); seeds needed: the smallest n reaching it (n/a: never, as when the "
-        "true difference is at or beyond the margin).",
+        "true difference is at or beyond the margin); at the std's upper bound: the same for the "
+        f"one-sided {1 - rep.alpha:.0%} upper confidence bound of the std (chi-square), which the "
+        "true std of a few seeds can well reach.",
+        "",
+        *table(head, rows),
+    ]
+
+
+def _family(rep: Report) -> list[str]:
+    """``## Family of comparisons (Holm)``: the plain and Holm-adjusted p-values and verdicts of
+    each variant against the baseline; nothing for a single comparison."""
+    comps = [c for c in rep.comparisons if c.get("holm")]
+    if not comps:
+        return []
+    rows = [
+        [
+            f"`{c['label']}`",
+            c["n"],
+            fmt(c["holm"]["p_tost"], ".3g"),
+            fmt(c["holm"]["p_tost_holm"], ".3g"),
+            fmt(c["holm"]["p_diff"], ".3g"),
+            fmt(c["holm"]["p_diff_holm"], ".3g"),
+            c["verdict"],
+            f"**{c['holm']['verdict']}**",
+        ]
+        for c in comps
+    ]
+    head = ["variant", "n", "p TOST", "Holm p TOST", "p difference", "Holm p difference"]
+    head += ["verdict (one comparison alone)", "verdict (family, Holm)"]
+    return [
+        "",
+        f"## Family of comparisons (Holm): {len(comps)} variants against `{rep.baseline}`",
+        "",
+        f"Read together, {len(comps)} comparisons with one baseline give {len(comps)} chances of "
+        "a false claim; Holm's step-down adjustment (Holm 1979) keeps the chance of any false "
+        f"claim in the family at alpha = {rep.alpha:g}. p TOST: the larger of the two one-sided "
+        "p-values (equivalence iff it is below alpha); p difference: the two-sided paired t-test "
+        "of a zero difference. Each is adjusted over the family; the family's verdict uses the "
+        "adjusted values, the plain ones hold for one comparison read alone.",
         "",
         *table(head, rows),
     ]
@@ -159,7 +305,7 @@ def _comparable(ratio: dict[str, Any]) -> str:
 def _ratio(rep: Report) -> list[str]:
     if not rep.comparisons:
         return []
-    conf, _ = _confs(rep)
+    conf = _conf(rep)
     rows = [
         [
             f"`{c['label']}`",
@@ -202,6 +348,466 @@ def _excluded(rep: Report) -> list[str]:
     return ["", "## Excluded runs", "", *table(["run dir", "variant", "seed", "reason"], rows)]
 
 
+# --- context, bits per byte, held-out corpora ----------------------------------------------------
+
+
+def _joined(values: list[str], unset: str = "not recorded") -> str:
+    """The distinct values as code, joined by `` / ``; ``unset`` when none is set (a null key,
+    or a key that older runs did not record)."""
+    shown = [v for v in values if v not in ("None", "")]
+    return " / ".join(f"`{v}`" for v in shown) if shown else unset
+
+
+def _params(c: dict[str, Any]) -> str:
+    """``N parameters`` when every variant has N; else each variant's count (no median of two
+    counts that no run has)."""
+    by = c.get("params_by") or {}
+    if len({v for v in by.values() if math.isfinite(v)}) <= 1:
+        return f"{fmt(c['params'], ',.0f')} parameters"
+    return "parameters: " + ", ".join(f"{fmt(v, ',.0f')} (`{lab}`)" for lab, v in by.items())
+
+
+def _worth(rep: Report) -> str:
+    w = rep.context["worth"]
+    m = rep.margin
+    if not math.isfinite(w["final"]):
+        return (
+            f"- The margin ±{m:g} nats: no validation curve of `{rep.baseline}` to measure it on."
+        )
+    where = (
+        f"the baseline's mean validation curve was {m:g} nats above its final value "
+        f"({fmt(w['final'])}) last at about step {fmt(w['step'], ',.0f')}, so the margin is worth "
+        f"about {fmt(w['steps'], ',.0f')} of its last training steps "
+        f"({fmt(w['steps'] / w['last_step'], '.0%')} of the run)"
+        if math.isfinite(w["step"])
+        else f"the baseline's mean validation curve never was {m:g} nats above its final value "
+        f"({fmt(w['final'])}) at an evaluation after its first, so the margin is worth more than "
+        "the whole run: it is loose"
+    )
+    return f"- What ±{m:g} nats means in compute: {where} (linear between evaluations)."
+
+
+def _budget_note(stopped_by: dict[str, list[str]]) -> str:
+    every = {v for vals in stopped_by.values() for v in vals}
+    if every == {"max_time_s"}:
+        return " (every run: the final losses compare at equal training time, not equal steps)"
+    return ""
+
+
+def render_context(rep: Report) -> list[str]:
+    """``## Context``: the setting the verdict holds in."""
+    c = rep.context
+    if not c:
+        return []
+    st = c["setting"]
+    eval_data = ", ".join(f"`{n}`" for n in rep.heldout.get("heldout", {})) or "none"
+    lines = [
+        "",
+        "## Context",
+        "",
+        f"- Model: {_joined(st['model.name'])} ({_joined(st['model.n_layer'])} layers, d_model "
+        f"{_joined(st['model.d_model'])}, {_joined(st['model.n_head'])} heads, context "
+        f"{_joined(st['model.context_length'])}); {_params(c)}",
+        f"- Data: {_joined(st['data.name'])}, tokenizer {_joined(st['data.tokenizer'])}, batch "
+        f"{_joined(st['data.batch_size'])}; tokens seen {fmt(c['tokens_seen'], ',.0f')} per run "
+        f"(median), {fmt(c['epochs'], '.3g')} epochs of the training split",
+        f"- Schedule: peak lr {_joined(st['optim.lr'])}, min lr {_joined(st['optim.min_lr'])}, "
+        f"warm-up {_joined(st['optim.warmup_steps'])} steps, cosine decay "
+        f"{_joined(st['optim.decay'])}, weight decay {_joined(st['optim.weight_decay'])}; "
+        f"max_steps {_joined(st['max_steps'])}, "
+        f"max_time_s {_joined(st['max_time_s'], 'none (no time budget)')}",
+        "- Stopped by: "
+        + "; ".join(f"`{lab}`: {_joined(v)}" for lab, v in c["stopped_by"].items())
+        + _budget_note(c["stopped_by"]),
+        f"- Precision {_joined(st['precision.dtype'])}, norm implementation "
+        f"{_joined(st['norm.impl'])}, compile {_joined(st['compile'])}",
+        f"- Device {_joined(st['device'])} ({_joined(st['device model'])}), torch "
+        f"{_joined(st['torch'])}, threads {_joined(st['threads'])}",
+        f"- Evaluation: {fmt(c['eval_tokens'], ',.0f')} validation tokens scored per evaluation "
+        f"(eval_batches × batch_size × context_length); held-out corpora: {eval_data}",
+        _worth(rep),
+        "",
+        f"Train/validation gap: final validation loss − mean of the last {GAP_ROWS} logged "
+        "training losses (median over runs, nats/token); per-seed final validation losses:",
+        "",
+    ]
+    labels = list(c["per_seed"])
+    seeds = sorted({s for v in c["per_seed"].values() for s in v}, key=str)
+    rows = [[s, *(fmt(c["per_seed"][lab].get(s)) for lab in labels)] for s in seeds]
+    rows.append(["gap", *(fmt(c["gap"][lab], "+.4f") for lab in labels)])
+    return lines + table(["seed", *(f"`{lab}`" for lab in labels)], rows)
+
+
+def _comparison_rows(comp: dict[str, Any], spec: str = "+.4f") -> list[list[Any]]:
+    return [
+        [f"`{lab}`", c["n"], fmt(c["mean"], spec), fmt_ci(c["ci"], spec), c["verdict"]]
+        for lab, c in comp["comparisons"].items()
+    ]
+
+
+def _variant_rows(comp: dict[str, Any]) -> list[list[Any]]:
+    return [
+        [f"`{lab}`", v["n"], fmt(v["mean"]), fmt(v["std"])] for lab, v in comp["variants"].items()
+    ]
+
+
+def render_bpb(rep: Report) -> list[str]:
+    """``## Bits per byte``: final validation bpb per variant and the paired verdict in bpb;
+    nothing when no run has ``val/bpb``."""
+    h = rep.heldout
+    b = h.get("bpb")
+    if not b:
+        return []
+    conf = _conf(rep)
+    lead = (
+        "**The variants use different tokenizers: this is the verdict to read** (nats/token "
+        "count different tokens). "
+        if h["tokenizer_differs"]
+        else ""
+    )
+    return [
+        "",
+        "## Bits per byte (validation split)",
+        "",
+        f"{lead}bpb = loss / ln 2 / (UTF-8 bytes per token of the split): independent of the "
+        f"tokenizer. The margin ±{rep.margin:g} nats is ±{fmt(b['margin'], '.4g')} bits/byte on "
+        f"the baseline's tokens. Paired by seed, variant − `{rep.baseline}`, TOST as above.",
+        "",
+        *table(["variant", "n", "mean bpb", "std"], _variant_rows(b)),
+        "",
+        *table(["variant", "n", "mean diff (bits/byte)", conf, "verdict"], _comparison_rows(b)),
+    ]
+
+
+def render_heldout(rep: Report) -> list[str]:
+    """One ``## Held-out corpus`` section per ``val/<name>``: final loss and bpb per variant,
+    the paired differences with their CI and verdicts."""
+    out: list[str] = []
+    conf = _conf(rep)
+    for name, h in rep.heldout.get("heldout", {}).items():
+        loss, bpb = h["loss"], h["bpb"]
+        rows = [
+            [*row, fmt(bpb["variants"][row[0].strip("`")]["mean"]) if bpb else "n/a"]
+            for row in _variant_rows(loss)
+        ]
+        out += [
+            "",
+            f"## Held-out corpus `{name}` (`val/{name}/loss`, `val/{name}/bpb`)",
+            "",
+            "Evaluated on the same fixed batches at every evaluation, never trained on. Final "
+            "values; paired by seed, variant − baseline, margin as for the validation split.",
+            "",
+            *table(["variant", "n", "mean loss", "std", "mean bpb"], rows),
+            "",
+            *table(["variant", "n", "loss diff", conf, "verdict"], _comparison_rows(loss)),
+        ]
+        if bpb:
+            out += [
+                "",
+                *table(["variant", "n", "bpb diff", conf, "verdict"], _comparison_rows(bpb)),
+            ]
+        title = f"Held-out corpus {name}: validation loss vs step"
+        out += ["", *figure_lines(rep.figures, {f"val_{name}": title})]
+    return out
+
+
+# --- speed, time to target, tuned comparison -----------------------------------------------------
+
+
+def render_speed(rep: Report) -> list[str]:
+    """``## Speed verdict``: the interleaved benchmark's ratio per variant, or where to get one."""
+    if not rep.comparisons:
+        return []
+    out = ["", "## Speed verdict (interleaved step benchmark)", ""]
+    if rep.bench is None:
+        return out + [
+            f"No `{BENCH_FILE}` in the sweep dir: the sequential step-time ratio below is the only "
+            "speed figure, and sequential jobs see whatever else the machine did. For a speed "
+            "verdict time the variants interleaved in one process: `normlab-bench step <common "
+            "overrides> --a <baseline overrides> --b <variant overrides> --json "
+            f"<sweep>/{BENCH_FILE}` (scripts/loss_parity_cpu.sh does)."
+        ]
+    raw = rep.bench["raw"]
+    rows = []
+    for lab, r in rep.bench["ratios"].items():
+        if r is None:
+            rows.append([f"`{lab}`", "-", "not in the benchmark", "-", "-", "-", "-"])
+            continue
+        rows.append(
+            [
+                f"`{lab}`",
+                r["pairs"],
+                fmt(r["median"], ".3f"),
+                f"{fmt(r['iqr'][0], '.3f')}–{fmt(r['iqr'][1], '.3f')}",
+                f"{fmt(r['gmean'], '.3f')} {fmt_ci(r['ci'], '.3f')}",
+                fmt(r["baseline_ms"], ".1f"),
+                fmt(r["variant_ms"], ".1f"),
+            ]
+        )
+    head = ["variant", "pairs", "median ratio", "IQR", f"geometric mean, {_conf(rep)}"]
+    head += [f"`{rep.baseline}` ms/step", "variant ms/step"]
+    return out + [
+        f"From `{rep.bench['path']}` (`normlab-bench step`, {raw.get('device')}, "
+        f"{raw.get('threads')} thread(s), {raw.get('warmup')} warm-up step(s) each, common "
+        f"overrides `{' '.join(raw.get('common', [])) or '-'}`): both setups in one process, "
+        "optimizer steps timed in pairs A B, B A, ..., so a change of machine speed slows both "
+        "alike. Ratio = "
+        f"variant / `{rep.baseline}` step time per pair; the CI is Student t on the log-ratios "
+        "of the pairs. **This is the speed verdict**; the sequential ratio of the sweep's own "
+        "runs (next section) is secondary.",
+        "",
+        *table(head, rows),
+    ]
+
+
+def render_target(rep: Report) -> list[str]:
+    """``## Time to target loss``: reach per variant and the paired ratios."""
+    t = rep.target
+    if not t or not rep.variants or t["target"] != t["target"]:
+        return []
+    how = (
+        "the highest final validation loss of any included run (the worst variant's worst seed), "
+        "so every run reaches it"
+        if t["default"]
+        else "set by --target"
+    )
+    rows = [
+        [
+            f"`{lab}`",
+            f"{v['reached']}/{v['runs']}",
+            fmt(v["seconds"]["mean"], ".1f"),
+            fmt(v["step"]["mean"], ".0f"),
+            fmt(v["tokens"]["mean"], ",.0f"),
+        ]
+        for lab, v in t["variants"].items()
+    ]
+    conf = _conf(rep)
+
+    def cell(r: dict) -> str:
+        return f"{fmt(r['gmean'], '.3f')} {fmt_ci(r['ci'], '.3f')} (n = {r['n']})"
+
+    paired = [
+        [f"`{lab}`", cell(c["seconds"]), cell(c["step"]), cell(c["tokens"])]
+        for lab, c in t["comparisons"].items()
+    ]
+    out = [
+        "",
+        f"## Time to target loss ({fmt(t['target'])} nats/token)",
+        "",
+        f"Target: {how}. Time to target = the first evaluation at or below it, in training "
+        "seconds (`perf/train_time_s`: training wall time without evaluations and checkpoints; "
+        "n/a for runs that do not record it), optimizer steps and tokens. Ratios are variant / "
+        f"baseline per seed (geometric mean, {conf} on logs), over the seeds where both reached "
+        "it; below 1: the variant gets there sooner. Seconds come from sequential jobs: read them "
+        "with the step-time checks above.",
+        "",
+        *table(["variant", "reached", "mean seconds", "mean steps", "mean tokens"], rows),
+    ]
+    if t.get("only_last"):
+        return out + [
+            "",
+            "Every run reaches the target only at its last evaluation: the times above are the "
+            "runs' lengths, and a paired ratio would say nothing about which variant learns "
+            "faster. Set a higher `--target`, or evaluate more often (`eval_interval`).",
+        ]
+    if paired:
+        head = ["variant", "seconds ratio", "steps ratio", "tokens ratio"]
+        out += ["", *table(head, paired)]
+    return out
+
+
+def render_tuned(rep: Report) -> list[str]:
+    """``## Tuned comparison``: final loss per learning rate and variant, the best of each, and
+    the paired difference at each common learning rate."""
+    t = rep.tuned
+    if not t:
+        return []
+    labels = list(t["points"])
+    conf = _conf(rep)
+
+    def cell(lab: str, lr: float) -> str:
+        p = t["points"][lab].get(lr)
+        if p is None:
+            return "-"
+        text = f"{fmt(p['mean'])} {fmt_ci(p['ci'], '.4f')} (n = {p['n']})"
+        return f"**{text}**" if t["best"].get(lab) == lr else text
+
+    others = [lab for lab in labels if lab != rep.baseline]
+    rows = []
+    for lr in t["lrs"]:
+        diffs = [t["at_lr"].get(lab, {}).get(lr) for lab in others]
+        rows.append(
+            [f"{lr:g}", *(cell(lab, lr) for lab in labels)]
+            + [f"{fmt(d['mean'], '+.4f')} {fmt_ci(d['ci'])}" if d else "-" for d in diffs]
+        )
+    head = ["`optim.lr`", *(f"`{lab}`" for lab in labels)]
+    head += [f"`{lab}` − `{rep.baseline}`" for lab in others]
+    best = ", ".join(f"`{lab}` at {lr:g}" for lab, lr in t["best"].items())
+    out = [
+        "",
+        "## Tuned comparison (each variant at its own best `optim.lr`)",
+        "",
+        f"Mean final validation loss (nats/token) with its {conf} over seeds, per learning rate; "
+        "bold: the variant's best (lowest mean). The verdict, the paired table and every section "
+        f"above compare each variant at its own best learning rate: {best}. The last columns: "
+        "the paired difference at each common learning rate, for reference.",
+        "",
+        *table(head, rows),
+    ]
+    if t["edge"]:
+        edge = ", ".join(f"`{lab}`" for lab in t["edge"])
+        out += [
+            "",
+            f"> **Warning:** the best learning rate of {edge} is at the edge of the grid: a better "
+            "one may lie outside it; widen the grid before trusting the tuned verdict.",
+        ]
+    return out
+
+
+# --- outcome per variant, diagnostics, swept value -----------------------------------------------
+
+
+def _what_happened(run: Run) -> str:
+    s = run.summary or {}
+    if run.excluded is None:
+        return "completed"
+    if s.get("status") != "diverged":
+        return run.excluded
+    last = s.get("last_finite_loss")
+    parts = [
+        s.get("diverged_reason"),
+        f"last finite train loss {fmt(last, '.3f')}" if last is not None else None,
+    ]
+    extra = "; ".join(p for p in parts if p)
+    return f"diverged at step {s.get('diverged_at_step', '?')}" + (f" ({extra})" if extra else "")
+
+
+def outcome_rows(rep: Report) -> list[list[Any]]:
+    """One row per variant (baseline first): runs, completed, what happened to the others (per
+    seed), mean final validation loss, and the paired mean difference to the baseline with its n."""
+    comp = {c["label"]: c for c in rep.comparisons}
+    rows = []
+    for v in rep.variants:
+        runs = [r for r in rep.runs if r.label == v["label"]]
+        others = [f"seed {r.seed}: {_what_happened(r)}" for r in runs if r.excluded is not None]
+        c = comp.get(v["label"])
+        if v["label"] == rep.baseline:
+            vs = "baseline"
+        elif c and c["n"]:
+            vs = f"{fmt(c['mean'], '+.4f')} (n = {c['n']})"
+        else:
+            vs = "n/a (no seed completed in both)"
+        rows.append(
+            [f"`{v['label']}`", len(runs), v["n"], "; ".join(others) or "-", fmt(v["mean"]), vs]
+        )
+    return rows
+
+
+def render_outcome(rep: Report) -> list[str]:
+    """``## Outcome per variant``, shown when there are more than two variants or excluded runs."""
+    if len(rep.variants) <= 2 and all(r.excluded is None for r in rep.runs):
+        return []
+    head = ["variant", "runs", "completed", "not completed", "final val loss", "vs baseline"]
+    return [
+        "",
+        "## Outcome per variant",
+        "",
+        "What happened to every run, by variant. Final validation loss (nats/token) is the mean "
+        f"over completed runs; the difference to `{rep.baseline}` is the mean of the per-seed "
+        "differences (variant − baseline).",
+        "",
+        *table(head, outcome_rows(rep)),
+    ]
+
+
+DIAG_HEADER = [
+    "variant",
+    "runs",
+    "diag steps",
+    "RMS into final norm (first step)",
+    "RMS into block 0 (last)",
+    "RMS into final norm (last)",
+    "growth (last)",
+    "gain min–max (last)",
+    "max abs logit (last)",
+]
+
+
+def render_diagnostics(rep: Report) -> list[str]:
+    """``## Diagnostics`` with the figures and :func:`diag_summary`; nothing without ``diag/``."""
+    summary = diag_summary(diag_entries(rep.labels, rep.runs))
+    if not summary:
+        return []
+    rows = [
+        [
+            f"`{s['label']}`",
+            s["runs"],
+            f"{s['first_step']}–{s['last_step']}",
+            fmt(s["final_first"], ".3g"),
+            fmt(s["block0_last"], ".3g"),
+            fmt(s["final_last"], ".3g"),
+            fmt(s["growth_last"], ".2f"),
+            f"{fmt(s['gain_min'], '.3f')}–{fmt(s['gain_max'], '.3f')}",
+            fmt(s["max_logit"], ".3g"),
+        ]
+        for s in summary
+    ]
+    titles = {
+        "resid_depth": "Residual-stream RMS vs depth (first, middle, last diagnosed step)",
+        "gains": "Norm gains over training (mean per norm, band min–max)",
+    }
+    return [
+        "",
+        "## Diagnostics (per-block statistics, `diag/` keys)",
+        "",
+        "Every `diag_interval` steps the trainer records the RMS of the residual stream entering "
+        "each block and the final norm, and each norm's gain (see `normlab.training.diagnostics`). "
+        "Excluded runs are shown apart, as `(excluded)`: for a diverged run these are the last "
+        "statistics before it stopped. Values below are means over runs; growth = RMS entering the "
+        "final norm / RMS entering block 0.",
+        "",
+        *table(DIAG_HEADER, rows),
+        "",
+        *figure_lines(rep.figures, titles),
+    ]
+
+
+def _cell(v: list[float] | None) -> str:
+    if v is None:
+        return "-"
+    return f"{np.mean(v):.4f} (n = {len(v)})" if v else "no completed run"
+
+
+def render_swept(rep: Report) -> list[str]:
+    """``## Final validation loss vs <key>``: a value x group table and the figure, or nothing."""
+    found = swept_points(rep)
+    if found is None:
+        return []
+    key, points = found
+    lines = list(points)
+    values = sorted({x for pts in points.values() for x, _ in pts})
+    cell = {(line, x): v for line, pts in points.items() for x, v in pts}
+    fig = rep.figures.get("swept")
+    return [
+        "",
+        f"## Final validation loss vs `{key}`",
+        "",
+        f"Mean final validation loss (nats/token) of the completed runs, by `{key}` (rows) and the "
+        "other overrides (columns).",
+        "",
+        *table(
+            [f"`{key}`", *(f"`{ln}`" for ln in lines)],
+            [[f"{x:g}", *(_cell(cell.get((ln, x))) for ln in lines)] for x in values],
+        ),
+        "",
+        f"![Final validation loss vs {key}]({fig.name})"
+        if fig
+        else f"- Final validation loss vs {key}: no data",
+    ]
+
+
+# --- the whole report ----------------------------------------------------------------------------
+
 FIGURES = {
     "val_loss": "Validation loss vs step",
     "val_diff": "Paired validation-loss difference vs step",
@@ -223,10 +829,30 @@ FIGURE_TEXT = (
 )
 
 
+def _figures(rep: Report) -> list[str]:
+    """The figure links of :data:`FIGURES`; when sequential step times do not compare
+    (:func:`~normlab.report.compare.not_comparable`), a note under each figure of sequential
+    times, which carries the same mark."""
+    titles = {k: t for k, t in FIGURES.items() if k != "lr_curve" or rep.tuned}
+    bad = not_comparable(rep)
+    note = (
+        "> **Not comparable:** the sequential step times of "
+        + ", ".join(f"`{lab}` vs `{rep.baseline}`" for lab in bad)
+        + " fail the step-time checks (see the step-time ratio section); this figure carries "
+        f'the mark "{NOT_COMPARABLE_MARK}" and its times are no speed verdict.\n'
+    )
+    out = []
+    for key, title in titles.items():
+        out += figure_lines(rep.figures, {key: title})
+        out += [note] if bad and key in ("val_time", "step_time") and rep.figures.get(key) else []
+    return out
+
+
 def render_markdown(rep: Report) -> str:
     """The report as Markdown (losses in nats/token, times in ms)."""
     lines = [*_header(rep), *render_context(rep), *_variants(rep), *render_outcome(rep)]
-    lines += [*_verdict(rep), *_paired_table(rep), *render_tuned(rep), *render_bpb(rep)]
+    lines += [*_verdict(rep), *_paired_table(rep), *_family(rep), *render_tuned(rep)]
+    lines += render_bpb(rep)
     lines += [*render_heldout(rep), *render_speed(rep), *_ratio(rep), *render_target(rep)]
     lines += _excluded(rep)
     lines += [
@@ -235,13 +861,11 @@ def render_markdown(rep: Report) -> str:
         "",
         "Curves and step times use included runs only. Training loss is smoothed per run by a "
         f"bias-corrected EMA (beta = {EMA_BETA:g}, per logged step), then averaged over seeds. "
-        f"The paired difference is variant − baseline per seed, with its {_confs(rep)[0]} over "
+        f"The paired difference is variant − baseline per seed, with its {_conf(rep)} over "
         f"seeds at each step and the ±{rep.margin:g} nats margin. "
-        + FIGURE_TEXT.format(conf=_confs(rep)[0], margin=rep.margin),
+        + FIGURE_TEXT.format(conf=_conf(rep), margin=rep.margin),
         "",
-        *figure_lines(
-            rep.figures, {k: t for k, t in FIGURES.items() if k != "lr_curve" or rep.tuned}
-        ),
+        *_figures(rep),
     ]
     lines += render_swept(rep) + render_diagnostics(rep)
     return "\n".join(lines).rstrip("\n") + "\n"

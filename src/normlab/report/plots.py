@@ -1,9 +1,13 @@
-"""The report's figures: validation loss, smoothed training loss, the paired validation-loss
-difference with its CI band and the margin, and the step-time distribution with robust limits;
-the diagnostics and swept-value figures come from :mod:`normlab.report.diag_plots`.
+"""The report's figures, written by one writer (:func:`write_figures`): validation loss and
+smoothed training loss against step, the paired validation-loss difference with its CI bands and
+the margin, the step-time distribution with robust limits, validation loss against training
+seconds and against tokens seen, final loss against the learning rate of a tuned sweep, the
+per-block diagnostics (residual-stream RMS vs depth, norm gains over training), and final loss
+against a swept numeric override.
 
 Uses matplotlib's object API (``Figure`` rendered by the Agg canvas), so it neither needs a
-display nor changes the pyplot backend of the calling process. Losses in nats/token, times in ms.
+display nor changes the pyplot backend of the calling process. Losses in nats/token, times in ms
+(step times) or seconds (training time).
 """
 
 from __future__ import annotations
@@ -13,16 +17,33 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from normlab.report.compare import Report
-from normlab.report.diag_plots import plot_swept_value, write_diag_figures
-from normlab.report.diagnostics import diag_entries
-from normlab.report.fair_plots import plot_lr_curve, plot_val_time, plot_val_tokens, zoom_to_losses
-from normlab.report.series import aggregate, ema, robust_limits, series
-from normlab.report.swept import swept_points
-
-__all__ = ["plot_step_times", "plot_val_diff", "write_diag_figures", "write_figures"]
+from normlab.report.compare import (
+    NOT_COMPARABLE_MARK,
+    Report,
+    lr_curves,
+    not_comparable,
+    swept_points,
+    time_curves,
+)
+from normlab.report.runs import Run
+from normlab.report.series import (
+    Diag,
+    aggregate,
+    diag_entries,
+    diag_rows,
+    ema,
+    gain_names,
+    gain_series,
+    loss_limits,
+    n_blocks,
+    panel_steps,
+    profile_at,
+    robust_limits,
+    series,
+)
 
 #: variant label -> one list of metrics.jsonl rows per run
 Metrics = dict[str, list[list[dict[str, Any]]]]
@@ -31,11 +52,53 @@ Curves = dict[str, list[tuple[np.ndarray, np.ndarray]]]
 STEP = "optimizer step"
 
 
+def _axes(figsize: tuple[float, float] = (8, 5)) -> tuple[Figure, Any]:
+    """A new figure (constrained layout, Agg: no display) and its one axes."""
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def zoom_to_losses(ax: Any, curves: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Zoom ``ax`` to :func:`~normlab.report.series.loss_limits` of ``curves`` (``(x, loss)``
+    pairs): the initial model's point is drawn off the top instead of squashing the rest."""
+    lo, hi = loss_limits(curves)
+    if math.isfinite(lo) and math.isfinite(hi):
+        ax.set_ylim(lo, hi)
+
+
+def _finish(fig: Figure, ax: Any, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def _mark(fig: Figure, ax: Any, mark: str | None) -> None:
+    """Stamp ``mark`` (a "not comparable" verdict of the report) on the figure: in red above the
+    plot and across it, so the figure cannot be read, or cropped, without it. Nothing when None."""
+    if not mark:
+        return
+    fig.suptitle(mark, color="C3", fontweight="bold", fontsize="medium")
+    ax.text(
+        0.5,
+        0.5,
+        "NOT COMPARABLE",
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        rotation=20,
+        fontsize=32,
+        color="C3",
+        alpha=0.25,
+        fontweight="bold",
+    )
+
+
 def _band_plot(curves: Curves, path: Path, title: str, ylabel: str) -> Path | None:
     if not any(len(s) for runs in curves.values() for s, _ in runs):
         return None
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     drawn = []
     for label, runs in curves.items():
         runs = [c for c in runs if len(c[0])]
@@ -47,11 +110,7 @@ def _band_plot(curves: Curves, path: Path, title: str, ylabel: str) -> Path | No
         ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
         drawn += [(steps, lo), (steps, hi)]
     zoom_to_losses(ax, drawn)
-    ax.set(title=title, xlabel=STEP, ylabel=ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.savefig(path, dpi=120)
-    return path
+    return _finish(fig, ax, path, title, STEP, ylabel)
 
 
 def plot_val_loss(metrics: Metrics, path: Path, corpus: str | None = None) -> Path | None:
@@ -75,18 +134,20 @@ def plot_train_loss(metrics: Metrics, path: Path, beta: float = 0.95) -> Path | 
     return _band_plot(curves, path, title, "training loss (nats/token)")
 
 
-def plot_step_times(times: dict[str, list[float]], path: Path) -> Path | None:
+def plot_step_times(
+    times: dict[str, list[float]], path: Path, mark: str | None = None
+) -> Path | None:
     """Box plot per variant of post-warm-up step times (ms), all seeds pooled. The y range is
     :func:`~normlab.report.series.robust_limits` of all times; times beyond it are drawn
     as triangles at the edge with their count, so a few outliers (a busy machine) do not squash
-    the boxes. None if no data."""
+    the boxes. ``mark``: the report's "not comparable" mark, stamped on the figure (:func:`_mark`).
+    None if no data."""
     times = {lab: [x for x in t if math.isfinite(x)] for lab, t in times.items()}
     times = {lab: t for lab, t in times.items() if t}
     if not times:
         return None
     lo, hi = robust_limits([x for t in times.values() for x in t])
-    fig = Figure(figsize=(max(6, 1.8 * len(times)), 5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _axes((max(6, 1.8 * len(times)), 5))
     ax.boxplot(list(times.values()), flierprops={"markersize": 2})
     ax.set_ylim(lo, hi)
     for i, t in enumerate(times.values(), start=1):
@@ -113,6 +174,7 @@ def plot_step_times(times: dict[str, list[float]], path: Path) -> Path | None:
         ylabel="step time (ms)",
     )
     ax.grid(axis="y", alpha=0.3)
+    _mark(fig, ax, mark)
     fig.savefig(path, dpi=120)
     return path
 
@@ -126,8 +188,7 @@ def plot_val_diff(rep: Report, path: Path) -> Path | None:
     comps = [c for c in rep.comparisons if len(c["curve"]["step"])]
     if not comps:
         return None
-    fig = Figure(figsize=(8, 5), layout="constrained")
-    ax = fig.add_subplot()
+    fig, ax = _axes()
     for i, c in enumerate(comps):
         cur, color = c["curve"], f"C{i % 10}"
         ns = sorted(set(cur["n"].tolist()))
@@ -150,15 +211,201 @@ def plot_val_diff(rep: Report, path: Path) -> Path | None:
         k = per_step.pop()
         top = ax.secondary_xaxis("top", functions=(lambda s: s * k, lambda t: t / k))
         top.set_xlabel("tokens seen")
-    ax.set(
-        title=f"Validation loss, variant − {rep.baseline}\n(mean over seeds; bands: {conf})",
-        xlabel=STEP,
-        ylabel="validation-loss difference (nats/token)",
-    )
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    title = f"Validation loss, variant − {rep.baseline}\n(mean over seeds; bands: {conf})"
+    return _finish(fig, ax, path, title, STEP, "validation-loss difference (nats/token)")
+
+
+# --- fair comparisons: training seconds, tokens, learning rate -----------------------------------
+
+
+def plot_val_time(
+    included: dict[str, list[Run]], target: float, path: Path, mark: str | None = None
+) -> Path | None:
+    """Validation loss against cumulative training seconds (``perf/train_time_s``), one thin line
+    per run and one colour per variant, the target loss dotted; ``mark``: the report's "not
+    comparable" mark, stamped on the figure (:func:`_mark`). None when no run records it."""
+    curves = {lab: [c for c in time_curves(runs) if len(c[0])] for lab, runs in included.items()}
+    if not any(curves.values()):
+        return None
+    fig, ax = _axes()
+    for i, (lab, runs) in enumerate(curves.items()):
+        for j, (t, v) in enumerate(runs):
+            name = f"{lab} ({len(runs)} runs)" if j == 0 else None
+            ax.plot(t, v, color=f"C{i % 10}", lw=1, marker="o", ms=2, alpha=0.8, label=name)
+    zoom_to_losses(ax, [c for runs in curves.values() for c in runs])
+    if math.isfinite(target):
+        ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.4f}")
+    title = "Validation loss vs training time (each run; evaluations excluded from the time)"
+    _mark(fig, ax, mark)
+    return _finish(fig, ax, path, title, "training seconds", "validation loss (nats/token)")
+
+
+def plot_val_tokens(included: dict[str, list[Run]], path: Path) -> Path | None:
+    """Validation loss against tokens seen (step × tokens per step): mean over a variant's runs
+    with a min–max band. None without validation points or tokens per step."""
+    fig, ax = _axes()
+    drawn: list[tuple[np.ndarray, np.ndarray]] = []
+    for i, (lab, runs) in enumerate(included.items()):
+        curves = [
+            (s * r.tokens_per_step, v)
+            for r in runs
+            if r.tokens_per_step
+            for s, v in [series(r.metrics, "val/loss")]
+            if len(s)
+        ]
+        if not curves:
+            continue
+        x, mean, lo, hi = aggregate(curves)
+        ax.plot(x, mean, color=f"C{i % 10}", marker="o", ms=3, label=f"{lab} (n={len(curves)})")
+        ax.fill_between(x, lo, hi, color=f"C{i % 10}", alpha=0.2, lw=0)
+        drawn += [(x, lo), (x, hi)]
+    if not drawn:
+        return None
+    zoom_to_losses(ax, drawn)
+    title = "Validation loss vs tokens seen (mean over seeds, band: min–max)"
+    return _finish(fig, ax, path, title, "tokens seen", "validation loss (nats/token)")
+
+
+def plot_lr_curve(tuned: dict[str, Any], path: Path, conf: str) -> Path | None:
+    """Mean final validation loss against ``optim.lr`` (log scale) per variant, error bars the
+    ``conf`` interval (where n >= 2), each variant's best learning rate circled."""
+    curves = lr_curves(tuned)
+    if not any(len(c[0]) for c in curves.values()):
+        return None
+    fig, ax = _axes()
+    for i, (lab, (lrs, mean, lo, hi, _n)) in enumerate(curves.items()):
+        color = f"C{i % 10}"
+        err = np.vstack([mean - lo, hi - mean])
+        err = np.where(np.isfinite(err), err, 0.0)
+        ax.errorbar(lrs, mean, yerr=err, color=color, marker="o", ms=4, capsize=3, label=lab)
+        best = tuned["best"].get(lab)
+        if best is not None:
+            y = mean[list(lrs).index(best)]
+            ax.plot([best], [y], "o", ms=12, mfc="none", color=color)
+    ax.set_xscale("log")
+    title = f"Final validation loss vs learning rate (mean over seeds, bars: {conf}; ring: best)"
+    return _finish(fig, ax, path, title, "optim.lr (peak)", "final validation loss (nats/token)")
+
+
+# --- diagnostics and swept value -----------------------------------------------------------------
+
+
+def plot_resid_depth(diag: Diag, path: Path) -> Path | None:
+    """Residual-stream RMS vs depth, one panel per step (first, middle, last diagnosed), one line
+    per variant (mean over its runs). A variant not diagnosed at a panel's step shows its latest
+    earlier diagnosed step, named in the legend. None without diagnostics."""
+    n = max((n_blocks(rows) for runs in diag.values() for rows in runs), default=0)
+    steps = panel_steps(diag)
+    if not n or not steps:
+        return None
+    fig = Figure(figsize=(5 * len(steps), 4.8), layout="constrained")
+    axes = fig.subplots(1, len(steps), sharey=True, squeeze=False)[0]
+    positive = True
+    for ax, step in zip(axes, steps, strict=True):
+        for i, (label, runs) in enumerate(diag.items()):
+            got = profile_at(runs, step, n)
+            if got is None:
+                continue
+            prof, at = got
+            positive &= bool(np.all(prof[np.isfinite(prof)] > 0))
+            name = label if at == step else f"{label} (step {at})"
+            ax.plot(np.arange(n + 1), prof, marker="o", ms=3, color=f"C{i % 10}", label=name)
+        ax.set_xticks(np.arange(n + 1), [f"b{i}" for i in range(n)] + ["final"], fontsize="small")
+        ax.set(
+            title=f"step {step}", xlabel="residual stream entering block (final: the final norm)"
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small")
+    axes[0].set_ylabel("residual RMS  sqrt(mean(x^2))")
+    if positive:
+        axes[0].set_yscale("log")
+    fig.suptitle("Residual-stream RMS vs depth (mean over runs)")
     fig.savefig(path, dpi=120)
     return path
+
+
+def plot_gains(diag: Diag, path: Path) -> Path | None:
+    """Norm gains over training, one panel per variant: per norm (colour = depth) the mean gain,
+    band from its smallest to its largest element. None without gain statistics
+    (``norm.affine=false``)."""
+    panels = {lab: runs for lab, runs in diag.items() if any(gain_names(rows) for rows in runs)}
+    if not panels:
+        return None
+    cols = min(2, len(panels))
+    nrows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(6.5 * cols, 4.2 * nrows), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(nrows, cols, squeeze=False)).ravel()
+    cmap = colormaps["viridis"]
+    for ax, (label, runs) in zip(axes, panels.items(), strict=False):
+        names = max((gain_names(rows) for rows in runs), key=len)
+        every = max(1, math.ceil(len(names) / 9))  # at most about 9 legend entries
+        for j, name in enumerate(names):
+            steps, mean, lo, hi = gain_series(runs, name)
+            if not len(steps):
+                continue
+            color = cmap(j / max(1, len(names) - 1))
+            show = j % every == 0 or j == len(names) - 1
+            ax.plot(steps, mean, color=color, lw=1.2, label=name if show else None)
+            ax.fill_between(steps, lo, hi, color=color, alpha=0.12, linewidth=0)
+        ax.set(title=label, xlabel="optimizer step", ylabel="gain (weight)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="x-small", ncol=2)
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    fig.suptitle(
+        "Norm gains over training: mean per norm, band min–max of its elements (over runs)"
+    )
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def write_diag_figures(diag: Diag, out_dir: Path) -> dict[str, Path | None]:
+    """``resid_depth.png`` and ``gains.png`` from ``diag`` (variant label -> one list of metrics
+    rows per run); both None when no row has ``diag/`` keys."""
+    if not any(diag_rows(rows) for runs in diag.values() for rows in runs):
+        return {"resid_depth": None, "gains": None}
+    return {
+        "resid_depth": plot_resid_depth(diag, out_dir / "resid_depth.png"),
+        "gains": plot_gains(diag, out_dir / "gains.png"),
+    }
+
+
+def plot_swept_value(
+    points: dict[str, list[tuple[float, list[float]]]], key: str, path: Path
+) -> Path | None:
+    """Final validation loss (nats/token) against a swept numeric override ``key``: one line per
+    group of the other overrides, mean over seeds with a min–max bar. ``points``: line label ->
+    ``(value, final losses of its completed runs)``. Log x axis when every value is > 0 and they
+    span >= 100x."""
+    points = {lab: sorted((x, v) for x, v in pts if v) for lab, pts in points.items()}
+    points = {lab: pts for lab, pts in points.items() if pts}
+    if not points:
+        return None
+    fig, ax = _axes((7, 4.8))
+    xs_all = [x for pts in points.values() for x, _ in pts]
+    for i, (label, pts) in enumerate(points.items()):
+        x = np.array([p[0] for p in pts])
+        mean = np.array([np.mean(p[1]) for p in pts])
+        err = np.array([[m - min(p[1]), max(p[1]) - m] for m, p in zip(mean, pts, strict=True)]).T
+        ns = sorted({len(p[1]) for p in pts})
+        n = f"n={ns[0]}" if len(ns) == 1 else f"n={ns[0]}–{ns[-1]}"
+        ax.errorbar(
+            x,
+            mean,
+            yerr=err,
+            marker="o",
+            ms=4,
+            capsize=3,
+            color=f"C{i % 10}",
+            label=f"{label} ({n})",
+        )
+    if min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 100:
+        ax.set_xscale("log")
+    title = f"Final validation loss vs {key} (mean over seeds, bar: min–max)"
+    return _finish(fig, ax, path, title, key, "final validation loss (nats/token)")
+
+
+# --- every figure --------------------------------------------------------------------------------
 
 
 def write_figures(rep: Report, out_dir: Path, beta: float = 0.95) -> dict[str, Path | None]:
@@ -168,6 +415,7 @@ def write_figures(rep: Report, out_dir: Path, beta: float = 0.95) -> dict[str, P
     keys ``resid_depth.png`` and ``gains.png``; for a numeric sweep ``swept.png``. ``beta``: EMA
     of the training loss. Returns name -> path, or None for a figure skipped for lack of data."""
     metrics = {lab: [r.metrics for r in rep.included(lab)] for lab in rep.labels}
+    mark = NOT_COMPARABLE_MARK if not_comparable(rep) else None
     times = {
         lab: [
             float(t)
@@ -181,13 +429,13 @@ def write_figures(rep: Report, out_dir: Path, beta: float = 0.95) -> dict[str, P
         "val_loss": plot_val_loss(metrics, out_dir / "val_loss.png"),
         "val_diff": plot_val_diff(rep, out_dir / "val_diff.png"),
         "train_loss": plot_train_loss(metrics, out_dir / "train_loss.png", beta),
-        "step_time": plot_step_times(times, out_dir / "step_time.png"),
+        "step_time": plot_step_times(times, out_dir / "step_time.png", mark),
     }
     for name in rep.heldout.get("heldout", {}):
         figs[f"val_{name}"] = plot_val_loss(metrics, out_dir / f"val_{name}.png", corpus=name)
     included = {lab: rep.included(lab) for lab in rep.labels}
     target = rep.target.get("target", float("nan"))
-    figs["val_time"] = plot_val_time(included, target, out_dir / "val_time.png")
+    figs["val_time"] = plot_val_time(included, target, out_dir / "val_time.png", mark)
     figs["val_tokens"] = plot_val_tokens(included, out_dir / "val_tokens.png")
     if rep.tuned:
         conf = f"{100 * (1 - rep.alpha):g}% CI"

@@ -46,13 +46,15 @@ def _fmt_ci(ci: tuple[float, float]) -> str:
     return f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
 
 
-def verdict_text(r: dict[str, Any], margin: float, alpha: float, unit: str = "nats") -> str:
+def verdict_text(
+    r: dict[str, Any], margin: float, alpha: float, unit: str = "nats", evidence: str | None = None
+) -> str:
     """The verdict of :func:`paired_difference`'s result ``r``, stating equivalence (TOST at
-    ``margin``, in ``unit``) and a detectable difference (the 1−alpha CI excludes 0) separately
-    when both hold."""
+    ``margin``, in ``unit``) and a detectable difference separately when both hold. ``evidence``:
+    what shows the difference (default: the 1−alpha CI excludes 0)."""
     if r["n"] < 2:
         return "not shown equivalent (n < 2)"
-    conf = f"{100 * (1 - alpha):g}% CI {_fmt_ci(r['ci'])} excludes 0"
+    conf = evidence or f"{100 * (1 - alpha):g}% CI {_fmt_ci(r['ci'])} excludes 0"
     equivalent, detectable = r["equivalent"], r["detectable"]
     if equivalent and detectable:
         return f"equivalent within {margin:.4g} {unit}; the difference is detectable: {conf}"
@@ -88,6 +90,52 @@ def paired_difference(
     out["equivalent"] = bool(-margin < out["ci_tost"][0] and out["ci_tost"][1] < margin)
     out["detectable"] = bool(out["ci"][0] > 0 or out["ci"][1] < 0)
     return {**out, "verdict": verdict_text(out, margin, alpha, unit)}
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), in the order given: with the m finite
+    p-values sorted p(1) <= ... <= p(m), adj p(i) = max over j <= i of min(1, (m − j + 1) · p(j)).
+    Rejecting where adj p < alpha controls the family-wise error rate at alpha for any dependence
+    between the tests. A nan p-value (no test: n < 2) stays nan and does not count in m."""
+    finite = sorted((p, i) for i, p in enumerate(pvalues) if math.isfinite(p))
+    out = [NAN] * len(pvalues)
+    running = 0.0
+    for j, (p, i) in enumerate(finite):
+        running = max(running, min(1.0, (len(finite) - j) * p))
+        out[i] = running
+    return out
+
+
+def holm_verdicts(
+    comparisons: list[dict[str, Any]], margin: float, alpha: float, unit: str = "nats"
+) -> list[dict[str, Any]]:
+    """Per :func:`paired_difference` result of a family (variants against one baseline), the
+    family's verdict: ``p_tost`` (max of the two one-sided p-values), ``p_diff`` (the two-sided
+    paired t-test of a zero difference), their Holm-adjusted values (:func:`holm`, each over the
+    family), ``equivalent`` and ``detectable`` iff the adjusted p < alpha, and the ``verdict``
+    text of :func:`verdict_text` (whose CI, unadjusted, it quotes)."""
+    p_tost = [max(c["p_lower"], c["p_upper"]) if c["n"] >= 2 else NAN for c in comparisons]
+    p_diff = [_p_two_sided(c) for c in comparisons]
+    out = []
+    for c, pt, pd, at, ad in zip(
+        comparisons, p_tost, p_diff, holm(p_tost), holm(p_diff), strict=True
+    ):
+        r = {"n": c["n"], "ci": c["ci"], "equivalent": at < alpha, "detectable": ad < alpha}
+        r |= {"p_tost": pt, "p_diff": pd, "p_tost_holm": at, "p_diff_holm": ad}
+        why = f"Holm-adjusted p = {ad:.3g} < {alpha:g}"
+        out.append({**r, "verdict": verdict_text(r, margin, alpha, unit, why)})
+    return out
+
+
+def _p_two_sided(c: dict[str, Any]) -> float:
+    """The two-sided paired t-test p-value of H0 mean = 0 for a :func:`paired_difference`
+    result (nan when n < 2; 0 or 1 when the std is 0)."""
+    if c["n"] < 2:
+        return NAN
+    se = c["std"] / math.sqrt(c["n"])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = abs(np.float64(c["mean"]) / se)
+    return float(2 * stats.t.sf(t, c["n"] - 1)) if math.isfinite(t) else float(c["mean"] == 0)
 
 
 def ratio_interval(ratios: list[float], alpha: float = 0.05) -> dict[str, Any]:
@@ -132,6 +180,16 @@ def tost_power(n: int, std: float, margin: float, alpha: float = 0.05, delta: fl
         return 0.0
     val, _ = integrate.quad(given_s, 0.0, u_max, limit=200)
     return float(min(1.0, max(0.0, val)))
+
+
+def std_upper(std: float, n: int, alpha: float = 0.05) -> float:
+    """The one-sided 1−alpha upper confidence bound of a normal std estimated by ``std`` (ddof=1)
+    from ``n`` values: std · sqrt((n − 1) / χ²_{alpha, n−1}), since (n − 1)s²/σ² is χ²_{n−1}
+    (units of ``std``; nan when n < 2 or std is not finite). At n = 2 and alpha = 0.05 it is
+    15.9x the estimate: power planned from the estimate alone can be far too hopeful."""
+    if n < 2 or not math.isfinite(std):
+        return NAN
+    return float(std * math.sqrt((n - 1) / stats.chi2.ppf(alpha, n - 1)))
 
 
 def seeds_needed(

@@ -19,8 +19,9 @@ def _ci(c: dict[str, Any]) -> list[float]:
 
 
 def report_tables(rep: Report) -> dict[str, Table]:
-    """``name -> (columns, rows)`` of every table the report has: variants, comparisons, the bpb
-    and held-out comparisons, time to target, the interleaved speed ratios and the tuned grid.
+    """``name -> (columns, rows)`` of every table the report has: variants, comparisons, a
+    family's Holm-adjusted values, the bpb and held-out comparisons, time to target, the
+    interleaved speed ratios and the tuned grid.
     Values are numbers or text (losses nats/token, bpb bits/byte, ratios dimensionless)."""
     cols = ["n", "mean", "std", "min", "max", "step_time_ms", "tokens_per_s"]
     out: dict[str, Table] = {
@@ -36,6 +37,12 @@ def report_tables(rep: Report) -> dict[str, Table]:
             for c in rep.comparisons
         ],
     )
+    if any(c.get("holm") for c in rep.comparisons):
+        keys = ["p_tost", "p_tost_holm", "p_diff", "p_diff_holm", "verdict"]
+        out["family_holm"] = (
+            ["variant", "n", *keys],
+            [[c["label"], c["n"], *(c["holm"][k] for k in keys)] for c in rep.comparisons],
+        )
     paired = ["variant", "n", "mean_diff", "ci_lo", "ci_hi", "verdict"]
     metrics = {"bpb": rep.heldout.get("bpb")}
     for name, h in rep.heldout.get("heldout", {}).items():

@@ -146,7 +146,7 @@ def test_warns_when_variants_differ_in_resolved_implementation(tmp_path):
         set_summary(d, norm_impl="cpp")  # auto resolved to cpp for rms only
     for d in tmp_path.glob("layer-*"):
         set_summary(d, norm_impl="cpp")
-    assert "Warning" not in verdict_section(tmp_path)  # same family on both sides
+    assert "norm.impl" not in verdict_section(tmp_path)  # same family on both sides
     for d in tmp_path.glob("layer-*"):
         set_summary(d, norm_impl="torch")
     text = verdict_section(tmp_path)
@@ -244,3 +244,50 @@ def test_the_initial_models_loss_does_not_set_the_loss_axis():
     # no finite value: no limits
     lo, hi = loss_limits([(steps, np.full(4, np.nan))])
     assert math.isnan(lo) and math.isnan(hi)
+
+
+# --- run dirs that never trained -----------------------------------------------------------------
+
+
+def test_run_dirs_that_never_trained_are_skipped_with_a_note(tmp_path, capsys):
+    """What a refused ``train`` leaves in ``outputs/runs`` (``.hydra/`` and a ``summary.json`` with
+    ``status: refused``; an older version left no summary) is no variant: one note names it."""
+    make_sweep(tmp_path)
+    refused = write_run(
+        tmp_path,
+        "layer",
+        0,
+        None,
+        name="refused",
+        edits={"norm.eps": 0.0},
+        overrides=["norm=layer", "norm.eps=0", "seed=0", "model=tiny"],
+    )
+    (refused / "metrics.jsonl").unlink()
+    error = "norm.eps=0.0 is not allowed: must be a finite number > 0"
+    (refused / "summary.json").write_text(json.dumps({"status": "refused", "error": error}))
+    old = write_run(tmp_path, "rms", 0, None, name="old-refused", summary=False)
+    (old / "metrics.jsonl").unlink()
+    (old / "train.log").write_text("refused\n")
+    rep = build_report(tmp_path)
+    assert rep.labels == ["norm=layer", "norm=rms"] and len(rep.runs) == 6
+    assert [(r.name, why) for r, why in rep.skipped] == [
+        ("old-refused", "never trained (no metrics.jsonl row, no summary.json)"),
+        ("refused", f"refused before training: {error}"),
+    ]
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"  note: skipped {refused}: refused before training: {error}\n" in out
+    assert f"  note: skipped {old}: never trained" in out
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "- Skipped (never trained, in no table): `old-refused` (never trained" in md
+    assert "## Excluded runs\n\nNone" in md
+
+
+def test_only_run_dirs_that_never_trained_is_one_line_exit_1(tmp_path, capsys):
+    d = write_run(tmp_path, "layer", 0, None, name="refused", summary=False)
+    (d / "metrics.jsonl").unlink()
+    assert main([str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        f"normlab-report: error: no run in {tmp_path} trained (refused or never started: refused)\n"
+    )

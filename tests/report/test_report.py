@@ -27,6 +27,7 @@ from normlab.report import (
     log_report_to_wandb,
     paired_difference,
     ratio_interval,
+    report_tables,
     t_interval,
 )
 
@@ -321,7 +322,7 @@ def test_cli_refusal_exits_1_with_one_line_naming_the_key(tmp_path, capsys):
 def test_python_dash_m_runs_the_cli(tmp_path):
     make_sweep(tmp_path)
     write_run(tmp_path, "layer", 5, 3.0, edits={"max_steps": 40})
-    src = Path(__file__).resolve().parents[1] / "src"
+    src = Path(__file__).resolve().parents[2] / "src"
     p = subprocess.run(
         [sys.executable, "-m", "normlab.commands.report", str(tmp_path)],
         capture_output=True,
@@ -420,3 +421,61 @@ def test_all_runs_excluded_still_writes_report_but_exits_1(tmp_path):
 
 def test_wandb_logging_is_a_no_op_without_a_run(tmp_path):
     assert log_report_to_wandb(build_report(make_sweep(tmp_path)), None) is False
+
+
+def test_a_family_of_variants_gets_holm_adjusted_p_values_and_verdicts(tmp_path, capsys):
+    """Two variants against one baseline (seeds 0-2): ``norm=rms`` differs by [0.02, 0.03, 0.04]
+    (t = 0.03 / (0.01 / sqrt 3) = 3 sqrt 3, two-sided p = 0.0351: different alone), the other by
+    [0, 0.05, 0.1] (t = sqrt 3, p = 0.225). Holm: 2 x 0.0351 = 0.0702, then max(0.0702, 0.225):
+    the family shows no difference; the plain per-pair verdicts stay as they were."""
+    for seed, loss in LAYER.items():
+        write_run(tmp_path, "layer", seed, loss)
+        write_run(tmp_path, "rms", seed, loss + (0.02, 0.03, 0.04)[seed])
+        write_run(
+            tmp_path,
+            "rms",
+            seed,
+            loss + (0.0, 0.05, 0.1)[seed],
+            name=f"rmsb-seed{seed}",
+            edits={"norm.eps": 1e-3},
+            overrides=["norm=rms", "norm.eps=1e-3", f"seed={seed}", "model=tiny"],
+        )
+    rep = build_report(tmp_path)
+    other, rms = rep.comparisons
+    assert (other["label"], rms["label"]) == ("norm.eps=1e-3,norm=rms", "norm=rms")
+    p_rms = 2 * (1 - t2_cdf(3 * math.sqrt(3)))
+    p_other = 2 * (1 - t2_cdf(math.sqrt(3)))
+    assert p_rms == pytest.approx(0.0351, abs=1e-4) and p_other == pytest.approx(0.2254, abs=1e-4)
+    assert rms["holm"]["p_diff"] == pytest.approx(p_rms)
+    assert rms["holm"]["p_diff_holm"] == pytest.approx(2 * p_rms)
+    assert other["holm"]["p_diff_holm"] == pytest.approx(p_other)
+    tost = [max(c["p_lower"], c["p_upper"]) for c in (other, rms)]
+    assert other["holm"]["p_tost_holm"] == pytest.approx(max(min(1.0, 2 * min(tost)), tost[0]))
+    assert rms["detectable"] and rms["verdict"].startswith("different: 95% CI")
+    assert not rms["holm"]["detectable"] and rms["holm"]["verdict"] == "not shown equivalent"
+    table = report_tables(rep)["family_holm"]
+    assert table[0][:4] == ["variant", "n", "p_tost", "p_tost_holm"]
+    assert table[1][1][:2] == ["norm=rms", 3] and table[1][1][5] == pytest.approx(2 * p_rms)
+    assert main([str(tmp_path)]) == 0
+    assert (
+        "norm=rms vs norm=layer: n=3, different: 95% CI [+0.0052, +0.0548] excludes 0; not "
+        "shown equivalent within 0.02 nats; over the family (Holm): not shown equivalent\n"
+        in (capsys.readouterr().out)
+    )
+    md = (tmp_path / "report" / "report.md").read_text()
+    family = md.split("## Family of comparisons (Holm): 2 variants against `norm=layer`")[1]
+    assert "| `norm=rms` | 3 | " in family and "| **not shown equivalent** |" in family
+    assert "Over the family of 2 comparisons with `norm=layer` (Holm-adjusted p = " in md
+
+
+def test_one_comparison_is_no_family_and_the_default_margin_is_named_a_screen(tmp_path):
+    rep = build_report(make_sweep(tmp_path))
+    assert "holm" not in rep.comparisons[0]
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "## Family of comparisons" not in md and "Over the family" not in md
+    margin = next(ln for ln in md.splitlines() if ln.startswith("- Equivalence margin"))
+    assert "±0.02 nats/token; alpha = 0.05 (the default margin: a gross-difference screen" in margin
+    assert main([str(tmp_path), "--margin", "0.005"]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "- Equivalence margin: ±0.005 nats/token; alpha = 0.05\n" in md

@@ -21,7 +21,7 @@ from normlab.report import METRIC_RENAMES, build_report, paired_difference
 from .test_report_runs import rename_metrics
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SWEEP = [
     "-m",
     "norm=layer,rms",

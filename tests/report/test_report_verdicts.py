@@ -26,7 +26,7 @@ from normlab.report import (
     report_tables,
     wandb_settings,
 )
-from normlab.report.context import steps_worth
+from normlab.report.compare import steps_worth
 from normlab.report.stats import ratio_interval
 
 LN2 = math.log(2)
@@ -394,8 +394,8 @@ def test_an_evaluation_row_without_training_seconds_takes_its_steps_time(tmp_pat
         if "val/loss" in row and row["step"] == 30:
             row.pop("perf/train_time_s")
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from normlab.report.compare import first_reach
     from normlab.report.runs import load_run
-    from normlab.report.totarget import first_reach
 
     run = load_run(d)
     assert first_reach(run, 2.10) == {
@@ -407,3 +407,79 @@ def test_an_evaluation_row_without_training_seconds_takes_its_steps_time(tmp_pat
     assert first_reach(run, 2.0)["last"]  # its final loss: reached at its last evaluation
     assert first_reach(run, 2.20)["seconds"] == 10.0  # its own row's seconds at step 20
     assert first_reach(run, 1.5) is None
+
+
+def figure_texts(monkeypatch) -> dict[str, list[str]]:
+    """Record every text drawn on each figure the report saves (file name -> texts)."""
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    seen: dict[str, list[str]] = {}
+    save = Figure.savefig
+
+    def savefig(fig, path, *args, **kwargs):
+        seen[Path(path).name] = [t.get_text() for t in fig.findobj(Text)]
+        return save(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    return seen
+
+
+@pytest.mark.parametrize("spread", [True, False])
+def test_figures_of_sequential_times_carry_the_not_comparable_mark(tmp_path, monkeypatch, spread):
+    """When the sequential step times do not compare, step_time.png and val_time.png say so on
+    the figure, and the text under each says so too; when they compare, neither does."""
+    for seed in LAYER:  # per-seed ratios spanning 1.96x: not comparable (test above)
+        slow = (1.4, 1.2, 1.0)[seed] if spread else 1.0
+        write(tmp_path, "layer", seed, LAYER[seed], s_per_step=slow)
+        write(tmp_path, "rms", seed, RMS[seed], s_per_step=(1.0, 1.2, 1.4)[seed] if spread else 1.0)
+    texts = figure_texts(monkeypatch)
+    assert main([str(tmp_path)]) == 0
+    mark = "NOT COMPARABLE: step times fail the report's checks"
+    for name in ("step_time.png", "val_time.png"):
+        assert (mark in texts[name]) is spread, name
+    assert not any(
+        mark in t for name, t in texts.items() if name not in ("step_time.png", "val_time.png")
+    )
+    figures = (tmp_path / "report" / "report.md").read_text().split("## Figures")[1]
+    notes = [ln for ln in figures.splitlines() if ln.startswith("> **Not comparable:**")]
+    assert len(notes) == (2 if spread else 0)
+    lines = [ln for ln in figures.splitlines() if ln.strip()] + [""]
+    for fig in ("val_time.png", "step_time.png"):  # each note right under its figure
+        after = lines[next(i for i, ln in enumerate(lines) if f"({fig})" in ln) + 1]
+        note = "> **Not comparable:** the sequential step times of `norm=rms` vs `norm=layer`"
+        assert after.startswith(note) is spread
+
+
+def set_summaries(root: Path, **fields) -> None:
+    for f in root.glob("*/summary.json"):
+        f.write_text(json.dumps(json.loads(f.read_text()) | fields))
+
+
+def test_a_verdict_on_runs_far_from_convergence_gets_a_caveat(tmp_path):
+    """Rule 1, the steep end: the baseline's mean curve 2.00 + (40 − step) · 0.01 is 0.004 above
+    its final value at step 39.6: 0.4 of 40 steps (1%, under 10%); 0.1 above at step 30: 10 steps
+    (25%)."""
+    sweep(tmp_path)
+    caveat = "the verdict rests on runs far from convergence"
+    steep = build_report(tmp_path, margin=0.004).confounds
+    assert [w for w in steep if caveat in w] == [
+        f"{caveat}: the baseline's validation loss still fell by the margin (±0.004 nats) in its "
+        "last 0.4 steps (1.0% of the run, under 10%): its curve is steep at the end. A "
+        "difference, or an equivalence, this early in training need not hold at its end, whatever "
+        "the power: train longer (max_steps) before reading it as a verdict on the variants"
+    ]
+    assert not any(caveat in w for w in build_report(tmp_path, margin=0.1).confounds)
+    # Rule 2, a short run: 40 steps x 16 tokens = 640 tokens of a 64,000-token split (0.01
+    # epochs), 640 / 800,000 parameters = 0.0008 tokens per parameter
+    set_summaries(tmp_path, data={"tokens": {"train": 64_000}})
+    short = [w for w in build_report(tmp_path, margin=0.1).confounds if caveat in w]
+    assert len(short) == 1 and (
+        "the runs saw 0.01 epochs of the training split and 0.0008 training tokens per parameter "
+        "(under 0.1 and 20)" in short[0]
+    )
+    assert main([str(tmp_path), "--margin", "0.1"]) == 0
+    verdict = (tmp_path / "report" / "report.md").read_text().split("## Verdict")[1]
+    assert f"> **Warning:** {short[0]}." in verdict.split("**`norm=rms` − `norm=layer`**")[0]
+    set_summaries(tmp_path, params=16)  # 40 tokens per parameter: trained enough for its size
+    assert not any(caveat in w for w in build_report(tmp_path, margin=0.1).confounds)

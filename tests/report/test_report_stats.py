@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from normlab.report import paired_difference, seeds_needed, tost_power
+from normlab.commands.report import main
+from normlab.report import build_report, paired_difference, seeds_needed, tost_power
+from normlab.report.stats import holm, std_upper
 
 
 def test_verdict_states_equivalence_and_a_detectable_difference_when_both_hold():
@@ -63,3 +65,37 @@ def test_seeds_needed_is_none_when_no_n_suffices():
     assert seeds_needed(float("nan"), 0.02) is None  # n < 2: no std
     assert math.isnan(tost_power(1, 0.01, 0.02))
     assert tost_power(3, 0.0, 0.02) == 1.0 and tost_power(3, 0.0, 0.02, delta=0.03) == 0.0
+
+
+def test_holm_adjusted_p_values_equal_a_hand_computation():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> running max
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.6, 0.7]) == [1.0, 1.0]  # capped at 1
+    got = holm([0.02, math.nan, 0.04])  # no test (n < 2): nan, and not one of the m = 2
+    assert got[0] == pytest.approx(0.04) and math.isnan(got[1]) and got[2] == pytest.approx(0.04)
+    # 17 variants against one baseline, the best at p = 0.012: Holm's first threshold is
+    # 0.05 / 17 = 0.0029, so its adjusted p, 17 x 0.012 = 0.204, rejects nothing
+    family = holm([0.012] + [0.5] * 16)
+    assert family[0] == pytest.approx(0.204) and min(family) > 0.05
+    assert holm([0.03]) == [0.03] and holm([]) == []
+
+
+def test_std_upper_bound_by_hand_and_the_seeds_it_needs(tmp_path):
+    """(n − 1)s²/σ² is χ²_{n−1}; with 2 degrees of freedom its alpha quantile is −2 ln(1 − alpha),
+    so at n = 3 the 95% upper bound is s · sqrt(2 / (−2 ln 0.95)) = 4.415 s."""
+    assert std_upper(0.01, 3) == pytest.approx(0.01 * math.sqrt(2 / (-2 * math.log(0.95))))
+    assert std_upper(1.0, 2) == pytest.approx(1 / math.sqrt(stats.chi2.ppf(0.05, 1)))  # 15.9
+    assert math.isnan(std_upper(1.0, 1)) and math.isnan(std_upper(math.nan, 5))
+    from .test_report import make_sweep  # rms − layer = [0.01, 0.02, 0.03]: std 0.01, n = 3
+
+    rep = build_report(make_sweep(tmp_path))
+    upper = 0.01 * math.sqrt(2 / (-2 * math.log(0.95)))
+    power = rep.comparisons[0]["power"]
+    assert power["std_upper"] == pytest.approx(upper)
+    assert power["seeds_needed_upper"] == seeds_needed(upper, 0.02) > power["seeds_needed"]
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert (
+        f"Planned at the std's 95% upper confidence bound (0.0442, 4.42x the estimate), ±0.02 "
+        f"nats needs {power['seeds_needed_upper']} seeds." in md
+    )
