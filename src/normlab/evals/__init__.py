@@ -11,11 +11,12 @@ files and scored by per-choice log-likelihood with a run's own model and tokeniz
 """
 
 from normlab.evals.scoring import TaskResult, wilson_interval
-from normlab.evals.suite import PreparedTask, metric_row, prepare_suite, score_suite
+from normlab.evals.suite import DownstreamEval, PreparedTask, metric_row, prepare_suite, score_suite
 from normlab.evals.tasks import DEFAULT_TASKS, INSTALL, LOADERS, Item, check_tasks, load_task
 
 __all__ = [
     "DEFAULT_TASKS",
+    "DownstreamEval",
     "INSTALL",
     "LOADERS",
     "Item",

@@ -102,7 +102,7 @@ def score_windows(
     """Summed log-likelihood (nats, float64, shape ``(n_requests,)``) of each request's scored
     ids: batches of ``batch_size`` windows, longest first, padded on the right (a causal model's
     scores of real positions do not see the padding). ``autocast``: a context manager for the
-    forward (None: fp32)."""
+    forward: a callable returning a fresh context manager, as ``Run.autocast`` (None: fp32)."""
     order = sorted(range(len(ws)), key=lambda i: -len(ws[i].ids))
     totals = np.zeros(n_requests, dtype=np.float64)
     was_training = model.training
@@ -125,7 +125,7 @@ def _batch_loglik(model, batch: list[Window], device: torch.device, autocast) ->
     for row, w in enumerate(batch):
         ids[row, : len(w.ids)] = torch.tensor(w.ids)
     ids = ids.to(device)
-    with autocast if autocast is not None else contextlib.nullcontext():
+    with autocast() if autocast is not None else contextlib.nullcontext():
         logits, _ = model(ids[:, :-1])  # (B, width - 1, V)
     logp = torch.log_softmax(logits.float(), dim=-1)
     picked = logp.gather(-1, ids[:, 1:, None])[..., 0].double().cpu()  # (B, width - 1)

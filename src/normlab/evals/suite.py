@@ -5,17 +5,19 @@ often as wanted: by ``normlab-eval`` on a finished run, or at every evaluation o
 its windows (:mod:`normlab.evals.scoring`); :func:`score_suite` runs the model over them and
 returns one :class:`~normlab.evals.scoring.TaskResult` per task; :func:`metric_row` flattens the
 results into metric keys (``downstream/<task>/acc``, ``.../acc_norm``, ``.../bpb``) for
-``metrics.jsonl``.
+``metrics.jsonl``. :class:`DownstreamEval` bundles the three for a training loop: checked when
+built (before training), prepared at its first call, scored at each.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from normlab.config import ConfigError
 from normlab.evals.scoring import TaskResult, Window, build_windows, score_windows, task_result
-from normlab.evals.tasks import Item, check_tasks, load_task
+from normlab.evals.tasks import Item, check_tasks, load_task, package_dir
 
 
 @dataclass(frozen=True)
@@ -67,3 +69,35 @@ def metric_row(results: list[TaskResult]) -> dict[str, float]:
             if value is not None:
                 row[f"downstream/{r.task}/{key}"] = value
     return row
+
+
+@dataclass
+class DownstreamEval:
+    """Downstream evaluation inside a training loop: the first ``limit`` items of each task in
+    ``names``, ``batch_size`` windows per forward pass.
+
+    Raises:
+        ConfigError: when built: an unknown or repeated task, ``limit`` or ``batch_size`` < 1, the
+            package missing. So a training command refuses before its first step.
+    """
+
+    names: tuple[str, ...]
+    limit: int | None = None
+    batch_size: int = 16
+    _suite: list[PreparedTask] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.names = tuple(check_tasks(self.names))
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"downstream limit={self.limit}: must be null (all) or >= 1")
+        if self.batch_size < 1:
+            raise ConfigError(f"downstream batch_size={self.batch_size}: must be >= 1")
+        package_dir()
+
+    def __call__(self, model, tokenizer, device: torch.device, autocast=None) -> dict[str, float]:
+        """:func:`metric_row` of ``model`` (a GPT: ``model.cfg.context_length`` positions) on the
+        tasks, tokenized with ``tokenizer`` at the first call and kept for the later ones."""
+        if self._suite is None:
+            length = model.cfg.context_length
+            self._suite = prepare_suite(self.names, self.limit, tokenizer, length)
+        return metric_row(score_suite(model, self._suite, device, self.batch_size, autocast))
