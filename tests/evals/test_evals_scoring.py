@@ -170,3 +170,32 @@ def test_the_in_loop_evaluator_refuses_when_built_and_scores_the_same_each_call(
         "downstream/piqa/acc_norm",
         "downstream/lambada/bpb",
     }
+
+
+class _MergingTokenizer:
+    """Greedy longest-match over a small vocabulary with merges across a space and across
+    letters (``" b"``, ``"ab"``), to show how a BPE boundary is handled."""
+
+    vocab = {"a": 0, "b": 1, " ": 2, " b": 3, "ab": 4, "c": 5}
+    separator = np.array([9], dtype=np.uint16)
+
+    def encode(self, texts):
+        out = []
+        for text in texts:
+            ids, i = [], 0
+            while i < len(text):
+                piece = max((p for p in self.vocab if text.startswith(p, i)), key=len)
+                ids.append(self.vocab[piece])
+                i += len(piece)
+            out.append(np.array(ids, dtype=np.uint16))
+        return out
+
+
+def test_a_bpe_boundary_keeps_the_continuations_own_split_and_never_empties_it():
+    tok = _MergingTokenizer()
+    # " b" after the context is one id, as in the whole text (lm-eval's split)
+    assert encode_pair(tok, "c", " b") == ([5], [3])
+    assert encode_pair(tok, "c ", "b") == ([5], [3])  # the trailing space moved over
+    # "a" + "b" merge into "ab": the whole does not start with the context's ids, so the parts
+    # are encoded apart rather than leaving an empty continuation
+    assert encode_pair(tok, "ca", "b") == ([5, 0], [1])

@@ -3,8 +3,10 @@ own model and tokenizer, and the accuracies and intervals that follow.
 
 Tokens (lm-eval's ``_encode_pair``): trailing spaces of the context move to the continuation;
 the pair is encoded whole and the context alone, and the continuation's ids are the whole's ids
-after the context's (with byte tokens that is just the two encodings; with BPE it keeps the merge
-across the boundary that the model saw in training). An empty context is the tokenizer's document
+after the context's (with byte tokens that is just the two encodings; with BPE it keeps how the
+continuation's first word is split after that context). Where the whole's ids do not start with
+the context's (a BPE merge across the boundary, which would leave lm-eval an empty or clipped
+continuation), the two parts are encoded apart. An empty context is the tokenizer's document
 separator.
 
 Windows (the model sees at most ``L = model.cfg.context_length`` ids): a continuation of at most
@@ -64,6 +66,8 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
     if not context:
         return [int(i) for i in np.asarray(tokenizer.separator)], whole
     ctx = [int(i) for i in tokenizer.encode([context])[0]]
+    if whole[: len(ctx)] != ctx:  # a merge across the boundary: each part on its own
+        return ctx, [int(i) for i in tokenizer.encode([continuation])[0]]
     return ctx, whole[len(ctx) :]
 
 
