@@ -1,0 +1,103 @@
+"""A set of downstream tasks prepared once for one tokenizer and context length, then scored as
+often as wanted: by ``normlab-eval`` on a finished run, or at every evaluation of a training run.
+
+:func:`prepare_suite` reads the tasks (:mod:`normlab.evals.tasks`) and tokenizes every choice into
+its windows (:mod:`normlab.evals.scoring`); :func:`score_suite` runs the model over them and
+returns one :class:`~normlab.evals.scoring.TaskResult` per task; :func:`metric_row` flattens the
+results into metric keys (``downstream/<task>/acc``, ``.../acc_norm``, ``.../bpb``) for
+``metrics.jsonl``. :class:`DownstreamEval` bundles the three for a training loop: checked when
+built (before training), prepared at its first call, scored at each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from normlab.config import ConfigError
+from normlab.evals.scoring import TaskResult, Window, build_windows, score_windows, task_result
+from normlab.evals.tasks import Item, check_tasks, load_task, package_dir
+
+
+@dataclass(frozen=True)
+class PreparedTask:
+    """One task's items and the windows that score them (``split``: choices in several)."""
+
+    name: str
+    items: list[Item]
+    windows: list[Window]
+    n_requests: int
+    split: int
+
+
+def prepare_suite(
+    names: list[str] | tuple[str, ...], limit: int | None, tokenizer, context_length: int
+) -> list[PreparedTask]:
+    """The first ``limit`` items (all when None) of each task in ``names``, tokenized with
+    ``tokenizer`` for a model of ``context_length`` positions.
+
+    Raises:
+        ConfigError: an unknown or repeated task, ``limit`` < 1, the package missing.
+    """
+    out = []
+    for name in check_tasks(names):
+        items = load_task(name, limit)
+        ws, split = build_windows(items, tokenizer, context_length)
+        n_requests = sum(len(it.choices) for it in items)
+        out.append(PreparedTask(name, items, ws, n_requests, split))
+    return out
+
+
+def score_suite(
+    model, suite: list[PreparedTask], device: torch.device, batch_size: int = 16, autocast=None
+) -> list[TaskResult]:
+    """Every task of ``suite`` scored with ``model`` (left in the mode it was in)."""
+    out = []
+    for task in suite:
+        logliks = score_windows(model, task.windows, task.n_requests, device, batch_size, autocast)
+        out.append(task_result(task.name, task.items, logliks, task.split))
+    return out
+
+
+def metric_row(results: list[TaskResult]) -> dict[str, float]:
+    """``{"downstream/<task>/<metric>": value}``: acc and acc_norm (fractions), or bpb."""
+    row = {}
+    for r in results:
+        for key in ("acc", "acc_norm", "bpb"):
+            value = getattr(r, key)
+            if value is not None:
+                row[f"downstream/{r.task}/{key}"] = value
+    return row
+
+
+@dataclass
+class DownstreamEval:
+    """Downstream evaluation inside a training loop: the first ``limit`` items of each task in
+    ``names``, ``batch_size`` windows per forward pass.
+
+    Raises:
+        ConfigError: when built: an unknown or repeated task, ``limit`` or ``batch_size`` < 1, the
+            package missing. So a training command refuses before its first step.
+    """
+
+    names: tuple[str, ...]
+    limit: int | None = None
+    batch_size: int = 16
+    _suite: list[PreparedTask] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.names = tuple(check_tasks(self.names))
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"downstream limit={self.limit}: must be null (all) or >= 1")
+        if self.batch_size < 1:
+            raise ConfigError(f"downstream batch_size={self.batch_size}: must be >= 1")
+        package_dir()
+
+    def __call__(self, model, tokenizer, device: torch.device, autocast=None) -> dict[str, float]:
+        """:func:`metric_row` of ``model`` (a GPT: ``model.cfg.context_length`` positions) on the
+        tasks, tokenized with ``tokenizer`` at the first call and kept for the later ones."""
+        if self._suite is None:
+            length = model.cfg.context_length
+            self._suite = prepare_suite(self.names, self.limit, tokenizer, length)
+        return metric_row(score_suite(model, self._suite, device, self.batch_size, autocast))
