@@ -65,7 +65,7 @@ from normlab.norms.table import (  # noqa: E402
     Kind,
 )
 
-CONF = Path(__file__).resolve().parent.parent / "conf" / "norm"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "norm"
 D = 48  # one width (and few shapes) everywhere: compiled recompiles per shape, triton interprets
 LOW_PRECISION_TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
 

@@ -17,7 +17,7 @@ from normlab.norms import available_impls
 from normlab.norms.table import KINDS
 from normlab.training import peak
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = ["oracle", "bench", "peak", "train", "step_torch", "step_compiled"]
 
 
