@@ -590,3 +590,27 @@ def test_a_kind_added_only_to_the_table_is_parametrized_and_checked(monkeypatch)
         check_oracle(FakeKind.center, NormImpl.reference, affine=affine, bias=bias)
     for mode in AUTOGRAD_MODES:
         MODE_CHECKS[mode](FakeKind.center, NormImpl.reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("kind", "impl"), CASES)
+def test_nan_and_inf_inputs_give_the_oracles_non_finite_values(kind, impl, dtype):
+    """A NaN and both infinities in the input (rows 1-3; row 0 finite) come out where the float64
+    oracle puts them, forward and backward: no implementation's rounding turns a non-finite value
+    into a finite one (a diverging run must not be hidden from the divergence check)."""
+    norm = make(kind, impl)
+    g = torch.Generator().manual_seed(1)
+    x = (1.5 * torch.randn(4, D, generator=g) + 0.3).to(dtype)
+    x[1, 5], x[2, 7], x[3, 9] = float("nan"), float("inf"), float("-inf")
+    x.requires_grad_()
+    y = norm(x)
+    dy = torch.randn(y.shape, generator=g).to(dtype)
+    y.backward(dy)
+    y64, dx64, _ = oracle_grads(kind, x, norm, dy)
+    for what, got, want in (("output", y.detach(), y64.detach()), ("grad input", x.grad, dx64)):
+        got = got.double()
+        assert torch.equal(got.isnan(), want.isnan()), f"{what}: NaN where the oracle has none"
+        assert torch.equal(got.isinf(), want.isinf()), f"{what}: inf where the oracle has none"
+        inf = want.isinf()
+        assert torch.equal(got[inf], want[inf]), f"{what}: an infinity changed sign"
+        assert torch.isfinite(got[0]).all(), f"{what}: the finite row is not finite"
