@@ -95,7 +95,9 @@ def canned() -> list[dict]:
 
 
 def test_summarize_recomputes_mfu_against_the_measured_peak_and_fails_bad_contract_cases():
-    steps = {s["name"]: s for s in gpu_check.summarize(canned())}
+    raw = canned()
+    raw[3]["graph_breaks"] = {"count": 2, "where": ["/m/model.py:68"]}
+    steps = {s["name"]: s for s in gpu_check.summarize(raw)}
     assert all("raw" not in s for s in steps.values())
     t = steps["train"]["figures"]
     assert t["mfu_measured"] == pytest.approx(0.5 * 312 / 600)
@@ -120,6 +122,7 @@ def test_summarize_recomputes_mfu_against_the_measured_peak_and_fails_bad_contra
     md = gpu_check.render(report)
     assert "SOME STEPS FAILED" in md and "| contract | failed |" in md
     assert "normwise relative error 0.5" in md
+    assert "Graph breaks in the compiled run: 2\n- /m/model.py:68" in md
     assert "MFU 26.0% of the measured peak (50.00% of the configured 312 TFLOP/s)" in md
     assert "400,000 tokens/s" in md and "B/A 0.950" in md and "bf16 600.00 TFLOP/s" in md
 

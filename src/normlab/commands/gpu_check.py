@@ -288,7 +288,7 @@ def render(report: dict) -> str:
 
 def plan(s: Sizes, out: Path) -> list[tuple[str, list[str]]]:
     """``(step name, argv)`` of every step, in order; each step writes ``out/<name>.json`` (the
-    train step ``out/train/summary.json``)."""
+    contract ``out/contract.jsonl``, the train step ``out/train/summary.json``: :data:`WRITES`)."""
     q = {n: shlex.quote(str(out / f"{n}.json")) for n in FIGURES}
     pytest = f"-m pytest -q -p no:cacheprovider -m device {CONTRACT} -k {shlex.quote(s.contract)}"
     dev = f"--device {s.device}"
