@@ -28,7 +28,7 @@ from normlab.training.diagnostics import named_norms
 from normlab.training.setup import build_run
 
 from .conftest import TINY, run_cli
-from .test_norm_contract import _environment, contract_cases, make  # noqa: F401 (fixture)
+from .norms.test_norm_contract import _environment, contract_cases, make  # noqa: F401 (fixture)
 
 W_FACTS = [(3.140625, 4.140625, 4.125), (2.0**-8, 1.00390625, 1.0)]  # w, 1 + w in fp32, in bf16
 CENTRED = [(k, i) for k, i in contract_cases() if IMPLS[i].zero_centered]

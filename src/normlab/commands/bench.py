@@ -24,6 +24,7 @@ from normlab.norms.table import KINDS
 from normlab.studies.bench_norms import (
     CACHE_REGIMES,
     DTYPES,
+    BenchError,
     bench_norms,
     csv,
     model_width,
@@ -209,6 +210,9 @@ def _norm_main(argv: list[str]) -> int:
     except (ConfigError, DataError, FileNotFoundError) as e:  # user errors: one line
         print(f"normlab-bench: {e}", file=sys.stderr)
         return 2
+    except BenchError as e:  # nothing measured is a failure, not an empty success
+        print(f"normlab-bench: {e}", file=sys.stderr)
+        return 1
     result["malloc"] = malloc
     return write_result(result, format_norm_table(result), args.json)
 

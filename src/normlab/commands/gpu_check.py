@@ -2,22 +2,27 @@
 8 minutes on one H100/H200; every step is a subprocess of a real command, timed, its output kept in
 ``logs/<step>.log``; a failed step is recorded and the next one runs; exit 1 if any failed.
 
-1. ``oracle``: every norm implementation on the device (Triton compiled, ``TRITON_INTERPRET``
-   unset) against the float64 oracle, forward and backward (``commands/gpu_oracle.py``).
+1. ``contract``: the norm contract tests on the device (``pytest -m device
+   tests/norms/test_norm_contract.py`` with ``NORMLAB_TEST_DEVICE=cuda``; Triton compiled,
+   ``TRITON_INTERPRET`` unset): every implementation against the float64 oracle at model widths
+   (8192 x 768, 4096 x 4097), NaN and inf inputs, the preflight; one JSON line per case as it
+   finishes (``contract.jsonl``). Run from the repository root (the tests are not in the wheel).
 2. ``bench``: ``normlab-bench`` of every implementation in fp32 and bf16, each case's fraction of
    the measured copy bandwidth.
 3. ``peak``: ``normlab-bench peak``, the measured dense matmul peak (fp32, bf16; ``training.peak``).
 4. ``train``: ``train`` 12 x 768 (``model=gpt2_small``), bf16, compile, ``norm=fused``, 200 steps of
    16 x 1024 tokens on Shakespeare bytes (offline); tokens/s, and MFU recomputed against step 3's
    bf16 peak: ``mfu_measured = mfu * peak_tflops / measured`` (``summary.json`` reports MFU
-   against the configured ``peak_tflops``).
+   against the configured ``peak_tflops``); ``TORCH_LOGS=graph_breaks``, and the graph breaks
+   in its log counted (``graph_breaks``; a norm that breaks the whole-model graph shows here).
 5. ``step_torch``, ``step_compiled``: ``normlab-bench step`` of the fused kernel (B) against
    ``norm.impl=torch`` and ``norm.impl=compiled`` (A) in the same model.
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` under ``outputs/gpu_check/<time>/`` (or ``--out``).
 ``--dry-run`` runs the same steps on CPU at tiny sizes (``model=tiny``, small shapes, Triton under
-``TRITON_INTERPRET=1``, the C++ kernel as the fused one, whole-model compile off: inductor's CPU
-compile of even the tiny model takes about 20 s) in under a minute.
+``TRITON_INTERPRET=1``, the C++ kernel as the fused one, whole-model compile off, the contract
+without the compiled cases: inductor's CPU compiles dominate). Its time limits only catch a hang
+(:data:`DRY_LIMIT_S` per step, no overall budget): a loaded machine is slow, not broken.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import platform
+import re
 import shlex
 import signal
 import subprocess
@@ -38,7 +45,6 @@ from pathlib import Path
 
 import torch
 
-from normlab.commands.gpu_check_report import FIGURES, render, summarize
 from normlab.training.peak import device_name
 
 
@@ -47,7 +53,7 @@ class Sizes:
     """What one mode runs: device, shapes, model, steps, per-step time limits (s)."""
 
     device: str
-    oracle_shapes: str
+    contract: str
     bench_shapes: str
     bench_rounds: str
     model: str
@@ -60,10 +66,13 @@ class Sizes:
     limits: dict[str, int] = field(default_factory=dict)
 
 
-LIMITS_GPU = {"oracle": 75, "bench": 100, "peak": 30, "train": 140, "step_torch": 60}
+LIMITS_GPU = {"contract": 140, "bench": 70, "peak": 25, "train": 125, "step_torch": 45}
+#: The dry run's limit per step: a guard against a hang, never a speed check (issue: a loaded
+#: machine failed a 90 s limit).
+DRY_LIMIT_S = 1800
 GPU = Sizes(
     device="cuda",
-    oracle_shapes="8192x768,4096x4097",
+    contract="model_widths or nan_and_inf or preflight_passes",
     bench_shapes="8192x768,8192x4096",
     bench_rounds="--repeats 20",
     model="gpt2_small",
@@ -73,11 +82,11 @@ GPU = Sizes(
     fused="triton",
     pairs=5,
     warmup=3,
-    limits=LIMITS_GPU | {"step_compiled": 60},
+    limits=LIMITS_GPU | {"step_compiled": 45},
 )
 DRY = Sizes(
     device="cpu",
-    oracle_shapes="16x128,33x129",
+    contract="(model_widths or nan_and_inf) and not compiled",
     bench_shapes="64x128",
     bench_rounds="--repeats 3 --warmup 1",
     model="tiny",
@@ -87,16 +96,201 @@ DRY = Sizes(
     fused="cpp",
     pairs=2,
     warmup=1,
-    limits=dict.fromkeys(LIMITS_GPU | {"step_compiled": 0}, 90),
+    limits=dict.fromkeys(LIMITS_GPU | {"step_compiled": 0}, DRY_LIMIT_S),
 )
-BUDGET_S = 480  # the whole check: 8 minutes
+BUDGET_S = 450  # the whole check on the GPU: 7.5 minutes, leaving the kit's install its seconds
+CONTRACT = Path("tests/norms/test_norm_contract.py")  # from the repository root
+#: The file each step writes, under ``--out``.
+WRITES = {"contract": "contract.jsonl", "train": "train/summary.json"}
 CONFIGURED_PEAK = 312.0  # train's default, pinned: MFU is recomputed against the measured one
+
+
+# ------------------------------------------------ each step's figures, and the markdown
+def _contract(r: list[dict], _) -> dict:
+    failed = [c["case"] for c in r if c["outcome"] == "failed"]
+    passed = sum(c["outcome"] == "passed" for c in r)
+    slowest = max(r, key=lambda c: c["seconds"], default=None)
+    return {
+        "cases": len(r),
+        "passed": passed,
+        "skipped": len(r) - passed - len(failed),
+        "failed": failed,
+        "errors": {c["case"]: c["error"] for c in r if c["outcome"] == "failed"},
+        "slowest": slowest and {"case": slowest["case"], "seconds": slowest["seconds"]},
+    }
+
+
+def _bench(r: dict, _) -> dict:
+    keys = ("fwd_ms", "fwdbwd_ms", "fwd_copy_frac", "fwdbwd_copy_frac")
+    rows = [
+        {
+            "case": f"{x['kind']} {x['impl']} {x['dtype']} {'x'.join(map(str, x['shape']))}",
+            **{k: x[k] for k in keys},
+        }
+        for x in r["rows"]
+    ]
+    copy = {f"{c['dtype']} {'x'.join(map(str, c['shape']))}": c["gbps"] for c in r["copy"]}
+    return {"rows": rows, "copy_gbps": copy}
+
+
+def _peak(r: dict, _) -> dict:
+    return {"fp32_tflops": r["fp32"]["tflops"], "bf16_tflops": r["bf16"]["tflops"]}
+
+
+def _train(r: dict, raws: dict) -> dict:
+    configured = r["config"]["peak_tflops"]
+    if not isinstance(configured, int | float):
+        raise ValueError(f"summary.json config.peak_tflops={configured!r} is not a number")
+    peak = raws.get("peak") and raws["peak"][r["precision"]]["tflops"]
+    return {
+        "status": r["status"],
+        "steps": r["steps_completed"],
+        "norm_impl": r["norm_impl"],
+        "precision": r["precision"],
+        "compile": r["config"]["compile"],
+        "tokens_per_s": r["tokens_per_s"],
+        "step_time_ms_median": r["step_time_ms_median"],
+        "final_val_loss": r["final_val_loss"],
+        "peak_tflops_configured": configured,
+        "mfu_configured": r["mfu"],
+        "mfu_measured": r["mfu"] * configured / peak if peak else None,
+    }
+
+
+def _step(r: dict, _) -> dict:
+    return {
+        "a": r["a"]["norm"],
+        "b": r["b"]["norm"],
+        "a_ms": r["a"]["median_ms"],
+        "b_ms": r["b"]["median_ms"],
+        "b_over_a": r["ratio"]["median"],
+        "b_over_a_iqr": [r["ratio"]["p25"], r["ratio"]["p75"]],
+    }
+
+
+FIGURES = {
+    "contract": _contract,
+    "bench": _bench,
+    "peak": _peak,
+    "train": _train,
+    "step_torch": _step,
+    "step_compiled": _step,
+}
+
+
+def summarize(steps: list[dict]) -> list[dict]:
+    """Each step's ``figures`` from its raw JSON (``raw``, dropped); a raw JSON that lacks a key
+    fails the step with the reason. The train step's MFU uses the peak step's raw JSON."""
+    raws = {s["name"]: s.get("raw") for s in steps}
+    for s in steps:
+        raw = s.pop("raw", None)
+        try:
+            s["figures"] = FIGURES[s["name"]](raw, raws) if raw is not None else {}
+        except (KeyError, TypeError, ValueError) as e:
+            s |= {"status": "failed", "error": f"unexpected output: {type(e).__name__}: {e}"}
+            s["figures"] = {}
+        if s["name"] == "contract" and (
+            s["figures"].get("failed") or not s["figures"].get("passed")
+        ):
+            s["status"] = "failed"  # a failed case, or no case that passed, fails the step
+    return steps
+
+
+def report_graph_breaks(report: dict) -> dict | None:
+    """The train step's graph breaks (None when it was not compiled)."""
+    return next((s.get("graph_breaks") for s in report["steps"] if s["name"] == "train"), None)
+
+
+def _num(v, spec: str = ".3g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def render(report: dict) -> str:
+    """The markdown of ``gpu_check.json``'s content: header, step table, figures per step."""
+    v, fig = report["versions"], {s["name"]: s["figures"] for s in report["steps"]}
+    lines = [
+        f"# normlab GPU check{' (dry run on CPU)' if report['dry_run'] else ''}",
+        "",
+        f"Device: {report['device_name']} ({report['device']}); "
+        + ", ".join(f"{k} {val}" for k, val in v.items()),
+        "",
+        f"Started {report['started']}, {report['seconds']:.0f} s in all; "
+        f"{'all steps ok' if report['ok'] else 'SOME STEPS FAILED'}.",
+        "",
+        *(
+            [
+                "Dry run: this CPU at tiny sizes, whole-model compile off; CPU figures.",
+                "",
+            ]
+            if report["dry_run"]
+            else []
+        ),
+        "| step | status | seconds | command |",
+        "|---|---|---|---|",
+    ]
+    for s in report["steps"]:
+        status = s["status"] + (f" ({s['error']})" if s.get("error") else "")
+        lines.append(f"| {s['name']} | {status} | {s['seconds']:.1f} | `{s['command']}` |")
+    if o := fig.get("contract"):
+        lines += [
+            "",
+            f"**Norm contract on the device**: {o['passed']}/{o['cases']} cases passed, "
+            f"{o['skipped']} skipped; failed: {', '.join(o['failed']) or 'none'}",
+        ]
+        lines += [f"- `{case}`: {err}" for case, err in o["errors"].items()]
+    if b := fig.get("bench"):
+        lines += [
+            "",
+            "**Norm kernels** (median ms; fraction of the copy's GB/s)",
+            "",
+            "| case | fwd ms | fwd %copy | f+b ms | f+b %copy |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['case']} | {r['fwd_ms']:.4f} | {r['fwd_copy_frac']:.0%} | "
+            f"{r['fwdbwd_ms']:.4f} | {r['fwdbwd_copy_frac']:.0%} |"
+            for r in b["rows"]
+        ]
+        lines.append("\nCopy GB/s: " + ", ".join(f"{k} {g:.1f}" for k, g in b["copy_gbps"].items()))
+    if p := fig.get("peak"):
+        lines += [
+            "",
+            f"**Matmul peak** (measured): fp32 {p['fp32_tflops']:.2f} TFLOP/s, "
+            f"bf16 {p['bf16_tflops']:.2f} TFLOP/s",
+        ]
+    if t := fig.get("train"):
+        lines += [
+            "",
+            f"**Training** ({t['steps']} steps, {t['precision']}, compile "
+            f"{t['compile']}, norm {t['norm_impl']}): {_num(t['tokens_per_s'], ',.0f')} "
+            f"tokens/s, median step {_num(t['step_time_ms_median'], '.1f')} ms, MFU "
+            f"{_num(t['mfu_measured'], '.1%')} of the measured peak ("
+            f"{_num(t['mfu_configured'], '.2%')} of the configured "
+            f"{t['peak_tflops_configured']:g} TFLOP/s); final val loss "
+            f"{_num(t['final_val_loss'], '.4f')}",
+        ]
+        if (gb := report_graph_breaks(report)) is not None:
+            lines.append(f"\nGraph breaks in the compiled run: {gb['count']}")
+            lines += [f"- {w}" for w in gb["where"]]
+    for name in ("step_torch", "step_compiled"):
+        if st := fig.get(name):
+            lines.append(
+                f"\n**Step {name}** (median per optimizer step): A {st['a']} {st['a_ms']:.1f} ms, "
+                f"B {st['b']} "
+                f"{st['b_ms']:.1f} ms: B/A {st['b_over_a']:.3f} (IQR "
+                f"{st['b_over_a_iqr'][0]:.3f}-{st['b_over_a_iqr'][1]:.3f})"
+            )
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------- the steps
 
 
 def plan(s: Sizes, out: Path) -> list[tuple[str, list[str]]]:
     """``(step name, argv)`` of every step, in order; each step writes ``out/<name>.json`` (the
-    train step ``out/train/summary.json``)."""
+    contract ``out/contract.jsonl``, the train step ``out/train/summary.json``: :data:`WRITES`)."""
     q = {n: shlex.quote(str(out / f"{n}.json")) for n in FIGURES}
+    pytest = f"-m pytest -q -p no:cacheprovider -m device {CONTRACT} -k {shlex.quote(s.contract)}"
     dev = f"--device {s.device}"
     common = (
         f"model={s.model} precision=bf16 norm=fused logger=none data.batch_size={s.batch_size} "
@@ -105,7 +299,7 @@ def plan(s: Sizes, out: Path) -> list[tuple[str, list[str]]]:
     step = f"bench step {common} --b norm.impl={s.fused} --pairs {s.pairs} --warmup {s.warmup}"
     refresh = " --refresh" if s.device == "cuda" else ""
     commands = {
-        "oracle": f"gpu_oracle {dev} --shapes {s.oracle_shapes} --json {q['oracle']}",
+        "contract": pytest,
         "bench": f"bench {dev} --dtypes fp32,bf16 --shapes {s.bench_shapes} {s.bench_rounds} "
         f"--json {q['bench']}",
         "peak": f"bench peak {dev}{refresh} --json {q['peak']}",
@@ -116,24 +310,56 @@ def plan(s: Sizes, out: Path) -> list[tuple[str, list[str]]]:
         "step_torch": f"{step} --a norm.impl=torch --json {q['step_torch']}",
         "step_compiled": f"{step} --a norm.impl=compiled --json {q['step_compiled']}",
     }
-    py = [sys.executable, "-m"]
-    return [
-        (n, [*py, f"normlab.commands.{c.split()[0]}", *shlex.split(c)[1:]])
-        for n, c in commands.items()
-    ]
+
+    def argv(c: str) -> list[str]:
+        if c.startswith("-m pytest"):
+            return [sys.executable, *shlex.split(c)]
+        return [sys.executable, "-m", f"normlab.commands.{c.split()[0]}", *shlex.split(c)[1:]]
+
+    return [(n, argv(c)) for n, c in commands.items()]
 
 
-def run_step(name: str, argv: list[str], out: Path, limit_s: float, dry: bool) -> dict:
-    """Run one step as a subprocess (stdout and stderr to ``out/logs/<name>.log``) within
-    ``limit_s`` seconds; ``status`` ok (exit 0 and its JSON written), failed or timeout."""
+def step_env(name: str, sizes: Sizes, out: Path, dry: bool) -> dict[str, str]:
+    """The environment of step ``name``: this one without ``TRITON_INTERPRET`` (the contract sets it
+    itself on a CPU); the dry run on one thread; the contract's device and per-case file; the
+    compiled training run logging its graph breaks."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     if dry:  # one CPU thread: two threads on a loaded 2-core machine run 2-4x slower
         env["OMP_NUM_THREADS"] = "1"
-    if dry and name == "oracle":
-        env["TRITON_INTERPRET"] = "1"  # Triton on CPU: read when the kernels are imported
+    if name == "contract":
+        env |= {"NORMLAB_TEST_DEVICE": sizes.device, "NORMLAB_CASES_JSONL": str(out / WRITES[name])}
+    if name == "train" and sizes.compile:
+        env["TORCH_LOGS"] = "graph_breaks"
+    return env
+
+
+def read_output(name: str, path: Path):
+    """What step ``name`` wrote: JSON, or for the contract its JSON lines; None when absent."""
+    if not path.is_file():
+        return None
+    if name == "contract":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(path.read_text())
+
+
+#: One line per graph break in a ``TORCH_LOGS=graph_breaks`` log.
+GRAPH_BREAK = re.compile(r"\[__graph_breaks\] Graph break in user code at (\S+)")
+
+
+def graph_breaks(log: Path) -> dict:
+    """``{"count", "where"}``: the graph breaks a ``TORCH_LOGS=graph_breaks`` run logged, and the
+    distinct source locations."""
+    found = GRAPH_BREAK.findall(log.read_text(errors="replace")) if log.is_file() else []
+    return {"count": len(found), "where": sorted(set(found))}
+
+
+def run_step(name: str, argv: list[str], out: Path, limit_s: float, env: dict[str, str]) -> dict:
+    """Run one step as a subprocess (stdout and stderr to ``out/logs/<name>.log``) within
+    ``limit_s`` seconds; ``status`` ok (exit 0 and its output written), failed or timeout; ``raw``
+    what it wrote (:func:`read_output`), kept also after a failure or a timeout."""
     log = out / "logs" / f"{name}.log"
     record = {"name": name, "command": shlex.join(argv), "log": str(log.relative_to(out))}
-    written = out / ("train/summary.json" if name == "train" else f"{name}.json")
+    written = out / WRITES.get(name, f"{name}.json")
     written.unlink(missing_ok=True)  # a previous check's output in the same --out is not this one's
     t0 = time.perf_counter()
     with log.open("w") as f:
@@ -156,7 +382,9 @@ def run_step(name: str, argv: list[str], out: Path, limit_s: float, dry: bool) -
         record |= {"status": "failed", "error": f"exit 0 but {written.name} was not written"}
     else:
         record["status"] = "ok"
-    record["raw"] = json.loads(written.read_text()) if written.is_file() else None
+    record["raw"] = read_output(name, written)
+    if "TORCH_LOGS" in env:
+        record["graph_breaks"] = graph_breaks(log)
     return record
 
 
@@ -197,8 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / "logs").mkdir(parents=True, exist_ok=True)
     t0, steps = time.perf_counter(), []
     for name, argv_ in plan(sizes, out.resolve()):
-        left = BUDGET_S - (time.perf_counter() - t0)
-        steps.append(run_step(name, argv_, out, min(sizes.limits[name], left), args.dry_run))
+        left = BUDGET_S - (time.perf_counter() - t0) if not args.dry_run else math.inf
+        env = step_env(name, sizes, out.resolve(), args.dry_run)
+        steps.append(run_step(name, argv_, out, min(sizes.limits[name], left), env))
         print(
             f"gpu_check: {name}: {steps[-1]['status']} in {steps[-1]['seconds']:.1f} s", flush=True
         )

@@ -17,13 +17,18 @@ relative error is meaningless where values cancel to near zero). Tolerances, by 
   backward accumulates them in bf16), 8e-3 otherwise; fp16 2e-3. A wrong formula (unbiased
   variance, eps outside the square root, a dropped term, a 1% scale error) is caught in fp32.
 
-Pass the dtype the norms really receive: in normlab's GPT the residual stream stays fp32 under
-bf16/fp16 autocast (fp32 embeddings plus low-precision branch outputs promote to fp32), so there the
-norms see fp32 input whatever ``precision`` says.
+Pass the dtype the norms really receive (:func:`norm_input_dtypes`): in normlab's GPT the residual
+stream stays fp32 under bf16/fp16 autocast (fp32 embeddings plus low-precision branch outputs
+promote to fp32), so the norms on it see fp32 input whatever ``precision`` says; but a norm fed by a
+matmul's output sees the autocast dtype: the QK norms (q and k come from ``c_attn``) and, with
+``peri`` / ``reordered`` placement, the output norms ``attn_out`` / ``mlp_out`` (they normalize the
+branch's output before it meets the stream). :func:`preflight_model` checks every distinct norm of
+the model (position, block schedule, width) in the dtype it will see.
 
 The input is drawn from a private generator (the global RNG, which seeds the model, is left
 untouched) with a non-zero mean, and weight / bias are random, so every term of the gradients
-matters.
+matters. Every random tensor is drawn on the CPU (the same numbers on every device) and moved to
+the run's device before it meets a tensor there: a device refuses an op that mixes devices.
 """
 
 from __future__ import annotations
@@ -33,8 +38,9 @@ import math
 
 import torch
 
-from normlab.config import ConfigError, NormConfig, NormImpl
-from normlab.norms import build_norm
+from normlab.config import ConfigError, ModelConfig, NormConfig, NormImpl, Placement, QKNorm
+from normlab.config.schedule import BLOCK_POSITIONS
+from normlab.norms import build_norm, resolve_norm
 
 #: Normwise relative tolerance by input dtype (module docstring).
 TOLERANCES: dict[torch.dtype, float] = {
@@ -88,10 +94,10 @@ def preflight(
     tol = TOLERANCES.get(dtype, 1e-2)
     impl = build_norm(norm_cfg, d_model).to(device)
     ref = build_norm(dataclasses.replace(norm_cfg, impl=NormImpl.reference), d_model).to(device)
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)  # on the CPU: drawn there, moved to the device
     with torch.no_grad():
         for p in impl.parameters():  # non-trivial gain, shift (DyT: alpha), shared by both
-            p.add_(0.5 * torch.randn(p.shape, generator=g))
+            p.add_((0.5 * torch.randn(p.shape, generator=g)).to(p.device))
         ref.load_state_dict(impl.state_dict())
     x = (1.5 * torch.randn(ROWS, d_model, generator=g) + 0.3).to(device=device, dtype=dtype)
     dy = torch.randn(ROWS, d_model, generator=g).to(device=device, dtype=dtype)
@@ -127,4 +133,57 @@ def preflight(
     return result
 
 
-__all__ = ["TOLERANCES", "preflight"]
+#: Positions fed by a matmul's output under ``placement``, besides ``qk`` (module docstring).
+_BRANCH_OUTPUT = {
+    Placement.peri: ("attn_out", "mlp_out"),
+    Placement.reordered: ("attn_out", "mlp_out"),
+}
+
+
+def norm_input_dtypes(norm_cfg: NormConfig, autocast: torch.dtype) -> dict[str, torch.dtype]:
+    """The dtype of the input each position of the model's norms receives under ``autocast`` (the
+    forward's autocast dtype; fp32 for none): ``autocast`` for the QK norms and, under ``peri`` /
+    ``reordered``, the branch-output norms; fp32 (the residual stream) for every other position.
+    ``tests/norms/test_preflight.py`` checks this against the real model's forward."""
+    low = {"qk", *_BRANCH_OUTPUT.get(norm_cfg.placement, ())}
+    return {p: autocast if p in low else torch.float32 for p in norm_cfg.used_positions()}
+
+
+def _norms_of_model(norm_cfg: NormConfig, model: ModelConfig, device_type: str):
+    """``(position, block, resolved config, width)`` of every norm the GPT builds."""
+    for pos in norm_cfg.used_positions():
+        blocks = range(model.n_layer) if pos in BLOCK_POSITIONS else [None]
+        for block in blocks:
+            width = model.d_model
+            if pos == "qk" and norm_cfg.qk == QKNorm.head:
+                width = model.d_model // model.n_head
+            yield pos, block, resolve_norm(norm_cfg.at(pos, block), device_type), width
+
+
+def preflight_model(
+    norm_cfg: NormConfig, model: ModelConfig, device: torch.device, autocast: torch.dtype
+) -> dict:
+    """:func:`preflight` of every distinct norm of the model (kind, implementation and options of
+    each position and block, its width) in the dtype it receives (:func:`norm_input_dtypes`).
+
+    Returns:
+        the worst check's :func:`preflight` result plus ``"checks"``: every check's result with its
+        ``"position"`` (the first position and block that has it).
+
+    Raises:
+        ConfigError: the first norm that disagrees with its reference (:func:`preflight`).
+    """
+    dtypes = norm_input_dtypes(norm_cfg, autocast)
+    checks, seen = [], set()
+    for pos, block, cfg, width in _norms_of_model(norm_cfg, model, device.type):
+        key = (repr(cfg), width, dtypes[pos])
+        if key in seen:
+            continue
+        seen.add(key)
+        where = pos if block is None else f"{pos} (block {block})"
+        checks.append({"position": where, **preflight(cfg, width, device, dtypes[pos])})
+    worst = max(checks, key=lambda c: c["max_error"] / c["tolerance"])
+    return {**{k: v for k, v in worst.items() if k != "position"}, "checks": checks}
+
+
+__all__ = ["TOLERANCES", "norm_input_dtypes", "preflight", "preflight_model"]

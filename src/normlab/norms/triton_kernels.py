@@ -45,11 +45,14 @@ def _round_to(x, DTYPE: tl.constexpr):
 
     bf16 is rounded with integer ops because the Triton CPU interpreter truncates fp32->bf16 casts;
     on GPU this gives the same bits as a plain cast, and the cast of the result below is exact.
+    NaN passes through unchanged: the rounding bias would carry a NaN's mantissa into its sign bit
+    (the GPU's canonical NaN 0x7FFFFFFF + 0x8000 is 0x80007FFF, i.e. -0.0 after the mask; a negative
+    NaN wraps to +0.0), so a diverging run would lose its NaN. Infinities round to themselves.
     """
     if DTYPE == tl.bfloat16:
         bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        r = bits.to(tl.float32, bitcast=True).to(x.dtype)
+        r = tl.where(x != x, x, bits.to(tl.float32, bitcast=True).to(x.dtype))
     else:
         r = x.to(DTYPE).to(x.dtype)
     return r

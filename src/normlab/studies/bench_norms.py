@@ -51,6 +51,11 @@ from normlab.studies.bench_tables import summarize
 from normlab.studies.timing import cold_sample_ms, make_flush, sample_ms, settle
 from normlab.training.distributed import resolve_device
 
+
+class BenchError(RuntimeError):
+    """The bench measured nothing: every case was skipped."""
+
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -99,9 +104,9 @@ def _norm_case(kind: NormKind, impl: NormImpl, dtype: str, x, dy, device, param_
     cfg = resolve_norm(NormConfig(kind=kind, impl=impl), device.type)
     norm = build_norm(cfg, x.shape[1]).to(device=device, dtype=param_dtype or x.dtype)
     with torch.no_grad():  # non-trivial parameters, the same for every implementation
-        g = torch.Generator().manual_seed(0)
+        g = torch.Generator().manual_seed(0)  # drawn on the CPU, moved to the bench device
         for p in norm.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.5)  # around each initial value
+            p.add_((torch.randn(p.shape, generator=g) * 0.5).to(p.device))  # around its init
     inputs = (x, *norm.parameters())
 
     def fwd():
@@ -125,6 +130,20 @@ def _norm_case(kind: NormKind, impl: NormImpl, dtype: str, x, dy, device, param_
 
 
 CACHE_REGIMES = ("warm", "cold")
+
+
+def _refuse_empty(cases: list[_Case], skipped: list[dict], dev: torch.device) -> None:
+    """Raise :class:`BenchError` when no norm case is left to report (copies alone are not a
+    bench), naming the first reasons the cases were skipped."""
+    if any("copy" not in c.calls for c in cases):
+        return
+    reasons = "; ".join(
+        f"{s.get('kind')}/{s.get('impl')}/{s.get('dtype')}: {s['reason']}" for s in skipped[:3]
+    )
+    more = "; ..." if len(skipped) > 3 else ""
+    raise BenchError(
+        f"no norm case ran on {dev}: all {len(skipped)} were skipped ({reasons}{more})"
+    )
 
 
 def _skip(name: dict, e: BaseException, with_type: bool = False) -> dict:
@@ -256,6 +275,8 @@ def bench_norms(
     Raises:
         ValueError: ``cache`` not one of :data:`CACHE_REGIMES`, ``settle_calls`` < 0 or
             ``flush_mb`` <= 0.
+        BenchError: every norm case was skipped (an empty bench measures nothing); the message
+            gives the first reasons.
     """
     if cache not in CACHE_REGIMES:
         raise ValueError(f"cache={cache!r}: expected one of {', '.join(CACHE_REGIMES)}")
@@ -272,6 +293,7 @@ def bench_norms(
     with recompile_limit():
         _warm_up(cases, dev, warmup, settle_calls, min_sample_ms, warm, skipped)
         _rounds(cases, dev, repeats, warm, settle_calls, flush)
+    _refuse_empty(cases, skipped, dev)
     copy_rows = [_copy_row(c) for c in cases if "copy" in c.calls]
     rows = [
         _norm_row(c, copies[(c.name["dtype"], tuple(c.name["shape"]))])

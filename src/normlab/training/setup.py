@@ -28,13 +28,13 @@ from normlab.data.eval_sets import eval_data_configs
 from normlab.data.tokens import BatchSampler, prepare
 from normlab.model import GPT
 from normlab.norms import resolve_norm
-from normlab.norms.preflight import preflight
+from normlab.norms.preflight import preflight_model
 from normlab.training import distributed
 from normlab.training.distributed import resolve_device, seed_everything
 from normlab.training.evaluation import build_eval_sets
 from normlab.training.host_memory import host_memory, keep_freed_memory, release_freed_memory
 from normlab.training.peak import device_name
-from normlab.training.precision import check_precision, grad_scaler
+from normlab.training.precision import DTYPES, check_precision, grad_scaler
 from normlab.training.resume import check_free_space, check_resumable, find_resume_point
 from normlab.training.step import Run, make_optimizer
 
@@ -99,8 +99,8 @@ def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | 
     device = resolve_device(cfg.device)
     norm_cfg = resolve_norm(cfg.norm, device.type)
     check_precision(cfg.precision.dtype, device)
-    # the norms see the fp32 residual stream whatever the autocast dtype (see norms/preflight.py)
-    norm_check = preflight(norm_cfg, cfg.model.d_model, device, torch.float32)
+    # each norm in the dtype it receives under autocast (see norms/preflight.py)
+    norm_check = preflight_model(norm_cfg, cfg.model, device, DTYPES[cfg.precision.dtype])
     data = prepare(cfg.data)
     evals = build_eval_sets(cfg, eval_cfgs, data.directory, device)  # tokenized like the data
     vocab = cfg.model.vocab_size or data.vocab_size

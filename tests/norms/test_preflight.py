@@ -3,6 +3,7 @@ with one line naming the implementation, the tensor, the error and the tolerance
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
 from normlab.norms import available_impls, resolve_norm
 from normlab.norms.preflight import TOLERANCES, preflight
+from normlab.norms.reference import NormBase
 from normlab.norms.table import KINDS
 from normlab.norms.torch_impl import TorchLayerNorm, TorchRMSNorm
 
@@ -134,8 +136,7 @@ def test_training_refuses_to_start_when_the_implementation_disagrees_with_the_re
 ):
     from normlab.compose import to_train_config
     from normlab.training.loop import train
-
-    from .conftest import TINY
+    from tests.conftest import TINY
 
     real_forward = TorchRMSNorm.forward
     monkeypatch.setattr(TorchRMSNorm, "forward", lambda self, x: real_forward(self, x) * 1.01)
@@ -150,8 +151,7 @@ def test_training_refuses_to_start_when_the_implementation_disagrees_with_the_re
 def test_a_run_records_its_preflight_errors(compose_cfg, tmp_path):
     from normlab.compose import to_train_config
     from normlab.training.loop import train
-
-    from .conftest import TINY
+    from tests.conftest import TINY
 
     summary = train(
         to_train_config(
@@ -161,3 +161,27 @@ def test_a_run_records_its_preflight_errors(compose_cfg, tmp_path):
     )
     assert summary["preflight"]["impl"] == "torch"
     assert summary["preflight"]["max_error"] < 1e-5
+
+
+@pytest.mark.parametrize("placement", ["pre", "post", "peri", "reordered"])
+def test_norm_input_dtypes_match_what_the_model_feeds_its_norms(cfg_tiny, placement):
+    """The dtype rule preflight checks by is the model's own: a bf16-autocast forward of the tiny
+    GPT on this CPU, each norm's input dtype recorded by a hook."""
+    from normlab.model import GPT
+    from normlab.norms.preflight import norm_input_dtypes
+
+    cfg = cfg_tiny("norm=rms", "norm.impl=torch", "norm.qk=head", f"norm.placement={placement}")
+    norm = resolve_norm(cfg.norm, "cpu")
+    model = GPT(dataclasses.replace(cfg.model, vocab_size=64), norm)
+    seen: dict[str, set] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, NormBase):  # blocks.0.attn_in, blocks.0.attn.q_norm, final
+            last = name.split(".")[-1]
+            position = "qk" if last in ("q_norm", "k_norm") else last
+            module.register_forward_pre_hook(
+                lambda _, args, p=position: seen.setdefault(p, set()).add(args[0].dtype)
+            )
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.zeros(2, 8, dtype=torch.long))
+    want = norm_input_dtypes(norm, torch.bfloat16)
+    assert seen == {p: {dtype} for p, dtype in want.items()}

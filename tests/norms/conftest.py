@@ -1,0 +1,34 @@
+"""The ``device`` marker of the norm contract, and one JSON line per finished test case when
+``NORMLAB_CASES_JSONL`` names a file (``scripts/gpu_check.sh`` reads it: a step stopped by its
+time limit still leaves every case that finished)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "device: runs on NORMLAB_TEST_DEVICE (default cpu; the GPU check sets cuda)"
+    )
+
+
+def pytest_runtest_logreport(report):
+    """Append ``{"case", "outcome", "seconds", "error"}`` for each test once its call phase (or a
+    failed setup) is over, flushed at once."""
+    path = os.environ.get("NORMLAB_CASES_JSONL")
+    if not path or not (report.when == "call" or (report.when == "setup" and not report.passed)):
+        return
+    error = None
+    if report.failed:
+        crash = getattr(report.longrepr, "reprcrash", None)  # the assertion's message
+        error = (crash.message if crash else report.longreprtext.strip()).splitlines()[0][:500]
+    row = {
+        "case": report.nodeid.split("::", 1)[-1],
+        "outcome": report.outcome,
+        "seconds": round(report.duration, 3),
+        "error": error,
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
