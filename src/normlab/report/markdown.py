@@ -20,6 +20,7 @@ from normlab.report.compare import (
     GAP_ROWS,
     NOT_COMPARABLE_MARK,
     Report,
+    margin_in_compute,
     not_comparable,
     swept_points,
 )
@@ -102,8 +103,9 @@ def _header(rep: Report) -> list[str]:
         "# normlab sweep report",
         "",
         f"- Runs from: {sources}",
-        f"- Equivalence margin: ±{rep.margin:g} nats/token; alpha = {rep.alpha:g}"
-        + (SCREEN if rep.margin == DEFAULT_MARGIN else ""),
+        f"- Equivalence margin: ±{rep.margin:.4g} nats/token; alpha = {rep.alpha:g}"
+        + (SCREEN if rep.margin == DEFAULT_MARGIN and rep.margin_compute is None else ""),
+        f"- Margin in effective compute: {margin_text(rep)}",
         f"- Baseline: `{rep.baseline}`",
         f"- Runs: {len(rep.runs)} found, {len(rep.runs) - n_exc} included, {n_exc} excluded",
         *([f"- Skipped (never trained, in no table): {_skipped(rep)}"] if rep.skipped else []),
@@ -111,6 +113,95 @@ def _header(rep: Report) -> list[str]:
         "- Keys that change no compared number, never in a label nor a refusal: "
         + ", ".join(f"`{k}`" for k in INERT_KEYS),
     ]
+
+
+def margin_text(rep: Report) -> str:
+    """The margin in effective compute and in nats, converted with the baseline's end slope
+    (:func:`~normlab.report.stats.nats_for_compute`)."""
+    slope = f"the baseline's end slope, {fmt(rep.slope, '.3g')} nats per e-fold of steps"
+    if rep.margin_compute is not None:
+        return (
+            f"±{rep.margin_compute:.3g} of effective compute (`--margin-compute`), converted to "
+            f"±{rep.margin:.4g} nats/token at {slope}; the TOST runs at that nats margin"
+        )
+    worth = margin_in_compute(rep)
+    if not math.isfinite(worth):
+        return "not converted (the baseline's curve has no end slope: < 2 evaluations after step 0)"
+    return f"±{rep.margin:g} nats/token is worth {worth:.2%} of effective compute at {slope}"
+
+
+def compute_headline(rep: Report, c: dict[str, Any]) -> str:
+    """One comparison's compute-equivalent verdict in one sentence: "norm=rms: 1.013x the
+    effective compute of norm=layer [0.991, 1.036] (n = 3; steps x speed: 0.995 x 1.018)"."""
+    k = c["compute"]
+    if k["n"] == 0:
+        return (
+            f"{c['label']}: no seed with both validation curves (>= 2 evaluations each) and "
+            f"step times: no compute-equivalent verdict against {rep.baseline}"
+        )
+    ci = f"[{fmt(k['ci'][0], '.3f')}, {fmt(k['ci'][1], '.3f')}]" if k["n"] >= 2 else "(n < 2)"
+    return (
+        f"{c['label']}: {k['k']:.3f}x the effective compute of {rep.baseline} {ci} "
+        f"(n = {k['n']}; steps x speed: {k['step_mult']:.3f} x {k['speed']:.3f})"
+    )
+
+
+def _compute_note(rep: Report, c: dict[str, Any]) -> str:
+    """Where the speed part of a compute-equivalent verdict comes from, with its flag."""
+    k = c["compute"]
+    if k["source"] == "interleaved":
+        return "speed from the interleaved step benchmark (its interval widens k's)"
+    if not k["comparable"]:
+        return (
+            "speed from the runs' sequential step times, **NOT COMPARABLE**: they fail the "
+            "report's step-time checks, so k's speed part is unreliable"
+        )
+    return "speed from the runs' sequential step times, per seed (no interleaved bench)"
+
+
+def render_compute(rep: Report) -> list[str]:
+    """``## Compute-equivalent verdict``: the headline of each comparison, first in the report."""
+    if not rep.comparisons:
+        return []
+    out = ["", "## Compute-equivalent verdict", ""]
+    for c in rep.comparisons:
+        out += [f"- **{compute_headline(rep, c)}**; {_compute_note(rep, c)}"]
+    return out + [
+        "",
+        "k = (steps the baseline needs to reach the variant's final validation loss, per step "
+        "of the variant) × (baseline / variant step time): above 1 the variant gives more "
+        "effective compute. Per seed, the step multiplier is read on the paired validation "
+        "curves, linearly interpolated between evaluations (when the variant ends better, the "
+        "variant's steps to reach the baseline's loss are inverted, so nothing is "
+        f"extrapolated); k is the geometric mean over seeds with the {_conf(rep)} on log k "
+        "(Student t). Its parts follow: the loss difference (Verdict), the speed, and the time "
+        "to a target loss.",
+    ]
+
+
+def render_plan(plan: dict[str, Any], baseline: str) -> list[str]:
+    """The lines ``normlab-report --plan`` prints (:func:`~normlab.report.compare.plan_study`)."""
+    over = plan["overhead_s"]
+    outside = f" + {over:.1f} s outside training" if math.isfinite(over) else ""
+    out = [
+        f"plan for a TOST at ±{plan['margin']:g} nats/token, {POWER:.0%} power, alpha = "
+        f"{plan['alpha']:g}, {plan['variants']} variants, {plan['steps']:g} steps per run; "
+        f"one run here: {plan['steps']:g} steps x {plan['step_s'] * 1000:.1f} ms (the pilot's "
+        f"median step){outside} = {plan['run_s']:.1f} s"
+    ]
+    for r in plan["rows"]:
+        if r["n"] < 2:
+            out.append(f"  {r['label']} vs {baseline}: n = {r['n']} paired seeds, need >= 2")
+            continue
+        seeds = r["seeds"] or "more than 100000"
+        upper = r["seeds_upper"] or "more than 100000"
+        out.append(
+            f"  {r['label']} vs {baseline}: paired std {fmt(r['std'])} (n = {r['n']}): "
+            f"{seeds} seeds, {fmt(r['hours'], '.2f')} h; at the std's "
+            f"{1 - plan['alpha']:.0%} upper bound {fmt(r['std_upper'])}: {upper} seeds, "
+            f"{fmt(r['hours_upper'], '.2f')} h (seeds x {plan['variants']} variants x one run)"
+        )
+    return out
 
 
 def _skipped(rep: Report) -> str:
@@ -850,7 +941,8 @@ def _figures(rep: Report) -> list[str]:
 
 def render_markdown(rep: Report) -> str:
     """The report as Markdown (losses in nats/token, times in ms)."""
-    lines = [*_header(rep), *render_context(rep), *_variants(rep), *render_outcome(rep)]
+    lines = [*_header(rep), *render_compute(rep), *render_context(rep), *_variants(rep)]
+    lines += render_outcome(rep)
     lines += [*_verdict(rep), *_paired_table(rep), *_family(rep), *render_tuned(rep)]
     lines += render_bpb(rep)
     lines += [*render_heldout(rep), *render_speed(rep), *_ratio(rep), *render_target(rep)]
