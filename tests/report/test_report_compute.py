@@ -3,19 +3,26 @@ the conversion of margins between nats and compute with the end slope."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 
+from normlab.commands.report import main
+from normlab.report import build_report
+from normlab.report.series import series
 from normlab.report.stats import (
     compute_for_nats,
     compute_multiplier,
     end_slope,
     nats_for_compute,
+    ratio_interval,
     step_multiplier,
     steps_to_reach,
 )
+
+from .test_report import write_run
 
 STEPS = np.arange(0, 601, 10, dtype=float)
 
@@ -80,3 +87,104 @@ def test_margins_convert_between_nats_and_compute_with_the_end_slope():
     assert slope == pytest.approx(2 * (s / 40) * (1 + s / 40) ** -1.5, rel=0.05)
     assert nats_for_compute(0.01, slope) == pytest.approx(slope * math.log(1.01))
     assert compute_for_nats(nats_for_compute(0.03, slope), slope) == pytest.approx(0.03)
+
+
+# --- the verdict in a report built from run dirs -------------------------------------------------
+
+
+def curve_run(root, norm, seed, shift, noise, rng, step_ms=100.0, **summary):
+    """A run dir (:func:`write_run`) whose validation curve is :func:`curve` at STEPS (stretched
+    by ``shift``, plus ``noise``), with ``summary`` fields set on top."""
+    d = write_run(root, norm, seed, 0.0, step_ms=step_ms)
+    steps, loss = curve(STEPS, shift, noise, rng)
+    rows = [
+        {"step": int(s), "val/loss": v, "train/loss": v} for s, v in zip(steps, loss, strict=True)
+    ]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = json.loads((d / "summary.json").read_text())
+    s |= {"final_val_loss": loss[-1], "steps_done": int(STEPS[-1]), **summary}
+    (d / "summary.json").write_text(json.dumps(s))
+    return d
+
+
+def bench_json(per_pair: list[float]) -> str:
+    """A ``normlab-bench step`` result: A = norm=layer, B = norm=rms, B/A step time per pair."""
+    side = {"median_ms": 100.0, "times_ms": [100.0], "norm": "x", "model": "tiny"}
+    return json.dumps(
+        {
+            "mode": "step",
+            "device": "cpu",
+            "threads": 1,
+            "pairs": len(per_pair),
+            "warmup": 3,
+            "common": [],
+            "a": {**side, "overrides": ["norm=layer"]},
+            "b": {**side, "overrides": ["norm=rms"]},
+            "ratio": {"median": float(np.median(per_pair)), "per_pair": per_pair},
+        }
+    )
+
+
+def delayed_sweep(root, seeds=4, noise=0.002):
+    """rms = layer delayed by 5% of steps, paired seeds, evaluation noise ``noise``."""
+    rng = np.random.default_rng(7)
+    for seed in range(seeds):
+        curve_run(root, "layer", seed, 1.0, noise, rng)
+        curve_run(root, "rms", seed, 1.05, noise, rng)
+    return root
+
+
+def test_the_report_recovers_a_delayed_variant_2pc_faster_in_the_interleaved_bench(
+    tmp_path, capsys
+):
+    delayed_sweep(tmp_path)
+    per = [1 / 1.02 * x for x in (0.99, 1.01, 1.0, 0.995, 1.005, 1.0)]
+    (tmp_path / "step_bench.json").write_text(bench_json(per))
+    rep = build_report(tmp_path)
+    k = rep.comparisons[0]["compute"]
+    truth = 1.02 / 1.05
+    assert k["source"] == "interleaved" and k["n"] == 4
+    assert k["ci"][0] < truth < k["ci"][1] and k["k"] == pytest.approx(truth, rel=0.01)
+    assert k["speed"] == pytest.approx(1 / ratio_interval(per)["gmean"])
+    assert main([str(tmp_path)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    head = f"norm=rms: {k['k']:.3f}x the effective compute of norm=layer [{k['ci'][0]:.3f}, "
+    at = next(i for i, line in enumerate(printed) if line.startswith(f"  {head}"))
+    assert printed[at + 1].startswith("  norm=rms vs norm=layer: n=4, ")  # its parts after it
+    assert f"(n = 4; steps x speed: {k['step_mult']:.3f} x {k['speed']:.3f})" in printed[at]
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert md.index("## Compute-equivalent verdict") < md.index("## Context")
+    assert md.index("## Compute-equivalent verdict") < md.index("## Verdict")
+    assert f"**{head}" in md and "speed from the interleaved step benchmark" in md
+
+
+def test_without_a_bench_the_speed_part_is_the_per_seed_sequential_ratio(tmp_path):
+    rng = np.random.default_rng(3)
+    ms = {0: 100.0, 1: 104.0, 2: 98.0}
+    for seed in ms:
+        curve_run(tmp_path, "layer", seed, 1.0, 0.002, rng)
+        curve_run(tmp_path, "rms", seed, 0.97, 0.002, rng, step_ms=ms[seed])
+    rep = build_report(tmp_path)
+    k = rep.comparisons[0]["compute"]
+    assert k["source"] == "sequential" and k["comparable"]
+    runs = {(r.label, r.seed): r for r in rep.runs}
+    by_hand = []
+    for seed in ms:
+        b, v = (runs[(lab, seed)] for lab in ("norm=layer", "norm=rms"))
+        curves = [[list(x) for x in series(r.metrics, "val/loss")] for r in (b, v)]
+        by_hand.append(step_multiplier(*curves) * 100.0 / ms[seed])
+    assert k["k"] == pytest.approx(math.exp(np.mean(np.log(by_hand))))
+    assert k["step_mult"] > 1  # the variant's curve is ahead: no extrapolation, m = S / steps_var
+
+
+def test_sequential_times_that_fail_the_checks_flag_the_headline(tmp_path):
+    rng = np.random.default_rng(4)
+    for seed, ms in ((0, 100.0), (1, 200.0)):  # per-seed ratios span 2x > 1.5x
+        curve_run(tmp_path, "layer", seed, 1.0, 0.002, rng)
+        curve_run(tmp_path, "rms", seed, 1.0, 0.002, rng, step_ms=ms)
+    rep = build_report(tmp_path)
+    assert not rep.comparisons[0]["compute"]["comparable"]
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    section = md.split("## Compute-equivalent verdict")[1].split("## Context")[0]
+    assert "sequential step times, **NOT COMPARABLE**" in section
