@@ -18,6 +18,8 @@ from normlab.report.stats import (
     end_slope,
     nats_for_compute,
     ratio_interval,
+    seeds_needed,
+    std_upper,
     step_multiplier,
     steps_to_reach,
 )
@@ -188,3 +190,100 @@ def test_sequential_times_that_fail_the_checks_flag_the_headline(tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     section = md.split("## Compute-equivalent verdict")[1].split("## Context")[0]
     assert "sequential step times, **NOT COMPARABLE**" in section
+
+
+# --- margins in compute --------------------------------------------------------------------------
+
+
+def test_margin_compute_converts_with_the_baselines_end_slope_and_runs_the_tost_there(
+    tmp_path, capsys
+):
+    delayed_sweep(tmp_path, seeds=3)
+    rep = build_report(tmp_path, margin_compute=0.01)
+    runs = [r for r in rep.runs if r.label == "norm=layer"]
+    curves = [series(r.metrics, "val/loss") for r in runs]
+    mean = np.mean([c[1] for c in curves], axis=0)
+    slope = end_slope(list(curves[0][0]), list(mean))
+    assert rep.slope == pytest.approx(slope)
+    assert rep.margin == pytest.approx(slope * math.log(1.01))
+    assert rep.comparisons[0]["verdict"].endswith(f"{rep.margin:.4g} nats")
+    assert main([str(tmp_path), "--margin-compute", "0.01"]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert f"- Equivalence margin: ±{rep.margin:.4g} nats/token; alpha = 0.05\n" in md
+    assert f"±0.01 of effective compute (`--margin-compute`), converted to ±{rep.margin:.4g}" in md
+    assert "gross-difference screen" not in md.split("## Compute-equivalent")[0]
+    assert (
+        f"margin: 0.01 of effective compute = {rep.margin:.4g} nats/token"
+        in capsys.readouterr().out
+    )
+    # the default stays the 0.02 screen, with what it is worth in compute
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    worth = math.expm1(0.02 / slope)
+    assert f"±0.02 nats/token is worth {worth:.2%} of effective compute" in md
+    assert "gross-difference screen" in md
+
+
+def test_margin_compute_refusals(tmp_path, capsys):
+    rng = np.random.default_rng(5)
+    for seed in (0, 1):  # a flat baseline curve: no end slope to convert with
+        curve_run(tmp_path, "rms", seed, 1.0, 0.0, rng)
+        d = curve_run(tmp_path, "layer", seed, 1.0, 0.0, rng)
+        rows = [{"step": int(s), "val/loss": 3.0} for s in STEPS]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "--margin", "0.01", "--margin-compute", "0.01"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "--margin-compute", "-0.01"])
+    assert e.value.code == 2 and "--margin-compute -0.01: need a finite number > 0" in (
+        capsys.readouterr().err
+    )
+    assert main([str(tmp_path), "--margin-compute", "0.01"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot convert to nats" in err[0]
+    assert not (tmp_path / "report").exists()
+
+
+# --- the planner ---------------------------------------------------------------------------------
+
+
+def test_plan_prints_seeds_and_hours_from_a_pilot_and_writes_nothing(tmp_path, capsys):
+    rng = np.random.default_rng(6)
+    for seed in range(3):
+        t = {"train_time_s": 70.0, "wall_time_s": 100.0}
+        curve_run(tmp_path, "layer", seed, 1.0, 0.003, rng, step_ms=100.0, **t)
+        curve_run(tmp_path, "rms", seed, 1.0, 0.003, rng, step_ms=120.0, **t)
+    assert main([str(tmp_path), "--plan", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert not (tmp_path / "report").exists()
+    rep = build_report(tmp_path, margin=0.01)
+    c = rep.comparisons[0]
+    need, upper = seeds_needed(c["std"], 0.01), seeds_needed(std_upper(c["std"], 3), 0.01)
+    # one run: 600 steps x the median of the runs' median step times (110 ms) + 30 s outside
+    run_s = 600 * 0.110 + 30.0
+    assert f"= {run_s:.1f} s" in out
+    assert f": {need} seeds, {need * 2 * run_s / 3600:.2f} h;" in out
+    assert f": {upper} seeds, {upper * 2 * run_s / 3600:.2f} h" in out
+    assert upper > need
+
+
+def test_plan_refusals(tmp_path, capsys):
+    delayed_sweep(tmp_path, seeds=2)
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "--plan", "0"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "--plan", "0.01", "--margin", "0.02"])
+    assert e.value.code == 2
+
+
+def test_identical_variants_render_with_a_zero_std(tmp_path):
+    rng = np.random.default_rng(8)
+    for seed in (0, 1, 2):
+        for norm in ("layer", "rms"):
+            curve_run(tmp_path, norm, seed, 1.0, 0.0, rng)
+    assert main([str(tmp_path)]) == 0  # was a ZeroDivisionError in the std's upper bound clause
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "norm=rms: 1.000x the effective compute of norm=layer [1.000, 1.000] (n = 3" in md
+    assert "(0.0000, a zero std)" in md

@@ -90,6 +90,9 @@ NOT_COMPARABLE_MARK = "NOT COMPARABLE: step times fail the report's checks"
 #: the runs saw under FEW_EPOCHS of their training split and under FEW_TOKENS_PER_PARAM training
 #: tokens per parameter (the compute-optimal ratio of Hoffmann et al. 2022 is about 20).
 STILL_FALLING = 0.1
+#: A baseline curve whose end slope is under MIN_SLOPE nats per e-fold of steps has stopped
+#: falling (a flat curve fits to rounding noise): a margin in compute cannot be converted on it.
+MIN_SLOPE = 1e-6
 FEW_EPOCHS = 0.1
 FEW_TOKENS_PER_PARAM = 20
 #: line label -> [(swept value, final losses of the completed runs)]
@@ -374,14 +377,14 @@ def margin_from_compute(fraction: float, slope: float) -> float:
     baseline's end slope ``slope`` (:func:`~normlab.report.stats.nats_for_compute`).
 
     Raises:
-        ReportError: ``slope`` is not a positive number (the baseline's curve has under 2
-            evaluations after step 0, or no longer falls): no conversion exists.
+        ReportError: ``slope`` is nan or under :data:`MIN_SLOPE` (the baseline's curve has
+            under 2 evaluations after step 0, or no longer falls): no conversion exists.
     """
-    if not (math.isfinite(slope) and slope > 0):
+    if not (math.isfinite(slope) and slope >= MIN_SLOPE):
         raise ReportError(
             f"--margin-compute {fraction:g}: cannot convert to nats, the baseline's validation "
-            f"curve has end slope {slope:.3g} nats per e-fold of steps (need > 0: at least 2 "
-            "evaluations after step 0 on a falling curve); give --margin in nats instead"
+            f"curve has end slope {slope:.3g} nats per e-fold of steps (need >= {MIN_SLOPE:g}: "
+            "at least 2 evaluations after step 0 on a falling curve); give --margin in nats"
         )
     return nats_for_compute(fraction, slope)
 

@@ -278,9 +278,10 @@ def _upper_clause(rep: Report, c: dict[str, Any]) -> str:
     """The seeds the margin needs at the std's one-sided 1−alpha upper confidence bound."""
     p = c["power"]
     need = p["seeds_needed_upper"]
+    times = f"{p['std_upper'] / c['std']:.3g}x the estimate" if c["std"] > 0 else "a zero std"
     return (
         f" Planned at the std's {1 - rep.alpha:.0%} upper confidence bound "
-        f"({fmt(p['std_upper'])}, {fmt(p['std_upper'] / c['std'], '.3g')}x the estimate), "
+        f"({fmt(p['std_upper'])}, {times}), "
         f"±{rep.margin:g} nats needs {need if need else 'more than 100000'} seeds."
     )
 
