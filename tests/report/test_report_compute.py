@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from normlab.commands.report import main
-from normlab.report import build_report
+from normlab.report import build_report, report_tables
 from normlab.report.series import series
 from normlab.report.stats import (
     compute_for_nats,
@@ -148,6 +148,8 @@ def test_the_report_recovers_a_delayed_variant_2pc_faster_in_the_interleaved_ben
     assert k["source"] == "interleaved" and k["n"] == 4
     assert k["ci"][0] < truth < k["ci"][1] and k["k"] == pytest.approx(truth, rel=0.01)
     assert k["speed"] == pytest.approx(1 / ratio_interval(per)["gmean"])
+    head, rows = report_tables(rep)["compute_equivalent"]
+    assert dict(zip(head, rows[0], strict=True))["k"] == k["k"]
     assert main([str(tmp_path)]) == 0
     printed = capsys.readouterr().out.splitlines()
     head = f"norm=rms: {k['k']:.3f}x the effective compute of norm=layer [{k['ci'][0]:.3f}, "

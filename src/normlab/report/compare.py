@@ -1,7 +1,8 @@
 """The verdict and its qualifiers: build a :class:`Report` by loading runs, labelling and
-checking them, then comparing every variant with the baseline, paired by seed (final validation
-loss with its TOST verdict and power, step-time ratio and its checks), and qualifying that verdict
-with everything a reader needs to judge it:
+checking them, then comparing every variant with the baseline, paired by seed (the
+compute-equivalent verdict: steps x speed, :func:`compute_equivalent`; final validation loss with
+its TOST verdict and power, at a margin in nats or in compute; step-time ratio and its checks),
+and qualifying that verdict with everything a reader needs to judge it:
 
 - the context (model and parameters, tokens seen and epochs of the corpus, learning rate and
   schedule, precision, device, evaluation size, the train/validation gap, and the margin in
@@ -9,11 +10,13 @@ with everything a reader needs to judge it:
 - final validation bits per byte and the held-out corpora (``eval_data``), paired by seed;
 - time to a target loss in training seconds, optimizer steps and tokens;
 - a tuned comparison (a sweep over ``optim.lr`` x the variants x ``seed``: each variant at its
-  own best learning rate, the runs at its other rates set aside);
+  own best learning rate, chosen on half the seeds and tested on the others when there are 4 or
+  more, the runs at its other rates set aside);
 - the speed verdict of the interleaved step benchmark (``normlab-bench step --json
   <sweep>/step_bench.json``): both setups timed in pairs A B, B A, ... in one process, so a machine
   that changes speed slows both alike; the sweep's sequential step times are the secondary figure;
-- final validation loss against a swept numeric override (``norm.eps``, ``optim.warmup_steps``).
+- final validation loss against a swept numeric override (``norm.eps``, ``optim.warmup_steps``);
+- the plan of a study from a pilot sweep (:func:`plan_study`: seeds and hours a margin needs).
 
 No files are written here (see :func:`normlab.report.write_report`). Metric keys as
 ``metrics.jsonl`` writes them: ``val/loss`` (nats/token), ``val/bpb`` (bits/byte),
@@ -80,6 +83,9 @@ GAP_ROWS = 10
 TIME_KEY = "perf/train_time_s"
 #: The key a tuned comparison sweeps (each variant at its own best value of it).
 LR_KEY = "optim.lr"
+#: A tuned comparison with at least SPLIT_SEEDS seeds chooses each variant's lr on half of them
+#: and tests on the others (:func:`choose_best_lr`); with fewer its interval is selection-biased.
+SPLIT_SEEDS = 4
 #: The interleaved step benchmark's result, looked for in every source dir of a report.
 BENCH_FILE = "step_bench.json"
 #: What the figures of sequential times (``step_time.png``, ``val_time.png``) carry when the
@@ -302,13 +308,22 @@ def build_report(
         for c, h in zip(rep.comparisons, family, strict=True):
             c["holm"] = h
     _qualify(rep, target)
-    found = load_step_bench(sources)
-    if found is not None:
-        ratios = {lab: bench_ratio(found[1], base, lab, alpha) for lab in rep.labels[1:]}
-        rep.bench = {"path": found[0], "ratios": ratios, "raw": found[1]}
-    for c in rep.comparisons:  # after the bench: its ratio is the speed part when it has one
-        c["compute"] = compute_equivalent(rep, by_seed[base], by_seed[c["label"]], c["label"])
+    _speed_and_compute(rep, by_seed)
     return rep
+
+
+def _speed_and_compute(rep: Report, by_seed: dict[str, dict[Any, Run]]) -> None:
+    """Set ``rep.bench`` (the interleaved step benchmark of a source dir, if any) and then each
+    comparison's ``compute`` (:func:`compute_equivalent`, whose speed part the bench gives)."""
+    found = load_step_bench(rep.sources)
+    if found is not None:
+        ratios = {
+            lab: bench_ratio(found[1], rep.baseline, lab, rep.alpha) for lab in rep.labels[1:]
+        }
+        rep.bench = {"path": found[0], "ratios": ratios, "raw": found[1]}
+    base = by_seed[rep.baseline]
+    for c in rep.comparisons:
+        c["compute"] = compute_equivalent(rep, base, by_seed[c["label"]], c["label"])
 
 
 # --- the compute-equivalent verdict and margins in compute ---------------------------------------
@@ -442,6 +457,14 @@ def _qualify(rep: Report, target: float | None) -> None:
     rep.context = build_context(included, base, margin)
     caveat = short_run_caveat(rep.context, margin) if rep.comparisons else None
     rep.confounds += [caveat] if caveat else []
+    if rep.tuned is not None and rep.tuned["selection"] == "biased":
+        rep.confounds.append(
+            f"each variant's learning rate was chosen on the same {len(rep.tuned['test_seeds'])} "
+            "seed(s) the verdict then tests (under "
+            f"{SPLIT_SEEDS} seeds: no split): the interval is selection-biased (winner's curse), "
+            "a variant's best rate looks better on these seeds than on new ones; with "
+            f">= {SPLIT_SEEDS} seeds the report chooses on half and tests on the others"
+        )
     done = [r for runs in included.values() for r in runs]
     stops = {str((r.summary or {}).get("stopped_by")) for r in done}
     if "max_time_s" in stops and len(stops) > 1:
@@ -871,14 +894,24 @@ def lr_swept(runs: list[Run]) -> bool:
 
 def choose_best_lr(runs: list[Run], labels: list[str], alpha: float = 0.05) -> dict[str, Any]:
     """Per variant label, the completed runs grouped by learning rate; the best learning rate (the
-    lowest mean final validation loss; ties: the smaller lr); the runs at the other rates get
-    :attr:`Run.set_aside` (this mutates ``runs``).
+    lowest mean final validation loss over the choosing seeds; ties: the smaller lr); the runs at
+    the other rates get :attr:`Run.set_aside` (this mutates ``runs``).
+
+    Without selection bias: with at least :data:`SPLIT_SEEDS` seeds in the grid, the first half
+    of them (sorted) choose each variant's learning rate and only the others are tested (the
+    choosing seeds' runs at the best rate are set aside too), so the verdict's interval is not
+    that of a winner picked on the same noise (winner's curse). With fewer, every seed both
+    chooses and is tested: ``selection`` is then "biased" and the report says so.
 
     Returns ``{"lrs": sorted learning rates, "points": {label: {lr: {**describe, "ci",
-    "by_seed"}}}, "best": {label: lr}, "edge": labels whose best lr is the smallest or largest of
-    the grid}``; ``ci`` is the 1−alpha Student t interval of the mean (nats/token).
+    "by_seed"}}} (over every seed), "best": {label: lr}, "edge": labels whose best lr is the
+    smallest or largest of the grid, "selection": "split" or "biased", "choose_seeds",
+    "test_seeds"}``; ``ci`` is the 1−alpha Student t interval of the mean (nats/token).
     """
     lrs = sorted({x for x in map(run_lr, runs) if x is not None})
+    seeds = sorted({r.seed for r in runs if r.seed is not None}, key=str)
+    split = len(seeds) >= SPLIT_SEEDS
+    choose = seeds[: len(seeds) // 2] if split else seeds
     points: dict[str, dict[float, dict[str, Any]]] = {}
     best: dict[str, float] = {}
     for lab in labels:
@@ -886,25 +919,47 @@ def choose_best_lr(runs: list[Run], labels: list[str], alpha: float = 0.05) -> d
         by_lr: dict[float, list[Run]] = {}
         for r in done:
             by_lr.setdefault(run_lr(r), []).append(r)
-        points[lab] = {
-            lr: {
-                **describe([r.final_val_loss for r in rs]),
-                "ci": t_interval([r.final_val_loss for r in rs], 1 - alpha),
-                "by_seed": {r.seed: r.final_val_loss for r in rs},
-            }
-            for lr, rs in sorted(by_lr.items())
+        points[lab] = {lr: _lr_point(rs, alpha) for lr, rs in sorted(by_lr.items())}
+        chosen = {
+            lr: np.mean(v)
+            for lr, rs in by_lr.items()
+            if (v := [r.final_val_loss for r in rs if r.seed in choose])
         }
-        if not by_lr:
+        if not chosen:
             continue
-        best[lab] = min(points[lab], key=lambda lr, lab=lab: (points[lab][lr]["mean"], lr))
+        best[lab] = min(chosen, key=lambda lr, c=chosen: (c[lr], lr))
         for r in done:
             if run_lr(r) != best[lab]:
                 r.set_aside = (
                     f"{LR_KEY}={run_lr(r):g} is not the best learning rate of `{lab}` "
                     f"({best[lab]:g})"
                 )
+            elif split and r.seed in choose:
+                r.set_aside = (
+                    f"seed {r.seed} chose the learning rate (not tested: no selection bias)"
+                )
     edge = [lab for lab, lr in best.items() if len(lrs) > 2 and lr in (lrs[0], lrs[-1])]
-    return {"lrs": lrs, "points": points, "best": best, "edge": edge}
+    test = [s for s in seeds if s not in choose] if split else seeds
+    return {
+        "lrs": lrs,
+        "points": points,
+        "best": best,
+        "edge": edge,
+        "selection": "split" if split else "biased",
+        "choose_seeds": choose,
+        "test_seeds": test,
+    }
+
+
+def _lr_point(runs: list[Run], alpha: float) -> dict[str, Any]:
+    """One cell of the tuned grid: ``describe`` of the runs' final losses, its 1−alpha t
+    interval ``ci`` and ``by_seed`` (seed -> final loss, nats/token)."""
+    finals = [r.final_val_loss for r in runs]
+    return {
+        **describe(finals),
+        "ci": t_interval(finals, 1 - alpha),
+        "by_seed": {r.seed: r.final_val_loss for r in runs},
+    }
 
 
 def at_each_lr(

@@ -1,10 +1,11 @@
-"""``report.md``, rendered section by section: the header, the context the verdict holds in, the
+"""``report.md``, rendered section by section: the header, the compute-equivalent verdict (the
+headline: steps x speed), the context the verdict holds in, the
 final losses per variant and what happened to each run, the verdict with its warnings, the paired
 table, the tuned comparison, bits per byte and the held-out corpora, the speed verdict and the
 sequential step-time ratio with its checks, the time to a target loss, the excluded runs, the
 figures, final loss against a swept value, and the per-block diagnostics. Each section returns
 Markdown lines ([] when it has nothing to say). Losses in nats/token, bpb in bits/byte, times in
-seconds or ms as named.
+seconds or ms as named. Also the lines ``normlab-report --plan`` prints (:func:`render_plan`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from normlab.report.compare import (
     DEFAULT_MARGIN,
     GAP_ROWS,
     NOT_COMPARABLE_MARK,
+    SPLIT_SEEDS,
     Report,
     margin_in_compute,
     not_comparable,
@@ -739,10 +741,11 @@ def render_tuned(rep: Report) -> list[str]:
         "",
         "## Tuned comparison (each variant at its own best `optim.lr`)",
         "",
-        f"Mean final validation loss (nats/token) with its {conf} over seeds, per learning rate; "
-        "bold: the variant's best (lowest mean). The verdict, the paired table and every section "
-        f"above compare each variant at its own best learning rate: {best}. The last columns: "
-        "the paired difference at each common learning rate, for reference.",
+        f"Mean final validation loss (nats/token) with its {conf} over every seed, per learning "
+        "rate; bold: the variant's best (lowest mean over the choosing seeds). The verdict, the "
+        "paired table and every section above compare each variant at its own best learning "
+        f"rate: {best}. {_selection(t)} The last columns: the paired difference at each common "
+        "learning rate, over every seed, for reference.",
         "",
         *table(head, rows),
     ]
@@ -754,6 +757,22 @@ def render_tuned(rep: Report) -> list[str]:
             "one may lie outside it; widen the grid before trusting the tuned verdict.",
         ]
     return out
+
+
+def _selection(t: dict[str, Any]) -> str:
+    """How the tuned study chose its learning rates: on held-out seeds, or on the tested ones."""
+    seeds = ", ".join(map(str, t["choose_seeds"])) or "none"
+    if t["selection"] == "split":
+        tested = ", ".join(map(str, t["test_seeds"]))
+        return (
+            f"Without selection bias: the learning rates were chosen on seeds {seeds} and the "
+            f"verdict tests the other seeds only ({tested})."
+        )
+    return (
+        f"**Selection-biased:** the learning rates were chosen on the same seeds the verdict "
+        f"tests ({seeds}; a split needs >= {SPLIT_SEEDS} seeds), so its interval is that of a "
+        "winner picked on the same noise (winner's curse)."
+    )
 
 
 # --- outcome per variant, diagnostics, swept value -----------------------------------------------

@@ -1,5 +1,8 @@
 """Statistics of the report: descriptive statistics, Student t intervals, the paired difference with
-its two one-sided tests (TOST, Schuirmann 1987), ratio intervals on logs, and the power of the TOST.
+its two one-sided tests (TOST, Schuirmann 1987), ratio intervals on logs, the power of the TOST,
+Holm's adjustment of a family, and the compute-equivalent verdict: the step multiplier that aligns
+two validation curves, times the step-time ratio, paired across seeds, with the conversion of a
+margin between nats and compute by the curve's end slope.
 
 Inputs are plain lists of floats in the caller's units (nats/token for losses; ratios are
 dimensionless). Nothing here reads files.
