@@ -248,6 +248,44 @@ def test_tuned_comparison_pairs_each_variant_at_its_own_best_lr(tmp_path):
     assert (tmp_path / "report" / "lr_curve.png").stat().st_size > 5000
 
 
+def test_with_4_seeds_the_tuned_study_chooses_on_half_and_tests_on_the_others(tmp_path, capsys):
+    # layer at lr 1e-3 is best on seeds 0, 1 (the choosing half) but worst over all four seeds
+    base = {0: 2.00, 1: 2.02, 2: 1.98, 3: 2.01}
+    penalty = {
+        "layer": {1e-3: {0: 0.0, 1: 0.0, 2: 0.1, 3: 0.1}, 2e-3: dict.fromkeys(base, 0.03)},
+        "rms": {1e-3: dict.fromkeys(base, 0.05), 2e-3: dict.fromkeys(base, 0.0)},
+    }
+    for norm, by_lr in penalty.items():
+        for lr, pen in by_lr.items():
+            for seed in base:
+                write(tmp_path, norm, seed, base[seed] + pen[seed] + 0.01 * (norm == "rms"), lr=lr)
+    rep = build_report(tmp_path)
+    t = rep.tuned
+    assert t["selection"] == "split" and t["choose_seeds"] == [0, 1] and t["test_seeds"] == [2, 3]
+    assert t["best"] == {"norm=layer": 1e-3, "norm=rms": 2e-3}  # all four seeds would pick 2e-3
+    c = rep.comparisons[0]
+    assert c["seeds"] == [2, 3]
+    assert c["diffs"] == pytest.approx([0.01 - 0.1, 0.01 - 0.1])
+    assert sum(r.set_aside is not None for r in rep.runs) == 8 + 4  # other lrs + choosing seeds
+    assert not any("selection-biased" in w for w in rep.confounds)
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "chosen on seeds 0, 1 and the verdict tests the other seeds only (2, 3)" in md
+
+
+def test_with_3_seeds_the_tuned_interval_is_said_to_be_selection_biased(tmp_path, capsys):
+    for norm, base in (("layer", LAYER), ("rms", RMS)):
+        for lr, pen in ((1e-3, 0.02), (2e-3, 0.0)):
+            for seed in base:
+                write(tmp_path, norm, seed, base[seed] + pen, lr=lr)
+    rep = build_report(tmp_path)
+    assert rep.tuned["selection"] == "biased" and rep.comparisons[0]["seeds"] == [0, 1, 2]
+    assert main([str(tmp_path)]) == 0
+    assert "selection-biased (winner's curse)" in capsys.readouterr().out
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "**Selection-biased:** the learning rates were chosen on the same seeds" in md
+
+
 def test_a_pure_lr_sweep_keeps_lr_as_the_variant(tmp_path):
     for lr in (1e-3, 2e-3):
         for seed in LAYER:

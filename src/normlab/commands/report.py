@@ -14,7 +14,8 @@ from normlab.report import (
     wandb_settings,
     write_report,
 )
-from normlab.report.compare import DEFAULT_MARGIN
+from normlab.report.compare import DEFAULT_MARGIN, plan_study
+from normlab.report.markdown import compute_headline, render_plan
 from normlab.report.wandb_log import MODES
 
 
@@ -33,9 +34,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--margin",
         type=float,
-        default=DEFAULT_MARGIN,
+        default=None,
         help=f"equivalence margin in nats/token (default {DEFAULT_MARGIN:g}: a gross-difference "
         "screen that catches a broken norm, not a parity claim; set the effect that matters)",
+    )
+    p.add_argument(
+        "--margin-compute",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="equivalence margin in effective compute instead (0.01: within 1%%), converted to "
+        "nats with the end slope of the baseline's mean validation curve; the report states both",
+    )
+    p.add_argument(
+        "--plan",
+        type=float,
+        default=None,
+        metavar="MARGIN",
+        help="plan a study from this pilot sweep: print, per variant, the seeds a TOST at MARGIN "
+        "nats/token needs for 80%% power (at the paired std and at its upper confidence bound) "
+        "and the hours it takes on this machine; writes no report",
     )
     p.add_argument(
         "--out",
@@ -103,18 +121,63 @@ def _to_wandb(rep, mode: str | None, project: str | None, out: Path) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI; returns the exit status: 0 report written, 1 refusal (one line on stderr), 2 bad
-    arguments."""
-    p = _parser()
-    args = p.parse_args(argv)
-    if not args.margin > 0 or not 0 < args.alpha < 0.5:
-        p.error("need --margin > 0 and 0 < --alpha < 0.5")
+def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse bad arguments (``p.error``: one line, exit 2) before anything is read."""
+    given = [
+        f
+        for f, v in (
+            ("--margin", args.margin),
+            ("--margin-compute", args.margin_compute),
+            ("--plan", args.plan),
+        )
+        if v is not None
+    ]
+    if len(given) > 1:
+        p.error(f"{' and '.join(given)}: give one margin (nats, compute, or the plan's)")
+    for flag, v in (
+        ("--margin", args.margin),
+        ("--margin-compute", args.margin_compute),
+        ("--plan", args.plan),
+    ):
+        if v is not None and not (math.isfinite(v) and v > 0):
+            p.error(f"{flag} {v}: need a finite number > 0")
+    if not 0 < args.alpha < 0.5:
+        p.error(f"--alpha {args.alpha}: need 0 < --alpha < 0.5")
     if args.target is not None and not math.isfinite(args.target):
         p.error(f"--target {args.target}: need a finite loss in nats/token")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """``--plan``: build the pilot's report in memory, print the plan, write nothing."""
+    try:
+        rep = build_report(args.paths, args.plan, args.alpha, args.baseline, args.target)
+    except ReportError as e:
+        print(f"normlab-report: error: {e}", file=sys.stderr)
+        return 1
+    if not rep.comparisons:
+        print(
+            "normlab-report: error: --plan needs a pilot with at least 2 variants", file=sys.stderr
+        )
+        return 1
+    for line in render_plan(plan_study(rep), rep.baseline):
+        print(f"normlab-report: {line}" if not line.startswith(" ") else line)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI; returns the exit status: 0 report written (or ``--plan`` printed), 1 refusal (one
+    line on stderr), 2 bad arguments."""
+    p = _parser()
+    args = p.parse_args(argv)
+    _check(p, args)
+    if args.plan is not None:
+        return _plan(args)
+    margin = DEFAULT_MARGIN if args.margin is None else args.margin
     out = args.out or (args.paths[0] / "report" if len(args.paths) == 1 else Path("report"))
     try:
-        rep = build_report(args.paths, args.margin, args.alpha, args.baseline, args.target)
+        rep = build_report(
+            args.paths, margin, args.alpha, args.baseline, args.target, args.margin_compute
+        )
         path = write_report(rep, out)
         logged = _to_wandb(rep, args.wandb_mode, args.wandb_project, out) if args.wandb else None
     except (ReportError, OSError) as e:
@@ -123,11 +186,30 @@ def main(argv: list[str] | None = None) -> int:
     print(f"normlab-report: wrote {path}")
     if logged:
         print(f"normlab-report: {logged}")
+    _print_summary(rep)
+    if not any(v["n"] for v in rep.variants):
+        print(
+            "normlab-report: error: no completed runs to compare (see Excluded runs in the report)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _print_summary(rep) -> None:
+    """The skipped runs, the warnings and, per comparison, the compute-equivalent headline first,
+    then the loss verdict and the speed."""
     for run, why in rep.skipped:
         print(f"  note: skipped {run.path}: {why}")
     for w in rep.confounds:
         print(f"  warning: {w}")
+    if rep.margin_compute is not None:
+        print(
+            f"  margin: {rep.margin_compute:g} of effective compute = {rep.margin:.4g} nats/token "
+            f"(baseline end slope {rep.slope:.3g} nats per e-fold of steps)"
+        )
     for c in rep.comparisons:
+        print(f"  {compute_headline(rep, c)}")
         family = f"; over the family (Holm): {c['holm']['verdict']}" if c.get("holm") else ""
         print(f"  {c['label']} vs {rep.baseline}: n={c['n']}, {c['verdict']}{family}")
         bench = (rep.bench or {}).get("ratios", {}).get(c["label"])
@@ -138,13 +220,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         if not c["ratio"]["comparable"]:
             print("  warning: step times not comparable (see the report's step-time section)")
-    if not any(v["n"] for v in rep.variants):
-        print(
-            "normlab-report: error: no completed runs to compare (see Excluded runs in the report)",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
 
 
 if __name__ == "__main__":

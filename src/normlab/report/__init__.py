@@ -1,5 +1,6 @@
-"""``normlab-report``: compare the variants of a sweep (or of any run dirs) by final validation
-loss and step time, paired by seed, and write ``report.md`` with figures.
+"""``normlab-report``: compare the variants of a sweep (or of any run dirs) by effective compute
+(steps x speed), final validation loss and step time, paired by seed, and write ``report.md``
+with figures.
 
 A pure reader of run dirs (``.hydra/overrides.yaml``, ``.hydra/config.yaml``, ``metrics.jsonl``,
 ``summary.json``); it never imports torch, the model, training or Hydra. Modules by job, each
@@ -7,10 +8,12 @@ importing only those before it:
 
 - ``runs``: read run dirs (old metric names too), label the variants, check that nothing else
   differs, choose the baseline, name the confounds;
-- ``stats``: descriptive statistics, t intervals, the paired TOST, ratio intervals, power;
+- ``stats``: descriptive statistics, t intervals, the paired TOST, ratio intervals, power,
+  Holm, the compute multiplier of two curves and the nats <-> compute conversion;
 - ``series``: metric curves, smoothing, the step-time checks, axis limits, ``diag/`` statistics;
-- ``compare``: :func:`build_report`, the verdict and all its qualifiers (context, bpb and held-out
-  corpora, time to target, the tuned comparison, the interleaved speed verdict, a swept value);
+- ``compare``: :func:`build_report`, the verdict and all its qualifiers (the compute-equivalent
+  verdict, context, bpb and held-out corpora, time to target, the tuned comparison, the
+  interleaved speed verdict, a swept value) and the planner (``plan_study``);
 - ``markdown``: ``report.md``; ``plots``: every figure; ``wandb_log``: the report to wandb.
 """
 

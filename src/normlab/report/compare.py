@@ -1,7 +1,8 @@
 """The verdict and its qualifiers: build a :class:`Report` by loading runs, labelling and
-checking them, then comparing every variant with the baseline, paired by seed (final validation
-loss with its TOST verdict and power, step-time ratio and its checks), and qualifying that verdict
-with everything a reader needs to judge it:
+checking them, then comparing every variant with the baseline, paired by seed (the
+compute-equivalent verdict: steps x speed, :func:`compute_equivalent`; final validation loss with
+its TOST verdict and power, at a margin in nats or in compute; step-time ratio and its checks),
+and qualifying that verdict with everything a reader needs to judge it:
 
 - the context (model and parameters, tokens seen and epochs of the corpus, learning rate and
   schedule, precision, device, evaluation size, the train/validation gap, and the margin in
@@ -9,11 +10,13 @@ with everything a reader needs to judge it:
 - final validation bits per byte and the held-out corpora (``eval_data``), paired by seed;
 - time to a target loss in training seconds, optimizer steps and tokens;
 - a tuned comparison (a sweep over ``optim.lr`` x the variants x ``seed``: each variant at its
-  own best learning rate, the runs at its other rates set aside);
+  own best learning rate, chosen on half the seeds and tested on the others when there are 4 or
+  more, the runs at its other rates set aside);
 - the speed verdict of the interleaved step benchmark (``normlab-bench step --json
   <sweep>/step_bench.json``): both setups timed in pairs A B, B A, ... in one process, so a machine
   that changes speed slows both alike; the sweep's sequential step times are the secondary figure;
-- final validation loss against a swept numeric override (``norm.eps``, ``optim.warmup_steps``).
+- final validation loss against a swept numeric override (``norm.eps``, ``optim.warmup_steps``);
+- the plan of a study from a pilot sweep (:func:`plan_study`: seeds and hours a margin needs).
 
 No files are written here (see :func:`normlab.report.write_report`). Metric keys as
 ``metrics.jsonl`` writes them: ``val/loss`` (nats/token), ``val/bpb`` (bits/byte),
@@ -56,12 +59,17 @@ from normlab.report.series import (
 )
 from normlab.report.stats import (
     POWER,
+    compute_for_nats,
+    compute_multiplier,
     describe,
+    end_slope,
     holm_verdicts,
+    nats_for_compute,
     paired_difference,
     ratio_interval,
     seeds_needed,
     std_upper,
+    step_multiplier,
     t_interval,
     tost_power,
 )
@@ -75,6 +83,9 @@ GAP_ROWS = 10
 TIME_KEY = "perf/train_time_s"
 #: The key a tuned comparison sweeps (each variant at its own best value of it).
 LR_KEY = "optim.lr"
+#: A tuned comparison with at least SPLIT_SEEDS seeds chooses each variant's lr on half of them
+#: and tests on the others (:func:`choose_best_lr`); with fewer its interval is selection-biased.
+SPLIT_SEEDS = 4
 #: The interleaved step benchmark's result, looked for in every source dir of a report.
 BENCH_FILE = "step_bench.json"
 #: What the figures of sequential times (``step_time.png``, ``val_time.png``) carry when the
@@ -85,6 +96,9 @@ NOT_COMPARABLE_MARK = "NOT COMPARABLE: step times fail the report's checks"
 #: the runs saw under FEW_EPOCHS of their training split and under FEW_TOKENS_PER_PARAM training
 #: tokens per parameter (the compute-optimal ratio of Hoffmann et al. 2022 is about 20).
 STILL_FALLING = 0.1
+#: A baseline curve whose end slope is under MIN_SLOPE nats per e-fold of steps has stopped
+#: falling (a flat curve fits to rounding noise): a margin in compute cannot be converted on it.
+MIN_SLOPE = 1e-6
 FEW_EPOCHS = 0.1
 FEW_TOKENS_PER_PARAM = 20
 #: line label -> [(swept value, final losses of the completed runs)]
@@ -119,6 +133,12 @@ class Report:
     context: dict[str, Any] = field(default_factory=dict)
     #: run dirs that never trained (a refused run) with the reason, left out of everything
     skipped: list[tuple[Run, str]] = field(default_factory=list)
+    #: the end slope of the baseline's mean validation curve (nats per e-fold of steps,
+    #: :func:`~normlab.report.stats.end_slope`; nan with under 2 evaluations after step 0)
+    slope: float = NAN
+    #: the margin asked in effective compute (``--margin-compute``: a fraction), else None; the
+    #: nats margin :attr:`margin` is then converted from it with :attr:`slope`
+    margin_compute: float | None = None
 
     def included(self, label: str) -> list[Run]:
         """The runs of variant ``label`` that count in the statistics (completed, not set aside)."""
@@ -235,21 +255,27 @@ def build_report(
     alpha: float = 0.05,
     baseline: str | None = None,
     target: float | None = None,
+    margin_compute: float | None = None,
 ) -> Report:
     """Load, check and compare runs (no files written); ``paths``: a sweep dir, a run dir, or a
     list of either, anywhere; ``margin`` and ``target`` (time to target; None: the worst final
-    loss) in nats/token. A sweep over ``optim.lr`` and other keys is a tuned comparison: labels
-    leave the lr out, each variant is compared at its best lr (:func:`choose_best_lr`). More than
-    one variant against the baseline is a family: each comparison gets ``holm``
-    (:func:`~normlab.report.stats.holm_verdicts`) next to its plain per-pair values. Run dirs
-    that never trained (:func:`~normlab.report.runs.never_trained`: a refused run) are left out
-    of everything and listed in :attr:`Report.skipped`.
+    loss) in nats/token; ``margin_compute``: the margin as a fraction of effective compute
+    instead (0.01: within 1%), converted to nats with the end slope of the baseline's mean
+    validation curve (:func:`margin_from_compute`; ``margin`` is then ignored). A sweep over
+    ``optim.lr`` and other keys is a tuned comparison: labels leave the lr out, each variant is
+    compared at its best lr (:func:`choose_best_lr`). More than one variant against the baseline
+    is a family: each comparison gets ``holm`` (:func:`~normlab.report.stats.holm_verdicts`)
+    next to its plain per-pair values. Each comparison gets ``compute``, the compute-equivalent
+    verdict (:func:`compute_equivalent`). Run dirs that never trained
+    (:func:`~normlab.report.runs.never_trained`: a refused run) are left out of everything and
+    listed in :attr:`Report.skipped`.
 
     Raises:
         ReportError: a refusal (see :func:`~normlab.report.runs.load_runs`,
             :func:`~normlab.report.runs.check_comparable`,
-            :func:`~normlab.report.runs.choose_baseline`), no run dir that trained, or a variant
-            with two completed runs of one seed (pairing would be ambiguous).
+            :func:`~normlab.report.runs.choose_baseline`), no run dir that trained, a variant
+            with two completed runs of one seed (pairing would be ambiguous), or a compute
+            margin that cannot be converted (:func:`margin_from_compute`).
     """
     sources = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
     runs, skipped = _trained(load_runs(sources), sources)
@@ -260,28 +286,128 @@ def build_report(
     check_comparable(runs)
     base = choose_baseline(runs, baseline)
     rep = Report(sources, margin, alpha, base, runs, common, skipped=skipped)
+    labels = [base] + sorted({r.label for r in runs} - {base})
     if tuned:
-        labels = [base] + sorted({r.label for r in runs} - {base})
         rep.tuned = choose_best_lr(runs, labels, alpha)
-        rep.tuned["at_lr"] = at_each_lr(rep.tuned, base, margin, alpha)
+    rep.slope = baseline_slope(rep.included(base))
+    if margin_compute is not None:
+        rep.margin_compute = margin_compute
+        rep.margin = margin_from_compute(margin_compute, rep.slope)
+    if rep.tuned is not None:
+        rep.tuned["at_lr"] = at_each_lr(rep.tuned, base, rep.margin, alpha)
     by_seed: dict[str, dict[Any, Run]] = {}
-    for lab in [base] + sorted({r.label for r in runs} - {base}):
+    for lab in labels:
         by_seed[lab] = _by_seed(rep, lab)
         rep.timing[lab] = _timing(rep.included(lab))
         rep.variants.append(_variant_row(rep, lab))
     done = [r for r in runs if r.excluded is None and r.set_aside is None]
     rep.confounds = confounds(done or runs, rep.labels)
-    rep.comparisons = [_compare(rep, by_seed[base], v, lab) for lab, v in list(by_seed.items())[1:]]
+    rep.comparisons = [_compare(rep, by_seed[base], by_seed[lab], lab) for lab in labels[1:]]
     if len(rep.comparisons) > 1:  # variants against one baseline: a family (Holm)
-        family = holm_verdicts(rep.comparisons, margin, alpha)
+        family = holm_verdicts(rep.comparisons, rep.margin, alpha)
         for c, h in zip(rep.comparisons, family, strict=True):
             c["holm"] = h
     _qualify(rep, target)
-    found = load_step_bench(sources)
-    if found is not None:
-        ratios = {lab: bench_ratio(found[1], base, lab, alpha) for lab in rep.labels[1:]}
-        rep.bench = {"path": found[0], "ratios": ratios, "raw": found[1]}
+    _speed_and_compute(rep, by_seed)
     return rep
+
+
+def _speed_and_compute(rep: Report, by_seed: dict[str, dict[Any, Run]]) -> None:
+    """Set ``rep.bench`` (the interleaved step benchmark of a source dir, if any) and then each
+    comparison's ``compute`` (:func:`compute_equivalent`, whose speed part the bench gives)."""
+    found = load_step_bench(rep.sources)
+    if found is not None:
+        ratios = {
+            lab: bench_ratio(found[1], rep.baseline, lab, rep.alpha) for lab in rep.labels[1:]
+        }
+        rep.bench = {"path": found[0], "ratios": ratios, "raw": found[1]}
+    base = by_seed[rep.baseline]
+    for c in rep.comparisons:
+        c["compute"] = compute_equivalent(rep, base, by_seed[c["label"]], c["label"])
+
+
+# --- the compute-equivalent verdict and margins in compute ---------------------------------------
+
+
+def _val_curve(run: Run) -> tuple[list[float], list[float]] | None:
+    """``(steps, val/loss)`` of ``run`` in step order, one value per step (the last logged), as
+    lists; None with fewer than 2 evaluations."""
+    by_step = dict(zip(*series(run.metrics, "val/loss"), strict=True))
+    steps = sorted(by_step)
+    return (steps, [by_step[x] for x in steps]) if len(steps) >= 2 else None
+
+
+def compute_equivalent(
+    rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str
+) -> dict[str, Any]:
+    """The compute-equivalent verdict of variant ``label`` (``var``: seed -> run) against the
+    baseline (``base``): per seed the step multiplier of the validation curves
+    (:func:`~normlab.report.stats.step_multiplier`), times the step-time ratio t_base / t_var,
+    paired across seeds (:func:`~normlab.report.stats.compute_multiplier`: geometric mean and a
+    1−alpha interval on log k). The speed part is the interleaved bench's ratio when
+    ``rep.bench`` has one for ``label`` (its interval widens k's), else the per-seed ratio of the
+    runs' median step times (``sequential``; ``comparable`` False when the report's step-time
+    checks fail for this variant, :func:`_ratio`).
+
+    Returns:
+        ``compute_multiplier``'s keys and ``seeds``, ``step_mults`` (seed -> multiplier),
+        ``source`` ("interleaved" or "sequential"), ``comparable``.
+    """
+    mults = {}
+    for s in sorted(set(base) & set(var), key=str):
+        b, v = _val_curve(base[s]), _val_curve(var[s])
+        m = step_multiplier(b, v) if b and v else NAN
+        if math.isfinite(m) and m > 0:
+            mults[s] = m
+    bench = (rep.bench or {}).get("ratios", {}).get(label)
+    comparable, speed_ci = True, None
+    if bench is not None and math.isfinite(bench["gmean"]) and bench["gmean"] > 0:
+        seeds, source = list(mults), "interleaved"
+        speed: list[float] | float = 1 / bench["gmean"]
+        lo, hi = bench["ci"]
+        speed_ci = (1 / hi, 1 / lo) if math.isfinite(lo) and math.isfinite(hi) else None
+    else:
+        key, source = "step_time_ms_median", "sequential"
+        seq = {s: base[s].summary_float(key) / var[s].summary_float(key) for s in mults}
+        seeds = [s for s, x in seq.items() if math.isfinite(x) and x > 0]
+        speed = [seq[s] for s in seeds]
+        comparable = next(c for c in rep.comparisons if c["label"] == label)["ratio"]["comparable"]
+    r = compute_multiplier([mults[s] for s in seeds], speed, speed_ci, rep.alpha)
+    return {**r, "seeds": seeds, "step_mults": mults, "source": source, "comparable": comparable}
+
+
+def baseline_slope(runs: list[Run]) -> float:
+    """The end slope (nats per e-fold of steps, :func:`~normlab.report.stats.end_slope`) of the
+    mean validation curve of ``runs`` (the baseline's included runs); nan with fewer than 2
+    evaluations after step 0."""
+    steps, mean, _, _ = aggregate([series(r.metrics, "val/loss") for r in runs])
+    try:
+        return end_slope(list(steps), list(mean))
+    except ValueError:
+        return NAN
+
+
+def margin_from_compute(fraction: float, slope: float) -> float:
+    """The nats margin (nats/token) that ``fraction`` of effective compute is worth at the
+    baseline's end slope ``slope`` (:func:`~normlab.report.stats.nats_for_compute`).
+
+    Raises:
+        ReportError: ``slope`` is nan or under :data:`MIN_SLOPE` (the baseline's curve has
+            under 2 evaluations after step 0, or no longer falls): no conversion exists.
+    """
+    if not (math.isfinite(slope) and slope >= MIN_SLOPE):
+        raise ReportError(
+            f"--margin-compute {fraction:g}: cannot convert to nats, the baseline's validation "
+            f"curve has end slope {slope:.3g} nats per e-fold of steps (need >= {MIN_SLOPE:g}: "
+            "at least 2 evaluations after step 0 on a falling curve); give --margin in nats"
+        )
+    return nats_for_compute(fraction, slope)
+
+
+def margin_in_compute(rep: Report) -> float:
+    """The fraction of effective compute that the report's nats margin is worth at the
+    baseline's end slope (:func:`~normlab.report.stats.compute_for_nats`; nan without a slope)."""
+    return compute_for_nats(rep.margin, rep.slope) if math.isfinite(rep.slope) else NAN
 
 
 def _trained(runs: list[Run], sources: list[Path]) -> tuple[list[Run], list[tuple[Run, str]]]:
@@ -331,6 +457,14 @@ def _qualify(rep: Report, target: float | None) -> None:
     rep.context = build_context(included, base, margin)
     caveat = short_run_caveat(rep.context, margin) if rep.comparisons else None
     rep.confounds += [caveat] if caveat else []
+    if rep.tuned is not None and rep.tuned["selection"] == "biased":
+        rep.confounds.append(
+            f"each variant's learning rate was chosen on the same {len(rep.tuned['test_seeds'])} "
+            "seed(s) the verdict then tests (under "
+            f"{SPLIT_SEEDS} seeds: no split): the interval is selection-biased (winner's curse), "
+            "a variant's best rate looks better on these seeds than on new ones; with "
+            f">= {SPLIT_SEEDS} seeds the report chooses on half and tests on the others"
+        )
     done = [r for runs in included.values() for r in runs]
     stops = {str((r.summary or {}).get("stopped_by")) for r in done}
     if "max_time_s" in stops and len(stops) > 1:
@@ -760,14 +894,24 @@ def lr_swept(runs: list[Run]) -> bool:
 
 def choose_best_lr(runs: list[Run], labels: list[str], alpha: float = 0.05) -> dict[str, Any]:
     """Per variant label, the completed runs grouped by learning rate; the best learning rate (the
-    lowest mean final validation loss; ties: the smaller lr); the runs at the other rates get
-    :attr:`Run.set_aside` (this mutates ``runs``).
+    lowest mean final validation loss over the choosing seeds; ties: the smaller lr); the runs at
+    the other rates get :attr:`Run.set_aside` (this mutates ``runs``).
+
+    Without selection bias: with at least :data:`SPLIT_SEEDS` seeds in the grid, the first half
+    of them (sorted) choose each variant's learning rate and only the others are tested (the
+    choosing seeds' runs at the best rate are set aside too), so the verdict's interval is not
+    that of a winner picked on the same noise (winner's curse). With fewer, every seed both
+    chooses and is tested: ``selection`` is then "biased" and the report says so.
 
     Returns ``{"lrs": sorted learning rates, "points": {label: {lr: {**describe, "ci",
-    "by_seed"}}}, "best": {label: lr}, "edge": labels whose best lr is the smallest or largest of
-    the grid}``; ``ci`` is the 1−alpha Student t interval of the mean (nats/token).
+    "by_seed"}}} (over every seed), "best": {label: lr}, "edge": labels whose best lr is the
+    smallest or largest of the grid, "selection": "split" or "biased", "choose_seeds",
+    "test_seeds"}``; ``ci`` is the 1−alpha Student t interval of the mean (nats/token).
     """
     lrs = sorted({x for x in map(run_lr, runs) if x is not None})
+    seeds = sorted({r.seed for r in runs if r.seed is not None}, key=str)
+    split = len(seeds) >= SPLIT_SEEDS
+    choose = seeds[: len(seeds) // 2] if split else seeds
     points: dict[str, dict[float, dict[str, Any]]] = {}
     best: dict[str, float] = {}
     for lab in labels:
@@ -775,25 +919,47 @@ def choose_best_lr(runs: list[Run], labels: list[str], alpha: float = 0.05) -> d
         by_lr: dict[float, list[Run]] = {}
         for r in done:
             by_lr.setdefault(run_lr(r), []).append(r)
-        points[lab] = {
-            lr: {
-                **describe([r.final_val_loss for r in rs]),
-                "ci": t_interval([r.final_val_loss for r in rs], 1 - alpha),
-                "by_seed": {r.seed: r.final_val_loss for r in rs},
-            }
-            for lr, rs in sorted(by_lr.items())
+        points[lab] = {lr: _lr_point(rs, alpha) for lr, rs in sorted(by_lr.items())}
+        chosen = {
+            lr: np.mean(v)
+            for lr, rs in by_lr.items()
+            if (v := [r.final_val_loss for r in rs if r.seed in choose])
         }
-        if not by_lr:
+        if not chosen:
             continue
-        best[lab] = min(points[lab], key=lambda lr, lab=lab: (points[lab][lr]["mean"], lr))
+        best[lab] = min(chosen, key=lambda lr, c=chosen: (c[lr], lr))
         for r in done:
             if run_lr(r) != best[lab]:
                 r.set_aside = (
                     f"{LR_KEY}={run_lr(r):g} is not the best learning rate of `{lab}` "
                     f"({best[lab]:g})"
                 )
+            elif split and r.seed in choose:
+                r.set_aside = (
+                    f"seed {r.seed} chose the learning rate (not tested: no selection bias)"
+                )
     edge = [lab for lab, lr in best.items() if len(lrs) > 2 and lr in (lrs[0], lrs[-1])]
-    return {"lrs": lrs, "points": points, "best": best, "edge": edge}
+    test = [s for s in seeds if s not in choose] if split else seeds
+    return {
+        "lrs": lrs,
+        "points": points,
+        "best": best,
+        "edge": edge,
+        "selection": "split" if split else "biased",
+        "choose_seeds": choose,
+        "test_seeds": test,
+    }
+
+
+def _lr_point(runs: list[Run], alpha: float) -> dict[str, Any]:
+    """One cell of the tuned grid: ``describe`` of the runs' final losses, its 1−alpha t
+    interval ``ci`` and ``by_seed`` (seed -> final loss, nats/token)."""
+    finals = [r.final_val_loss for r in runs]
+    return {
+        **describe(finals),
+        "ci": t_interval(finals, 1 - alpha),
+        "by_seed": {r.seed: r.final_val_loss for r in runs},
+    }
 
 
 def at_each_lr(
@@ -948,3 +1114,63 @@ def swept_points(rep: Report) -> tuple[str, Points] | None:
     for lab, (x, line) in where.items():
         points.setdefault(line, []).append((x, [r.final_val_loss for r in rep.included(lab)]))
     return key, points
+
+
+# --- planning a study from a pilot sweep ---------------------------------------------------------
+
+
+def plan_study(rep: Report) -> dict[str, Any]:
+    """What a TOST at ``rep.margin`` (nats/token) needs, planned from a pilot sweep ``rep``: per
+    variant the paired std of its final losses, the std's one-sided 1−alpha upper confidence
+    bound, the seeds for :data:`~normlab.report.stats.POWER` power at each
+    (:func:`~normlab.report.stats.seeds_needed`, true difference 0; None: more than the search
+    allows, or n < 2 in the pilot), and the hours the whole study takes on the pilot's machine
+    at each: seeds × variants × (steps × the pilot's median step time + the median seconds a
+    run spent outside training: evaluations, checkpoints and start-up, ``wall_time_s −
+    train_time_s``, 0 when the pilot did not record them).
+
+    Returns:
+        ``{"margin", "alpha", "variants" (count, baseline included), "steps" (median steps
+        done), "step_s" (median of the runs' median step time, seconds), "overhead_s" (per run,
+        seconds, nan when not recorded), "run_s" (one run, seconds), "rows": [{"label", "n",
+        "std", "std_upper", "seeds", "seeds_upper", "hours", "hours_upper"}]}``.
+    """
+    runs = [r for lab in rep.labels for r in rep.included(lab)]
+    steps = _median([float(x) for r in runs if (x := steps_done(r)) is not None])
+    step_s = _median_of(runs, "step_time_ms_median") / 1000
+    overhead = _median(
+        [r.summary_float("wall_time_s") - r.summary_float("train_time_s") for r in runs]
+    )
+    run_s = steps * step_s + (overhead if math.isfinite(overhead) else 0.0)
+    n_var = len(rep.labels)
+
+    def hours(seeds: int | None) -> float:
+        return seeds * n_var * run_s / 3600 if seeds else NAN
+
+    rows = []
+    for c in rep.comparisons:
+        p = c["power"]
+        need = p["seeds_needed"] if c["n"] >= 2 else None
+        upper = p["seeds_needed_upper"] if c["n"] >= 2 else None
+        rows.append(
+            {
+                "label": c["label"],
+                "n": c["n"],
+                "std": c["std"],
+                "std_upper": p["std_upper"],
+                "seeds": need,
+                "seeds_upper": upper,
+                "hours": hours(need),
+                "hours_upper": hours(upper),
+            }
+        )
+    return {
+        "margin": rep.margin,
+        "alpha": rep.alpha,
+        "variants": n_var,
+        "steps": steps,
+        "step_s": step_s,
+        "overhead_s": overhead,
+        "run_s": run_s,
+        "rows": rows,
+    }

@@ -1,10 +1,11 @@
-"""``report.md``, rendered section by section: the header, the context the verdict holds in, the
+"""``report.md``, rendered section by section: the header, the compute-equivalent verdict (the
+headline: steps x speed), the context the verdict holds in, the
 final losses per variant and what happened to each run, the verdict with its warnings, the paired
 table, the tuned comparison, bits per byte and the held-out corpora, the speed verdict and the
 sequential step-time ratio with its checks, the time to a target loss, the excluded runs, the
 figures, final loss against a swept value, and the per-block diagnostics. Each section returns
 Markdown lines ([] when it has nothing to say). Losses in nats/token, bpb in bits/byte, times in
-seconds or ms as named.
+seconds or ms as named. Also the lines ``normlab-report --plan`` prints (:func:`render_plan`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from normlab.report.compare import (
     DEFAULT_MARGIN,
     GAP_ROWS,
     NOT_COMPARABLE_MARK,
+    SPLIT_SEEDS,
     Report,
+    margin_in_compute,
     not_comparable,
     swept_points,
 )
@@ -102,8 +105,9 @@ def _header(rep: Report) -> list[str]:
         "# normlab sweep report",
         "",
         f"- Runs from: {sources}",
-        f"- Equivalence margin: ±{rep.margin:g} nats/token; alpha = {rep.alpha:g}"
-        + (SCREEN if rep.margin == DEFAULT_MARGIN else ""),
+        f"- Equivalence margin: ±{rep.margin:.4g} nats/token; alpha = {rep.alpha:g}"
+        + (SCREEN if rep.margin == DEFAULT_MARGIN and rep.margin_compute is None else ""),
+        f"- Margin in effective compute: {margin_text(rep)}",
         f"- Baseline: `{rep.baseline}`",
         f"- Runs: {len(rep.runs)} found, {len(rep.runs) - n_exc} included, {n_exc} excluded",
         *([f"- Skipped (never trained, in no table): {_skipped(rep)}"] if rep.skipped else []),
@@ -111,6 +115,95 @@ def _header(rep: Report) -> list[str]:
         "- Keys that change no compared number, never in a label nor a refusal: "
         + ", ".join(f"`{k}`" for k in INERT_KEYS),
     ]
+
+
+def margin_text(rep: Report) -> str:
+    """The margin in effective compute and in nats, converted with the baseline's end slope
+    (:func:`~normlab.report.stats.nats_for_compute`)."""
+    slope = f"the baseline's end slope, {fmt(rep.slope, '.3g')} nats per e-fold of steps"
+    if rep.margin_compute is not None:
+        return (
+            f"±{rep.margin_compute:.3g} of effective compute (`--margin-compute`), converted to "
+            f"±{rep.margin:.4g} nats/token at {slope}; the TOST runs at that nats margin"
+        )
+    worth = margin_in_compute(rep)
+    if not math.isfinite(worth):
+        return "not converted (the baseline's curve has no end slope: < 2 evaluations after step 0)"
+    return f"±{rep.margin:g} nats/token is worth {worth:.2%} of effective compute at {slope}"
+
+
+def compute_headline(rep: Report, c: dict[str, Any]) -> str:
+    """One comparison's compute-equivalent verdict in one sentence: "norm=rms: 1.013x the
+    effective compute of norm=layer [0.991, 1.036] (n = 3; steps x speed: 0.995 x 1.018)"."""
+    k = c["compute"]
+    if k["n"] == 0:
+        return (
+            f"{c['label']}: no seed with both validation curves (>= 2 evaluations each) and "
+            f"step times: no compute-equivalent verdict against {rep.baseline}"
+        )
+    ci = f"[{fmt(k['ci'][0], '.3f')}, {fmt(k['ci'][1], '.3f')}]" if k["n"] >= 2 else "(n < 2)"
+    return (
+        f"{c['label']}: {k['k']:.3f}x the effective compute of {rep.baseline} {ci} "
+        f"(n = {k['n']}; steps x speed: {k['step_mult']:.3f} x {k['speed']:.3f})"
+    )
+
+
+def _compute_note(rep: Report, c: dict[str, Any]) -> str:
+    """Where the speed part of a compute-equivalent verdict comes from, with its flag."""
+    k = c["compute"]
+    if k["source"] == "interleaved":
+        return "speed from the interleaved step benchmark (its interval widens k's)"
+    if not k["comparable"]:
+        return (
+            "speed from the runs' sequential step times, **NOT COMPARABLE**: they fail the "
+            "report's step-time checks, so k's speed part is unreliable"
+        )
+    return "speed from the runs' sequential step times, per seed (no interleaved bench)"
+
+
+def render_compute(rep: Report) -> list[str]:
+    """``## Compute-equivalent verdict``: the headline of each comparison, first in the report."""
+    if not rep.comparisons:
+        return []
+    out = ["", "## Compute-equivalent verdict", ""]
+    for c in rep.comparisons:
+        out += [f"- **{compute_headline(rep, c)}**; {_compute_note(rep, c)}"]
+    return out + [
+        "",
+        "k = (steps the baseline needs to reach the variant's final validation loss, per step "
+        "of the variant) × (baseline / variant step time): above 1 the variant gives more "
+        "effective compute. Per seed, the step multiplier is read on the paired validation "
+        "curves, linearly interpolated between evaluations (when the variant ends better, the "
+        "variant's steps to reach the baseline's loss are inverted, so nothing is "
+        f"extrapolated); k is the geometric mean over seeds with the {_conf(rep)} on log k "
+        "(Student t). Its parts follow: the loss difference (Verdict), the speed, and the time "
+        "to a target loss.",
+    ]
+
+
+def render_plan(plan: dict[str, Any], baseline: str) -> list[str]:
+    """The lines ``normlab-report --plan`` prints (:func:`~normlab.report.compare.plan_study`)."""
+    over = plan["overhead_s"]
+    outside = f" + {over:.1f} s outside training" if math.isfinite(over) else ""
+    out = [
+        f"plan for a TOST at ±{plan['margin']:g} nats/token, {POWER:.0%} power, alpha = "
+        f"{plan['alpha']:g}, {plan['variants']} variants, {plan['steps']:g} steps per run; "
+        f"one run here: {plan['steps']:g} steps x {plan['step_s'] * 1000:.1f} ms (the pilot's "
+        f"median step){outside} = {plan['run_s']:.1f} s"
+    ]
+    for r in plan["rows"]:
+        if r["n"] < 2:
+            out.append(f"  {r['label']} vs {baseline}: n = {r['n']} paired seeds, need >= 2")
+            continue
+        seeds = r["seeds"] or "more than 100000"
+        upper = r["seeds_upper"] or "more than 100000"
+        out.append(
+            f"  {r['label']} vs {baseline}: paired std {fmt(r['std'])} (n = {r['n']}): "
+            f"{seeds} seeds, {fmt(r['hours'], '.2f')} h; at the std's "
+            f"{1 - plan['alpha']:.0%} upper bound {fmt(r['std_upper'])}: {upper} seeds, "
+            f"{fmt(r['hours_upper'], '.2f')} h (seeds x {plan['variants']} variants x one run)"
+        )
+    return out
 
 
 def _skipped(rep: Report) -> str:
@@ -187,9 +280,10 @@ def _upper_clause(rep: Report, c: dict[str, Any]) -> str:
     """The seeds the margin needs at the std's one-sided 1−alpha upper confidence bound."""
     p = c["power"]
     need = p["seeds_needed_upper"]
+    times = f"{p['std_upper'] / c['std']:.3g}x the estimate" if c["std"] > 0 else "a zero std"
     return (
         f" Planned at the std's {1 - rep.alpha:.0%} upper confidence bound "
-        f"({fmt(p['std_upper'])}, {fmt(p['std_upper'] / c['std'], '.3g')}x the estimate), "
+        f"({fmt(p['std_upper'])}, {times}), "
         f"±{rep.margin:g} nats needs {need if need else 'more than 100000'} seeds."
     )
 
@@ -647,10 +741,11 @@ def render_tuned(rep: Report) -> list[str]:
         "",
         "## Tuned comparison (each variant at its own best `optim.lr`)",
         "",
-        f"Mean final validation loss (nats/token) with its {conf} over seeds, per learning rate; "
-        "bold: the variant's best (lowest mean). The verdict, the paired table and every section "
-        f"above compare each variant at its own best learning rate: {best}. The last columns: "
-        "the paired difference at each common learning rate, for reference.",
+        f"Mean final validation loss (nats/token) with its {conf} over every seed, per learning "
+        "rate; bold: the variant's best (lowest mean over the choosing seeds). The verdict, the "
+        "paired table and every section above compare each variant at its own best learning "
+        f"rate: {best}. {_selection(t)} The last columns: the paired difference at each common "
+        "learning rate, over every seed, for reference.",
         "",
         *table(head, rows),
     ]
@@ -662,6 +757,22 @@ def render_tuned(rep: Report) -> list[str]:
             "one may lie outside it; widen the grid before trusting the tuned verdict.",
         ]
     return out
+
+
+def _selection(t: dict[str, Any]) -> str:
+    """How the tuned study chose its learning rates: on held-out seeds, or on the tested ones."""
+    seeds = ", ".join(map(str, t["choose_seeds"])) or "none"
+    if t["selection"] == "split":
+        tested = ", ".join(map(str, t["test_seeds"]))
+        return (
+            f"Without selection bias: the learning rates were chosen on seeds {seeds} and the "
+            f"verdict tests the other seeds only ({tested})."
+        )
+    return (
+        f"**Selection-biased:** the learning rates were chosen on the same seeds the verdict "
+        f"tests ({seeds}; a split needs >= {SPLIT_SEEDS} seeds), so its interval is that of a "
+        "winner picked on the same noise (winner's curse)."
+    )
 
 
 # --- outcome per variant, diagnostics, swept value -----------------------------------------------
@@ -850,7 +961,8 @@ def _figures(rep: Report) -> list[str]:
 
 def render_markdown(rep: Report) -> str:
     """The report as Markdown (losses in nats/token, times in ms)."""
-    lines = [*_header(rep), *render_context(rep), *_variants(rep), *render_outcome(rep)]
+    lines = [*_header(rep), *render_compute(rep), *render_context(rep), *_variants(rep)]
+    lines += render_outcome(rep)
     lines += [*_verdict(rep), *_paired_table(rep), *_family(rep), *render_tuned(rep)]
     lines += render_bpb(rep)
     lines += [*render_heldout(rep), *render_speed(rep), *_ratio(rep), *render_target(rep)]

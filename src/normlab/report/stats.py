@@ -1,5 +1,8 @@
 """Statistics of the report: descriptive statistics, Student t intervals, the paired difference with
-its two one-sided tests (TOST, Schuirmann 1987), ratio intervals on logs, and the power of the TOST.
+its two one-sided tests (TOST, Schuirmann 1987), ratio intervals on logs, the power of the TOST,
+Holm's adjustment of a family, and the compute-equivalent verdict: the step multiplier that aligns
+two validation curves, times the step-time ratio, paired across seeds, with the conversion of a
+margin between nats and compute by the curve's end slope.
 
 Inputs are plain lists of floats in the caller's units (nats/token for losses; ratios are
 dimensionless). Nothing here reads files.
@@ -212,3 +215,134 @@ def seeds_needed(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if tost_power(mid, std, margin, alpha, delta) >= power else (mid, hi)
     return hi
+
+
+# --- the compute-equivalent verdict --------------------------------------------------------------
+# A multiplier above 1 favours the variant: "norm=rms: 1.013x the effective compute of norm=layer"
+# means the baseline would need 1.3% more compute to reach the variant's loss.
+
+
+def steps_to_reach(steps: list[float], losses: list[float], target: float) -> float:
+    """The step at which a validation curve first reaches ``target`` (nats/token), linearly
+    interpolated between the two evaluations around the crossing; the curve is read as its running
+    minimum (the best loss so far), so a noisy uptick does not undo a crossing. ``nan`` when the
+    curve never reaches ``target``; the first step when it starts at or below it.
+
+    Args:
+        steps: evaluation steps, increasing; losses: the loss at each (same length).
+
+    Raises:
+        ValueError: lengths differ or fewer than 2 points.
+    """
+    s, loss = np.asarray(steps, float), np.asarray(losses, float)
+    if s.shape != loss.shape or s.size < 2:
+        raise ValueError(
+            f"need >= 2 (step, loss) points of equal length, got {s.size}, {loss.size}"
+        )
+    best = np.minimum.accumulate(loss)
+    hit = np.flatnonzero(best <= target)
+    if hit.size == 0:
+        return NAN
+    i = int(hit[0])
+    if i == 0:
+        return float(s[0])
+    y0, y1 = best[i - 1], best[i]
+    frac = (y0 - target) / (y0 - y1) if y0 > y1 else 1.0
+    return float(s[i - 1] + frac * (s[i] - s[i - 1]))
+
+
+def step_multiplier(
+    base: tuple[list[float], list[float]], var: tuple[list[float], list[float]]
+) -> float:
+    """Steps of the baseline one step of the variant is worth, at the variant's final quality:
+    ``m = steps_base(L_var(S)) / S`` when the variant ends no better than the baseline (m <= 1),
+    else ``m = S / steps_var(L_base(S))`` (m > 1), with S the last step both curves share and
+    ``steps_*`` from :func:`steps_to_reach`. Both branches interpolate inside the measured curves
+    (no extrapolation). A time-shift estimator: if the variant's curve is the baseline's stretched
+    in steps by a factor c, ``m = 1/c``.
+
+    Args:
+        base, var: ``(steps, losses)`` of two paired validation curves (same seed and batches;
+            steps increasing, losses nats/token, >= 2 points each).
+    Returns:
+        the multiplier (dimensionless), nan when a curve misses the other's final loss.
+    """
+    (sb, lb), (sv, lv) = base, var
+    end = min(sb[-1], sv[-1])
+    lb_end = float(np.interp(end, sb, lb))
+    lv_end = float(np.interp(end, sv, lv))
+    if lv_end >= lb_end:
+        return steps_to_reach(sb, lb, lv_end) / end
+    return end / steps_to_reach(sv, lv, lb_end)
+
+
+def compute_multiplier(
+    step_mults: list[float],
+    speed: list[float] | float,
+    speed_ci: tuple[float, float] | None = None,
+    alpha: float = 0.05,
+) -> dict[str, Any]:
+    """The effective-compute multiplier of a variant over the baseline, paired across seeds:
+    ``k_i = m_i * t_base / t_var`` with ``m_i`` from :func:`step_multiplier` and ``speed`` the
+    step-time ratio ``t_base / t_var`` (>1: the variant's step is faster), per seed (same length
+    as ``step_mults``) or one interleaved-bench figure. Geometric mean and a 1−alpha Student t
+    interval on ``log k``; when ``speed`` is one figure with its own interval ``speed_ci``
+    (1−alpha), its log half-width is added in quadrature (normal approximation, the two
+    estimates independent).
+
+    Returns:
+        ``{"n", "k", "ci", "step_mult", "speed"}``: k, ci, step_mult and speed (geometric means)
+        dimensionless; the seeds with a finite k only; ci nan when n < 2.
+    """
+    m = np.asarray(step_mults, float)
+    sp = np.broadcast_to(np.asarray(speed, float), m.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logk = np.log(m) + np.log(sp)
+    ok = np.isfinite(logk)
+    n = int(ok.sum())
+    out: dict[str, Any] = {"n": n, "k": NAN, "ci": (NAN, NAN), "step_mult": NAN, "speed": NAN}
+    if n == 0:
+        return out
+    logk = logk[ok]
+    out["step_mult"] = float(np.exp(np.log(m[ok]).mean()))
+    out["speed"] = float(np.exp(np.log(sp[ok]).mean()))
+    out["k"] = float(np.exp(logk.mean()))
+    if n < 2:
+        return out
+    half = stats.t.ppf(1 - alpha / 2, n - 1) * logk.std(ddof=1) / math.sqrt(n)
+    if speed_ci is not None and np.ndim(speed) == 0 and all(map(math.isfinite, speed_ci)):
+        z = stats.norm.ppf(1 - alpha / 2)
+        se_speed = (math.log(speed_ci[1]) - math.log(speed_ci[0])) / (2 * z)
+        se_m = half / stats.t.ppf(1 - alpha / 2, n - 1)
+        half = z * math.hypot(se_m, se_speed)
+    out["ci"] = (float(np.exp(logk.mean() - half)), float(np.exp(logk.mean() + half)))
+    return out
+
+
+def end_slope(steps: list[float], losses: list[float], points: int = 4) -> float:
+    """``-dL/d ln(step)`` at the end of a curve, nats per e-fold of steps: the least-squares slope
+    of loss on ln(step) over the last ``points`` evaluations (>= 2) after step 0, sign flipped so
+    that a curve still falling gives a positive number.
+
+    Raises:
+        ValueError: fewer than 2 evaluations after step 0.
+    """
+    s, loss = np.asarray(steps, float), np.asarray(losses, float)
+    keep = (s > 0) & np.isfinite(loss)
+    s, loss = s[keep][-points:], loss[keep][-points:]
+    if s.size < 2:
+        raise ValueError("end_slope needs >= 2 evaluations after step 0")
+    return float(-np.polyfit(np.log(s), loss, 1)[0])
+
+
+def nats_for_compute(fraction: float, slope: float) -> float:
+    """The loss difference (nats/token) that ``fraction`` more compute is worth at the end of a
+    curve of end slope ``slope`` (:func:`end_slope`, nats per e-fold of steps):
+    ``slope * ln(1 + fraction)``. A margin of 1% of compute at a slope of 0.3 is 0.003 nats."""
+    return slope * math.log1p(fraction)
+
+
+def compute_for_nats(nats: float, slope: float) -> float:
+    """The inverse of :func:`nats_for_compute`: the compute fraction a loss difference of
+    ``nats`` is worth (inf when the curve no longer falls, ``slope`` <= 0)."""
+    return math.expm1(nats / slope) if slope > 0 else math.inf

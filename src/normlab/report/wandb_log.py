@@ -19,7 +19,8 @@ def _ci(c: dict[str, Any]) -> list[float]:
 
 
 def report_tables(rep: Report) -> dict[str, Table]:
-    """``name -> (columns, rows)`` of every table the report has: variants, comparisons, a
+    """``name -> (columns, rows)`` of every table the report has: variants, the
+    compute-equivalent verdict, comparisons, a
     family's Holm-adjusted values, the bpb and held-out comparisons, time to target, the
     interleaved speed ratios and the tuned grid.
     Values are numbers or text (losses nats/token, bpb bits/byte, ratios dimensionless)."""
@@ -30,6 +31,8 @@ def report_tables(rep: Report) -> dict[str, Table]:
             [[v["label"], *(v[k] for k in cols)] for v in rep.variants],
         )
     }
+    if rep.comparisons:
+        out["compute_equivalent"] = _compute_table(rep)
     out["comparisons"] = (
         ["variant", "n", "mean_diff", "ci_lo", "ci_hi", "p_lower", "p_upper", "verdict"],
         [
@@ -80,6 +83,17 @@ def report_tables(rep: Report) -> dict[str, Table]:
         ]
         out["tuned"] = (head, rows)
     return out
+
+
+def _compute_table(rep: Report) -> Table:
+    """The compute-equivalent verdict per variant: k, its CI, n, its step and speed parts."""
+    head = ["variant", "n", "k", "ci_lo", "ci_hi", "step_mult", "speed", "speed_source"]
+    rows = [
+        [c["label"], k["n"], k["k"], *_ci(k), k["step_mult"], k["speed"], k["source"]]
+        for c in rep.comparisons
+        if (k := c["compute"])
+    ]
+    return head, rows
 
 
 def wandb_settings(rep: Report, mode: str | None = None, project: str | None = None) -> dict:
