@@ -16,14 +16,14 @@ from omegaconf import OmegaConf
 
 from normlab.commands import train as cli
 from normlab.commands import train_args
+from normlab.commands.train import JobFailure, SweepFailures
 from normlab.commands.train_args import check_output_dir, prepare_args
-from normlab.commands.train_outcomes import JobFailure, SweepFailures
 from normlab.compose import find_conf_dir
 from normlab.config import ConfigError
 from normlab.model import GPT
 from normlab.training.loop import RunOptions, train
 
-from .conftest import ONE_THREAD, TINY, TRAIN_MAIN, run_cli
+from ..conftest import ONE_THREAD, TINY, TRAIN_MAIN, run_cli
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import yaml
 
 from normlab.training import host_memory
 
-from .conftest import REPO, TINY, run_cli
+from ..conftest import REPO, TINY, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -22,10 +22,10 @@ from normlab.studies.bench_step import build_setup
 from normlab.studies.fp16_statistics import first_broken, model_check, norm_cases, norm_error_sweep
 from normlab.studies.norm_cost import CATEGORIES, ModuleTimer, breakdown, hooked_step
 
-from .conftest import TINY
-from .test_report import make_sweep, write_run
+from ..conftest import TINY
+from ..test_report import make_sweep, write_run
 
-CONF = Path(__file__).resolve().parents[1] / "conf" / "experiment"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "experiment"
 STUDIES = ["placement_warmup", "fp16_statistics", "eps_sweep", "norm_cost"]
 EXPERIMENTS = sorted(p.stem for p in CONF.glob("*.yaml"))
 
