@@ -117,10 +117,17 @@ def test_help_lists_every_key_with_its_default_and_one_line_meaning(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == help_text(CONF_DIR)
     listed = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ")}
     keys = schema_keys(CONF_DIR)
-    assert {k.name for k in keys} <= listed.keys()
+    shared = {k.name for k in keys if sum(j.meaning == k.meaning for j in keys) > 2}
+    assert {k.name for k in keys} - shared <= listed.keys()
     for k in keys:
-        if k.meaning:
+        if k.meaning and k.name not in shared:
             assert listed[k.name].endswith(k.meaning), k.name
+    # norm.positions.<position>.<key>: one line, its meaning once, then what each part may be
+    parts = [line.strip().split(": ", 1) for line in r.stdout.splitlines()]
+    values = {w[0]: w[1].split(", ") for w in parts if w[0] in ("<position>", "<key>")}
+    pattern = {f"norm.positions.{p}.{k}" for p in values["<position>"] for k in values["<key>"]}
+    assert pattern == shared
+    assert "this position's own value" in listed["norm.positions.<position>.<key>"]
     assert "evaluate every N optimizer steps" in listed["eval_interval"]  # conf/train.yaml
     assert "transformer blocks" in listed["model.n_layer"]  # conf/model/gpt2_small.yaml
     assert "null: $OMP_NUM_THREADS" in listed["threads"]  # config.py's comment

@@ -131,7 +131,7 @@ def test_a_refused_relaunch_into_a_sweep_dir_changes_nothing_on_disk(tmp_path):
     first = run_cli(["-m", *FAST, "seed=0", f"hydra.sweep.dir={sweep}"], tmp_path, env=ONE_THREAD)
     assert first.returncode == 0, first.stderr
     before = _tree(sweep)
-    for again in (["optim.lr=1e-3"], ["optim.lr=1e-3", "resume=auto"]):
+    for again in (["optim.lr=1e-3"], ["optim.lr=1e-3", "max_steps=3", "resume=auto"]):
         args = ["-m", *FAST, "seed=0", *again, f"hydra.sweep.dir={sweep}"]
         r = run_cli(args, tmp_path, env=ONE_THREAD)
         assert r.returncode == 1 and "1 of 1 runs did not complete" in r.stderr
