@@ -22,27 +22,25 @@ settings: one training setup per --setting (default: fp32 and bf16 autocast, com
   each setting's precision, and the speed-up over the first setting."""
 
 
-def benchmarks_parser() -> argparse.ArgumentParser:
-    """The parser of ``python -m benchmarks``: one subcommand per check."""
+def check_parser(check: str) -> argparse.ArgumentParser:
+    """The parser of ``python -m benchmarks <check>`` (baseline, profile or settings)."""
     p = argparse.ArgumentParser(
-        prog="python -m benchmarks",
+        prog=f"python -m benchmarks {check}",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sub = p.add_subparsers(dest="check", required=True)
-    base = sub.add_parser("baseline", help="normlab's step against the plain loop")
-    prof = sub.add_parser("profile", help="where normlab's step spends more than the plain loop")
-    prof.add_argument("threads", metavar="THREADS", help="thread counts, comma separated (1,2)")
-    sett = sub.add_parser("settings", help="N settings round-robin with tokens/s and MFU")
-    for q, json_default in ((base, "bench_step.json"), (prof, "bench_profile.json")):
-        q.add_argument("overrides", nargs="*", help="Hydra overrides (model=small)")
-        q.add_argument(
+    if check == "profile":
+        p.add_argument("counts", metavar="THREADS", help="thread counts, comma separated (1,2)")
+    if check in ("baseline", "profile"):
+        p.add_argument("overrides", nargs="*", help="Hydra overrides (model=small)")
+        p.add_argument(
             "--pairs", type=int, default=10, help="timed pairs, or steps per profile (default: 10)"
         )
-        q.add_argument("--warmup", type=int, default=3, help="untimed steps each (default: 3)")
-        add_common(q, json_default)
-    sett.add_argument("overrides", nargs="*", help="Hydra overrides of every setting")
-    sett.add_argument(
+        p.add_argument("--warmup", type=int, default=3, help="untimed steps each (default: 3)")
+        add_common(p, "bench_step.json" if check == "baseline" else "bench_profile.json")
+        return p
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of every setting")
+    p.add_argument(
         "--setting",
         action="append",
         default=[],
@@ -50,9 +48,9 @@ def benchmarks_parser() -> argparse.ArgumentParser:
         + "; ".join(DEFAULT_SETTINGS)
         + ")",
     )
-    sett.add_argument("--rounds", type=int, default=5, help="timed rounds (default: 5)")
-    sett.add_argument("--warmup", type=int, default=2, help="untimed steps each (default: 2)")
-    add_common(sett, "bench_settings.json")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds (default: 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps each (default: 2)")
+    add_common(p, "bench_settings.json")
     return p
 
 
@@ -76,11 +74,27 @@ def baseline(overrides: list[str], pairs: int, warmup: int) -> tuple[dict, str]:
     return result, format_step(result)
 
 
+#: The checks, in the order ``--help`` lists them.
+CHECKS = ("baseline", "profile", "settings")
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m benchmarks <check> ...``; returns the exit status."""
-    p = benchmarks_parser()
-    args = p.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
-    if args.check == "settings":
+    argv = list(sys.argv[1:] if argv is None else argv)
+    check = argv[0] if argv else ""
+    if check not in CHECKS:
+        if check in ("-h", "--help"):
+            print(f"usage: python -m benchmarks {{{','.join(CHECKS)}}} ...\n\n{DESCRIPTION}")
+            return 0
+        print(
+            f"python -m benchmarks: error: {check or 'no check'} given; one of: "
+            f"{', '.join(CHECKS)} (python -m benchmarks --help)",
+            file=sys.stderr,
+        )
+        return 2
+    p = check_parser(check)
+    args = p.parse_intermixed_args(argv[1:])
+    if check == "settings":
         if args.rounds < 1 or args.warmup < 0:
             p.error(f"--rounds {args.rounds} --warmup {args.warmup}: expected >= 1 and >= 0")
         settings = args.setting or list(DEFAULT_SETTINGS)
@@ -91,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             return result, format_settings(result)
 
-    elif args.check == "profile":
-        threads = _threads(p, args.threads)
+    elif check == "profile":
+        threads = _threads(p, args.counts)
 
         def run() -> tuple[dict, str]:
             result = profile_steps(args.overrides, threads, steps=args.pairs)

@@ -70,7 +70,10 @@ def test_a_multirun_with_diverging_and_crashing_jobs_completes_the_others_and_ex
     assert r.returncode == 1
     assert "Traceback" not in r.stderr + r.stdout
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
-    assert [j.name for j in jobs] == [f"{i}_layer-auto-pre-fp32-seed0" for i in range(4)]
+    assert [j.name.split("-lr")[0] for j in jobs] == [
+        f"{i}_layer-cpp-pre-fp32-seed0" for i in range(4)
+    ], "named by the implementation that runs and the swept lr"
+    assert jobs[0].name.endswith("-lr0.001") and jobs[2].name.endswith("-lr0.002")
     status = {
         j.name[0]: json.loads((j / "summary.json").read_text())["status"]
         for j in jobs

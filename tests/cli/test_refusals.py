@@ -141,7 +141,8 @@ def test_a_refused_relaunch_into_a_sweep_dir_changes_nothing_on_disk(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_result_line_is_the_last_thing_train_prints(tmp_path):
+def test_the_result_line_is_the_last_thing_train_prints(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_SILENT", raising=False)  # the suite's conftest silences wandb
     r = run_cli([*FAST, "logger=wandb", "logger.mode=offline"], tmp_path, env=ONE_THREAD)
     assert r.returncode == 0, r.stderr
     assert "Run summary" not in r.stdout + r.stderr
@@ -149,3 +150,29 @@ def test_the_result_line_is_the_last_thing_train_prints(tmp_path):
     assert last.startswith("normlab: completed 2 steps: final val loss"), last
     run_dir = Path(last.rsplit("; ", 1)[1]).parent
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_sweep_jobs_dir_names_the_implementation_that_runs_and_every_swept_value(
+    monkeypatch,
+):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict
+
+    from normlab.commands import train
+
+    monkeypatch.setenv(train.SWEPT_ENV, "optim.lr,norm.eps,seed,model")
+    overrides = ["optim.lr=0.001", "norm.eps=1e-05", "seed=1", "model=tiny", "device=cpu"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.job.num = 3
+        cfg.hydra.mode = RunMode.MULTIRUN
+    previous = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(cfg)
+    try:
+        name = OmegaConf.select(cfg, "hydra.sweep.subdir")
+    finally:
+        HydraConfig.instance().cfg = previous
+    assert name == "3_layer-cpp-pre-fp32-seed1-lr0.001-eps1e-05-tiny"

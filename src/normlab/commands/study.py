@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     shown = f"'{argv[0]}' is no study" if argv else "no study given"
     print(
-        f"normlab-study: error: {shown}; allowed: {', '.join(STUDIES)} (usage: {USAGE.strip()})",
+        f"normlab-study: error: {shown}; allowed: {', '.join(STUDIES)} "
+        "(normlab-study --help shows how to call each)",
         file=sys.stderr,
     )
     return 2

@@ -38,7 +38,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from normlab.commands.train_args import (
     SWEPT_ENV,
@@ -51,7 +51,8 @@ from normlab.commands.train_args import (
     value_of,
 )
 from normlab.compose import find_conf_dir, register_schema, validate
-from normlab.config import CliConfig, ConfigError, RunOptions
+from normlab.config import CliConfig, ConfigError, NormConfig, RunOptions, to_plain
+from normlab.config.schedule import norm_tag
 from normlab.data.corpus import DataError, corpus_files
 from normlab.data.eval_sets import check_corpus, eval_data_configs
 
@@ -62,6 +63,69 @@ log = logging.getLogger("normlab")
 warnings.filterwarnings(
     "ignore", message=r"\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema"
 )
+
+#: Swept keys a run dir's name already shows (in the norm tag, the precision or the seed).
+IN_NAME = {
+    "norm",
+    "norm.kind",
+    "norm.impl",
+    "norm.placement",
+    "norm.qk",
+    "norm.embedding",
+    "norm.blocks",
+    "precision",
+    "precision.dtype",
+    "seed",
+}
+
+
+def run_norm_tag(norm: DictConfig, device: str = "auto") -> str:
+    """``${norm_tag:${norm},${device}}`` in a run dir's name: the norm design
+    (:func:`normlab.config.schedule.norm_tag`) with ``impl=auto`` resolved as the run resolves it
+    on ``device`` (``auto``: CUDA when available), e.g. ``layer-cpp-pre`` on a CPU."""
+    from normlab.norms import resolve_norm
+
+    plain = to_plain(OmegaConf.to_container(norm, resolve=True))
+    if str(device) == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(NormConfig), plain))
+        plain = {**plain, "impl": resolve_norm(cfg, str(device).split(":")[0]).impl.name}
+    except Exception:  # the run itself refuses this norm with one line; the name shows the ask
+        pass
+    return norm_tag(plain, impl=True, path_safe=True)
+
+
+def swept_tag(task: Any) -> str:
+    """``${swept_tag:${hydra.overrides.task}}`` in a sweep job's dir name: ``-<key><value>`` for
+    each key the sweep varies (the command line's, :data:`SWEPT_ENV`, and the sweeper's
+    ``params``) that the name does not show already (:data:`IN_NAME`): ``-lr0.001-eps1e-05``;
+    a group's option alone (``-small``). Empty for a single run."""
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return ""
+    keys = {k for k in os.environ.get(SWEPT_ENV, "").split(",") if k}
+    keys |= set((hc.sweeper.get("params") or {}).keys())
+    parts = []
+    for override in task:
+        key, _, value = str(override).partition("=")
+        key = key.lstrip("+~")
+        if key in keys and key not in IN_NAME and not key.startswith("hydra"):
+            parts.append(f"-{key.rsplit('.', 1)[-1]}{value}" if "." in key else f"-{value}")
+    return "".join(parts).replace("/", "+").replace(" ", "")
+
+
+def register_resolvers() -> None:
+    """The resolvers of ``train``'s run dir names (``conf/train.yaml``'s ``hydra.sweep.subdir``):
+    ``norm_tag`` with the implementation resolved (:func:`run_norm_tag`, over
+    ``compose.register_schema``'s) and ``swept_tag`` (:func:`swept_tag`). Registered when this
+    module is imported, so a submitit launcher's job processes have them too."""
+    register_schema()
+    OmegaConf.register_new_resolver("norm_tag", run_norm_tag, replace=True)
+    OmegaConf.register_new_resolver("swept_tag", swept_tag, replace=True)
+
 
 #: Path keys resolved against the directory ``train`` was started in (``hydra.job.chdir=true``
 #: changes into the run dir before the task runs).
@@ -456,6 +520,9 @@ def _refused_before_hydra(args: list[str], conf_dir: Path) -> list[str]:
             print(f"normlab: error: {e}", file=sys.stderr)
         sys.exit(2)
     return args
+
+
+register_resolvers()
 
 
 def main() -> None:
