@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-python -m normlab.commands.fp16_statistics "$@"
+python -m normlab.commands.study fp16-statistics "$@"
 echo "fp16_statistics: done in $(( $(date +%s) - start )) s"

@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-python -m normlab.commands.norm_cost "$@"
+python -m normlab.commands.study norm-cost "$@"
 echo "norm_cost: done in $(( $(date +%s) - start )) s"

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from normlab.commands.train_outcomes import already_completed
+from normlab.commands.train import already_completed
 from normlab.config import OptimConfig
 from normlab.training import checkpoint as ckpt
 from normlab.training.loop import RunOptions, train

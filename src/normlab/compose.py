@@ -29,9 +29,11 @@ def register_schema() -> None:
     if not OmegaConf.has_resolver("name"):
         OmegaConf.register_new_resolver("name", lambda v: v.name if isinstance(v, Enum) else v)
     if not OmegaConf.has_resolver("norm_tag"):
-        OmegaConf.register_new_resolver(
+        OmegaConf.register_new_resolver(  # ``device`` is read by ``train``'s own (it resolves auto)
             "norm_tag",
-            lambda n: norm_tag(to_plain(OmegaConf.to_container(n)), impl=True, path_safe=True),
+            lambda n, device=None: norm_tag(
+                to_plain(OmegaConf.to_container(n)), impl=True, path_safe=True
+            ),
         )
 
 

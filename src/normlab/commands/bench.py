@@ -1,22 +1,27 @@
-"""The ``normlab-bench`` command: norm kernels (default, here), whole training steps
-(``normlab-bench step``, with ``--baseline`` / ``--profile``), settings tables (``normlab-bench
-settings``) and the device's measured matmul peak (``normlab-bench peak``): those three in
-``bench_modes.py``."""
+"""The ``normlab-bench`` command: norm kernels (default), whole training steps of two setups
+(``normlab-bench step``) and the device's measured matmul peak (``normlab-bench peak``).
+
+The harness's own checks (normlab's step against a plain-PyTorch loop, its profile, settings
+tables) are not part of the package: ``python -m benchmarks baseline|profile|settings`` from a
+checkout; ``normlab-bench settings`` and ``normlab-bench step --baseline|--profile`` say so.
+Every mode sets torch's thread count by ``train``'s rule (``--threads`` over the overrides'
+``threads`` key) and puts it back at its end; a bad option or config is one line, exit status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shlex
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from normlab.commands.bench_modes import (
-    MODES,
-    add_common,
-    set_threads,
-    step_parser,
-    write_result,
-)
+from normlab.commands.train import auto_threads
+from normlab.compose import compose_cli
 from normlab.config import ConfigError, NormImpl, NormKind
 from normlab.data.tokens import DataError
 from normlab.norms import available_impls
@@ -30,21 +35,20 @@ from normlab.studies.bench_norms import (
     model_width,
     parse_shape,
 )
+from normlab.studies.bench_step import bench_step, format_step
 from normlab.studies.bench_tables import format_norm_table
 from normlab.training.distributed import resolve_device
 from normlab.training.host_memory import keep_freed_memory
+from normlab.training.peak import device_peak_tflops
 
 NORM_USAGE = """\
 normlab-bench [-h] [--kinds K,..] [--impls I,..] [--dtypes D,..] [--shapes RxH,..] [options]
        normlab-bench step [-h] [OVERRIDE ...] [--a OVERRIDES] [--b OVERRIDES] [options]
-       normlab-bench step [-h] [OVERRIDE ...] --baseline | --profile THREADS [options]
-       normlab-bench settings [-h] [OVERRIDE ...] [--setting OVERRIDES ...] [options]
        normlab-bench peak [-h] [--device D] [--refresh] [--threads N] [--json PATH]"""
 
 NORM_DESCRIPTION = """\
-Four modes: "normlab-bench [options]" times norm kernels (this help);
+Three modes: "normlab-bench [options]" times norm kernels (this help);
 "normlab-bench step ..." times whole training steps (see: normlab-bench step --help);
-"normlab-bench settings ..." times N settings round-robin with tokens/s and MFU;
 "normlab-bench peak" prints the measured matmul peak.
 
 Norm mode: times every norm kind x implementation x dtype x shape, forward and
@@ -52,11 +56,24 @@ forward+backward, in interleaved rounds together with a same-size copy (the
 practical memory-bandwidth ceiling). Prints the median ms per call, GB/s and the
 fraction of the copy's GB/s, then RMSNorm's fastest against LayerNorm's fastest."""
 
+STEP_DESCRIPTION = """\
+Second mode of normlab-bench: builds training setups A and B from the Hydra configs
+in one process and times whole optimizer steps (forward, backward, clip, AdamW) in
+interleaved pairs (A B, then B A) after warm-up steps. Prints the median step time of
+each and the median B/A ratio with its spread. The norm-kernel mode: normlab-bench --help.
+normlab's step against a plain-PyTorch loop (the harness's overhead) and its profile:
+python -m benchmarks baseline|profile from a checkout."""
 
-def _parser(step: bool = False) -> argparse.ArgumentParser:
-    """The norm-kernel mode's parser; ``step``: the step mode's (``bench_modes.step_parser``)."""
-    if step:
-        return step_parser()
+#: The modes and options that moved to the repository's ``benchmarks/``: what to run instead.
+MOVED = {
+    "settings": "python -m benchmarks settings",
+    "--baseline": "python -m benchmarks baseline",
+    "--profile": "python -m benchmarks profile THREADS",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The norm-kernel mode's parser."""
     raw = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
         prog="normlab-bench",
@@ -150,15 +167,100 @@ def _parser(step: bool = False) -> argparse.ArgumentParser:
     return p
 
 
+def step_parser() -> argparse.ArgumentParser:
+    """The parser of ``normlab-bench step``."""
+    p = argparse.ArgumentParser(
+        prog="normlab-bench step",
+        description=STEP_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="Hydra overrides of both setups (model=small data.batch_size=8)",
+    )
+    p.add_argument(
+        "--a",
+        action="append",
+        default=[],
+        help="overrides of setup A, space separated (--a norm=layer)",
+    )
+    p.add_argument("--b", action="append", default=[], help="overrides of setup B (--b norm=fused)")
+    p.add_argument(
+        "--pairs", type=int, default=10, help="timed step pairs, A B then B A (default: 10)"
+    )
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed optimizer steps per setup before timing: compilation, allocator (default: 3)",
+    )
+    add_common(p, "bench_step.json")
+    return p
+
+
+def add_common(p: argparse.ArgumentParser, json_default: str, overrides: bool = True) -> None:
+    """``--threads`` and ``--json``, the options of every mode (``overrides``: the mode takes
+    config overrides, whose ``threads`` key is then the default thread count)."""
+    from_overrides = "the threads key of the overrides, else " if overrides else ""
+    p.add_argument(
+        "--threads",
+        type=int,
+        help=f"CPU threads (default: {from_overrides}train's rule: $OMP_NUM_THREADS, else half "
+        "the cores)",
+    )
+    p.add_argument(
+        "--json",
+        default=json_default,
+        help=f"where to write all results (default: ./{json_default})",
+    )
+
+
+def set_threads(flag: int | None, overrides: list[str] | None) -> str:
+    """Set torch's intra-op threads as ``train`` does (``commands.train.auto_threads``), with
+    ``--threads`` over the ``threads`` key of ``overrides``; returns the line saying which.
+
+    Raises:
+        ConfigError: ``--threads`` below 1, or overrides ``train`` would refuse.
+    """
+    if flag is not None and flag < 1:
+        raise ConfigError(f"--threads={flag} is not allowed: must be >= 1")
+    configured = compose_cli(list(overrides)).threads if overrides and not flag else None
+    if flag:
+        n, why = flag, "--threads"
+    elif configured:
+        n, why = configured, "threads="
+    else:
+        n = auto_threads()
+        why = "$OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "half the cores"
+    torch.set_num_threads(n)
+    return f"threads: {n} (from {why})"
+
+
+def write_result(result: dict, text: str, path: str) -> int:
+    """Print ``text``, write ``result`` as JSON to ``path``; exit status 0."""
+    print(text)
+    Path(path).write_text(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``normlab-bench [norm options]``, ``normlab-bench step ...``, ``normlab-bench settings ...``
-    or ``normlab-bench peak ...``; returns the exit status. The thread count (``--threads``, else
-    the ``threads`` key of the overrides, else ``train``'s rule) is set for the command and put
-    back at its end."""
+    """``normlab-bench [norm options]``, ``normlab-bench step ...`` or ``normlab-bench peak ...``;
+    returns the exit status. The thread count (``--threads``, else the ``threads`` key of the
+    overrides, else ``train``'s rule) is set for the command and put back at its end."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    moved = [MOVED[a] for a in argv[:1] + (argv if argv[:1] == ["step"] else []) if a in MOVED]
+    if moved:
+        print(
+            f"normlab-bench: error: {moved[0].split()[-1].lower()} moved: a check of the harness "
+            f"itself, in the repository's benchmarks/: run {moved[0]} ... from a checkout",
+            file=sys.stderr,
+        )
+        return 2
     previous = torch.get_num_threads()
     try:
-        if argv[:1] in (["step"], ["settings"], ["peak"]):
+        if argv[:1] in (["step"], ["peak"]):
             return MODES[argv[0]](argv[1:])
         return _norm_main(argv)
     finally:
@@ -217,7 +319,75 @@ def _norm_main(argv: list[str]) -> int:
     return write_result(result, format_norm_table(result), args.json)
 
 
-if __name__ == "__main__":
-    import sys as _sys
+def step_main(argv: list[str]) -> int:
+    """``normlab-bench step``: two setups, timed in interleaved pairs."""
+    p = step_parser()
+    args = p.parse_intermixed_args(argv)
+    a = [t for s in args.a for t in shlex.split(s)]
+    b = [t for s in args.b for t in shlex.split(s)]
 
-    _sys.exit(main())
+    def run() -> tuple[dict, str]:
+        result = bench_step(a, b, args.overrides, pairs=args.pairs, warmup=args.warmup)
+        return result, format_step(result)
+
+    return run_mode(args, run, args.overrides)
+
+
+def run_mode(
+    args, run: Callable[[], tuple[dict, str]], overrides: list[str], prog: str = "normlab-bench"
+) -> int:
+    """Set the threads (``args.threads``, else ``overrides``), then ``run()`` -> (result, text);
+    print the text and write the result to ``args.json`` with the allocator settings; a bad
+    option or config is one line on stderr, exit status 2."""
+    try:
+        print(set_threads(args.threads, overrides))
+        malloc = keep_freed_memory()
+        result, text = run()
+    except (ConfigError, DataError, FileNotFoundError) as e:  # user errors: one line
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    result["malloc"] = malloc
+    return write_result(result, text, args.json)
+
+
+def peak_main(argv: list[str]) -> int:
+    """``normlab-bench peak``: the device's dense matmul peak in fp32 and bf16 (TFLOP/s, the best
+    timed ``n x n`` matmul, ``2 n^3`` FLOP; ``training.peak``), from the per-machine cache unless
+    ``--refresh``; printed and written to ``--json``."""
+    p = argparse.ArgumentParser(
+        prog="normlab-bench peak",
+        description="Fourth mode of normlab-bench: the measured dense matmul peak (fp32, bf16) "
+        "that MFU is reported against, cached per machine, thread count and torch version.",
+    )
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    p.add_argument("--refresh", action="store_true", help="measure again, ignoring the cache")
+    add_common(p, "bench_peak.json", overrides=False)
+    args = p.parse_args(argv)
+    try:
+        print(set_threads(args.threads, None))
+        device = resolve_device(args.device)
+    except ConfigError as e:
+        print(f"normlab-bench peak: {e}", file=sys.stderr)
+        return 2
+    result = {"mode": "peak", "device": str(device), "torch": torch.__version__}
+    result["threads"] = torch.get_num_threads()
+    for dtype in ("fp32", "bf16"):
+        result[dtype] = entry = device_peak_tflops(device, dtype, refresh=args.refresh)
+        origin = f"cached {entry['measured_at']}" if entry["cached"] else "measured now"
+        print(
+            f"{dtype}: {entry['tflops']:.3f} TFLOP/s dense matmul peak ({origin}; {entry['key']})"
+        )
+    Path(args.json).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.json}")
+    return 0
+
+
+#: ``normlab-bench <mode>``: the entry point of each mode after the first word.
+MODES: dict[str, Callable[[list[str]], int]] = {
+    "step": step_main,
+    "peak": peak_main,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

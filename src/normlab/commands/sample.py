@@ -51,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
         "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N"
     )
     p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default: train's rule: $OMP_NUM_THREADS, else half the cores)",
+    )
+    p.add_argument(
         "--norm-impl",
         default=None,
         choices=[i.name for i in NormImpl if i != NormImpl.auto],
@@ -62,10 +68,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``normlab-sample``; exits 2 after one line on stderr when it refuses."""
-    args = _parser().parse_args(argv)
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        p.error(f"--threads {args.threads}: expected >= 1")
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
 
+    import torch
+
+    from normlab.commands.train import auto_threads
     from normlab.training.sample import SampleOptions, encode_prompt, load_run, sample_texts
+
+    torch.set_num_threads(args.threads or auto_threads())  # as train sets it
 
     try:
         opts = SampleOptions(

@@ -1,4 +1,5 @@
-"""The ``train`` console script: the only module that runs a Hydra app.
+"""The ``train`` console script: the only module that runs a Hydra app, and what each of its
+jobs says happened (one line on stderr, ``train.log``, ``summary.json``, a sweep's failures).
 
 ``train_args`` checks the command line first (resume by path, output dirs, every override against
 the schema), so a bad key, option or value is one line on stderr and exit status 2, before Hydra
@@ -19,7 +20,9 @@ rank 0's run dir for the run. Under a submitit launcher ``resume: null`` means `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -32,30 +35,24 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from normlab.commands.overrides import value_of
-from normlab.commands.schema_keys import help_text
 from normlab.commands.train_args import (
     SWEPT_ENV,
     check_overrides,
+    help_text,
     job_swept,
+    launch_rank,
     prepare_args,
     swept_keys,
-)
-from normlab.commands.train_outcomes import (
-    JobFailure,
-    already_completed,
-    fail,
-    launch_rank,
-    read_summary,
-    refuse,
-    say,
-    to_train_log,
+    value_of,
 )
 from normlab.compose import find_conf_dir, register_schema, validate
-from normlab.config import CliConfig, ConfigError, RunOptions
+from normlab.config import CliConfig, ConfigError, NormConfig, RunOptions, to_plain
+from normlab.config.schedule import norm_tag
 from normlab.data.corpus import DataError, corpus_files
 from normlab.data.eval_sets import check_corpus, eval_data_configs
 
@@ -67,9 +64,271 @@ warnings.filterwarnings(
     "ignore", message=r"\s*'hydra/launcher/submitit_\w+' is validated against ConfigStore schema"
 )
 
+#: Swept keys a run dir's name already shows (in the norm tag, the precision or the seed).
+IN_NAME = {
+    "norm",
+    "norm.kind",
+    "norm.impl",
+    "norm.placement",
+    "norm.qk",
+    "norm.embedding",
+    "norm.blocks",
+    "precision",
+    "precision.dtype",
+    "seed",
+}
+
+
+def run_norm_tag(norm: DictConfig, device: str = "auto") -> str:
+    """``${norm_tag:${norm},${device}}`` in a run dir's name: the norm design
+    (:func:`normlab.config.schedule.norm_tag`) with ``impl=auto`` resolved as the run resolves it
+    on ``device`` (``auto``: CUDA when available), e.g. ``layer-cpp-pre`` on a CPU."""
+    from normlab.norms import resolve_norm
+
+    plain = to_plain(OmegaConf.to_container(norm, resolve=True))
+    if str(device) == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(NormConfig), plain))
+        plain = {**plain, "impl": resolve_norm(cfg, str(device).split(":")[0]).impl.name}
+    except Exception:  # the run itself refuses this norm with one line; the name shows the ask
+        pass
+    return norm_tag(plain, impl=True, path_safe=True)
+
+
+def swept_tag(task: Any) -> str:
+    """``${swept_tag:${hydra.overrides.task}}`` in a sweep job's dir name: ``-<key><value>`` for
+    each key the sweep varies (the command line's, :data:`SWEPT_ENV`, and the sweeper's
+    ``params``) that the name does not show already (:data:`IN_NAME`): ``-lr0.001-eps1e-05``;
+    a group's option alone (``-small``). Empty for a single run."""
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return ""
+    keys = {k for k in os.environ.get(SWEPT_ENV, "").split(",") if k}
+    keys |= set((hc.sweeper.get("params") or {}).keys())
+    parts = []
+    for override in task:
+        key, _, value = str(override).partition("=")
+        key = key.lstrip("+~")
+        if key in keys and key not in IN_NAME and not key.startswith("hydra"):
+            parts.append(f"-{key.rsplit('.', 1)[-1]}{value}" if "." in key else f"-{value}")
+    return "".join(parts).replace("/", "+").replace(" ", "")
+
+
+def register_resolvers() -> None:
+    """The resolvers of ``train``'s run dir names (``conf/train.yaml``'s ``hydra.sweep.subdir``):
+    ``norm_tag`` with the implementation resolved (:func:`run_norm_tag`, over
+    ``compose.register_schema``'s) and ``swept_tag`` (:func:`swept_tag`). Registered when this
+    module is imported, so a submitit launcher's job processes have them too."""
+    register_schema()
+    OmegaConf.register_new_resolver("norm_tag", run_norm_tag, replace=True)
+    OmegaConf.register_new_resolver("swept_tag", swept_tag, replace=True)
+
+
 #: Path keys resolved against the directory ``train`` was started in (``hydra.job.chdir=true``
 #: changes into the run dir before the task runs).
 PATH_KEYS = ("path", "token_dir", "cache_dir")
+
+
+# --- what a job says happened: stderr, train.log, summary.json, the sweep's list of failures
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFailure:
+    """What a multirun job returns when its run did not complete (a completed run returns its
+    final validation loss). ``message`` is one line."""
+
+    message: str
+    refused: bool = False  # refused before training started: the run dir is as it was
+
+
+class SweepFailures(Callback):
+    """Hydra callback (``hydra.callbacks`` in ``conf/train.yaml``): remembers the jobs of a
+    multirun that did not complete and, after the last one, lists them and exits with status 1."""
+
+    def __init__(self) -> None:
+        self.jobs = 0
+        self.failures: list[tuple[str, str]] = []
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        self.jobs += 1
+        if job_return.status == JobStatus.FAILED:  # an exception escaped the task (debug=true)
+            value = JobFailure("failed: the exception is shown above")
+        else:
+            value = job_return.return_value
+        if isinstance(value, JobFailure):
+            self.failures.append((str(config.hydra.runtime.output_dir), value.message))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.failures:
+            if launch_rank() == 0:  # the other ranks of a torchrun sweep fail the same jobs
+                n = len(self.failures)
+                print(f"normlab: {n} of {self.jobs} runs did not complete:", file=sys.stderr)
+                for run_dir, message in self.failures:
+                    print(f"normlab:   {run_dir}: {message}", file=sys.stderr)
+            sys.exit(1)
+
+
+def is_main() -> bool:
+    """Rank 0 of the process group once joined; before that, of torchrun's or submitit's tasks."""
+    dist = sys.modules.get("normlab.training.distributed")
+    if dist is not None and dist.world_size() > 1:
+        return dist.is_main()
+    ranks = ("RANK", "SUBMITIT_LOCAL_GLOBALID", "SLURM_PROCID")
+    return all(os.environ.get(v, "0") == "0" for v in ranks)
+
+
+def say(message: str) -> None:
+    """``normlab: <message>`` on stderr, from rank 0 only (every rank would say the same)."""
+    if is_main():
+        print(f"normlab: {message}", file=sys.stderr)
+
+
+def to_train_log(message: str, exc_info: bool = False) -> None:
+    """Write ``message`` (and the current traceback) to the job's ``train.log`` only: the console
+    already has the one line."""
+    record = logging.LogRecord(
+        "normlab", logging.ERROR, __file__, 0, message, None, sys.exc_info() if exc_info else None
+    )
+    for h in logging.getLogger().handlers:
+        if isinstance(h, logging.FileHandler):
+            h.handle(record)
+
+
+def fail(message: str, exit_code: int, context: str = "") -> JobFailure:
+    """Print ``normlab: <message><context>``; exit in a single run, return a :class:`JobFailure`
+    (without ``context``: the sweep report names the run dir itself) in a multirun."""
+    say(f"{message}{context}")
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        sys.exit(exit_code)
+    return JobFailure(message)
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    """``run_dir/summary.json`` as a dict; empty when absent or unreadable."""
+    try:
+        return json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run: its checkpoints, metrics or summary."""
+    names = ("checkpoints", "metrics.jsonl", "summary.json")
+    return any((run_dir / name).exists() for name in names)
+
+
+def leave_as_found(run_dir: Path, log_size: int | None) -> None:
+    """Undo what this invocation wrote into ``run_dir`` before it refused: a dir that holds no run
+    is removed (its ``.hydra/`` record and ``train.log``, then the dir if nothing else is in it);
+    in a dir that holds one, ``train.log`` is cut back to ``log_size`` bytes (None: it was not
+    there). Hydra's own records of a run dir are restored by :class:`KeepJobRecords`."""
+    log_file = run_dir / "train.log"
+    if not holds_run(run_dir):
+        shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
+        log_file.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()  # only if empty: never a folder the user filled
+    elif log_size is None:
+        log_file.unlink(missing_ok=True)
+    elif log_file.is_file() and log_file.stat().st_size > log_size:
+        os.truncate(log_file, log_size)
+
+
+def refuse(run_dir: Path, message: str, log_size: int | None) -> JobFailure:
+    """A run refused before it started: nothing is left of this invocation on disk
+    (:func:`leave_as_found`: no run dir for a new run, an existing run's files as they were);
+    the reason is the one line of :func:`fail`."""
+    if is_main():
+        root = logging.getLogger()
+        for h in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+            root.removeHandler(h)  # the next job's logging setup, if any, opens its own
+            h.close()
+        leave_as_found(run_dir, log_size)
+    failure = fail(f"error: {message}", 2)
+    return dataclasses.replace(failure, refused=True)
+
+
+class KeepJobRecords(Callback):
+    """Hydra callback (``hydra.callbacks`` in ``conf/train.yaml``): a sweep run again into its own
+    dir keeps each existing job's ``.hydra/`` record as the job's first invocation wrote it
+    (Hydra rewrites it before the task runs), and a relaunch that is refused changes nothing.
+
+    When the sweep starts, every existing job's record, the length of its ``train.log`` and the
+    sweep's ``multirun.yaml`` are read. ``resume=auto`` writes each record back when its job
+    starts (the run continues what the record describes). A job refused before training starts
+    (other overrides into a dir that holds a run) gets its record back when it ends and its
+    ``train.log`` cut back when the sweep ends (Hydra logs the next job's line into it); when
+    every job was refused, ``multirun.yaml`` is written back too (or removed, with the sweep dir
+    if it is then empty, when there was none). The callback travels with the jobs to a submitit
+    launcher's processes.
+    """
+
+    def __init__(self) -> None:
+        self.records: dict[str, dict[str, bytes]] = {}
+        self.logs: dict[str, int | None] = {}
+        self.multirun: bytes | None = None
+        self.refused: set[str] = set()
+        self.jobs = 0
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep = Path(str(config.hydra.sweep.dir))
+        for hydra_dir in sweep.glob("*/.hydra"):
+            job = str(hydra_dir.parent.resolve())
+            self.records[job] = {p.name: p.read_bytes() for p in hydra_dir.glob("*.yaml")}
+            log_file = hydra_dir.parent / "train.log"
+            self.logs[job] = log_file.stat().st_size if log_file.is_file() else None
+        record = sweep / "multirun.yaml"
+        self.multirun = record.read_bytes() if record.is_file() else None
+
+    def _write_back(self, job: str) -> None:
+        for name, content in self.records.get(job, {}).items():
+            (Path(job) / ".hydra" / name).write_bytes(content)
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode == RunMode.MULTIRUN and config.get("resume") == "auto":
+            self._write_back(str(Path(str(config.hydra.runtime.output_dir)).resolve()))
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        self.jobs += 1
+        value = job_return.return_value
+        if isinstance(value, JobFailure) and value.refused and is_main():
+            job = str(Path(str(config.hydra.runtime.output_dir)).resolve())
+            self.refused.add(job)
+            if Path(job).is_dir():
+                self._write_back(job)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        for job in self.refused & set(self.logs):
+            leave_as_found(Path(job), self.logs[job])
+        if not self.refused or len(self.refused) < self.jobs:
+            return
+        sweep = Path(str(config.hydra.sweep.dir))
+        if self.multirun is not None:
+            (sweep / "multirun.yaml").write_bytes(self.multirun)
+        else:
+            (sweep / "multirun.yaml").unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                sweep.rmdir()
+
+
+def already_completed(done: dict[str, Any], full) -> bool:
+    """Whether a run's summary ``done`` says it completed what the config ``full`` asks:
+    ``max_steps``, or a time budget of at least ``max_time_s`` (a larger budget, or none,
+    continues a run that its budget stopped)."""
+    if done.get("status") != "completed":
+        return False
+    if done.get("steps_completed", 0) >= full.max_steps:
+        return True
+    budget, spent = full.max_time_s, done.get("train_time_s") or 0.0
+    return done.get("stopped_by") == "max_time_s" and budget is not None and spent >= budget
+
+
+# --- the Hydra task
 
 
 def to_run_options(
@@ -188,13 +447,15 @@ def _checked_without_torch(cfg: DictConfig) -> CliConfig:
 
 def _task(cfg: DictConfig) -> float | JobFailure:
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
+    log_file = hydra_dir / "train.log"  # its size before this job: a refusal leaves it so
+    log_size = log_file.stat().st_size if log_file.is_file() else None
     debug = bool(cfg.get("debug", False))
     try:
         full = _checked_without_torch(cfg)
     except (ConfigError, DataError) as e:
         if debug:
             raise
-        return refuse(hydra_dir, str(e))
+        return refuse(hydra_dir, str(e), log_size)
     import torch
 
     from normlab.training.loop import free_memory, train
@@ -217,7 +478,7 @@ def _task(cfg: DictConfig) -> float | JobFailure:
     except (ConfigError, DataError) as e:
         if debug:
             raise
-        return refuse(run_dir, str(e))
+        return refuse(run_dir, str(e), log_size if run_dir == hydra_dir else None)
     except KeyboardInterrupt:
         say(f"interrupted; resume=auto with hydra.run.dir={run_dir} continues from a checkpoint")
         sys.exit(128 + signal.SIGINT)
@@ -261,6 +522,9 @@ def _refused_before_hydra(args: list[str], conf_dir: Path) -> list[str]:
     return args
 
 
+register_resolvers()
+
+
 def main() -> None:
     """Entry point of the ``train`` console script (Hydra parses ``sys.argv``).
 
@@ -269,6 +533,7 @@ def main() -> None:
     lines), removed at exit; their runs use rank 0's run dir.
     """
     register_schema()
+    os.environ.setdefault("WANDB_QUIET", "true")  # no summary of wandb's above the result line
     conf_dir = find_conf_dir()
     if any(a in ("--help", "-h") for a in sys.argv[1:]):
         print(help_text(conf_dir))

@@ -1,12 +1,33 @@
-"""``train``'s command line before Hydra runs: resume by path, output dirs, and the up-front check
-of every override, so that a misspelled key or option is one line naming the fix (exit 2)."""
+"""``train``'s command line before Hydra runs: Hydra's override grammar (sweeps expanded, values
+quoted), the schema's keys with their meanings (``train --help``, "did you mean"), resume by path,
+output dirs, and the up-front check of every override, so that a misspelled key or option, or a
+value out of range in any job of a sweep, is one line naming the fix (exit 2) before any job runs.
+
+No torch: the keys and their meanings are read from the dataclasses of ``normlab.config`` and the
+comments of ``normlab/config/`` and ``conf/``. ``normlab-prepare`` expands its sweeps here too.
+"""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import difflib
+import errno
 import importlib.util
+import io
+import itertools
+import os
+import re
 import shutil
+import socket
+import sys
 import tempfile
+import textwrap
+import tokenize
+import urllib.parse
+from collections.abc import Callable
 from enum import Enum
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +36,295 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from normlab.commands.overrides import one_per_value, quote, value_of
-from normlab.commands.schema_keys import (
-    group_options,
-    schema_keys,
-    suggest_key,
-    unknown_key,
-    unknown_option,
-)
-from normlab.compose import compose_dict
+from normlab import config
+from normlab.compose import compose_dict, validate
 from normlab.config import CliConfig, ConfigError
+
+# --- Hydra's override grammar
+
+
+def expand(overrides: list[str]) -> list[list[str]]:
+    """Comma lists and ``range``/``choice`` sweeps -> one override list per combination.
+
+    The order is Hydra's BasicSweeper's: one slot per key in the order keys first appear (a key
+    given again replaces its slot's values), the last key varying fastest (``itertools.product``).
+
+    Raises:
+        hydra.errors.OverrideParseException: an override Hydra's grammar rejects.
+        hydra.errors.HydraException: a sweep BasicSweeper cannot expand (an ``interval``).
+    """
+    slots: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.get_key_element()
+        if o.is_sweep_override():
+            if not o.is_discrete_sweep():
+                raise HydraException(f"{o.input_line}: a {o.value_type.name} cannot be expanded")
+            slots[key] = [f"{key}={v}" for v in o.sweep_string_iterator()]
+        else:
+            slots[key] = [f"{key}={o.get_value_element_as_str()}"]
+    return [list(job) for job in itertools.product(*slots.values())]
+
+
+def one_per_value(overrides: list[str], vary: Callable[[str], bool]) -> list[list[str]]:
+    """Override lists that together use every value of each sweep whose key ``vary`` accepts: the
+    first list holds every sweep's first value; each further list changes one of those sweeps to
+    one of its other values. ``1 + sum(len(values) - 1)`` lists, not the product.
+    """
+    slots: dict[str, list[str]] = {}
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.get_key_element()
+        if o.is_sweep_override() and o.is_discrete_sweep():
+            values = [f"{key}={v}" for v in o.sweep_string_iterator()]
+            slots[key] = values if vary(o.key_or_group) else values[:1]
+        else:
+            slots[key] = [o.input_line]
+    first = [values[0] for values in slots.values()]
+    jobs = [first]
+    for i, values in enumerate(slots.values()):
+        jobs += [[*first[:i], v, *first[i + 1 :]] for v in values[1:]]
+    return jobs
+
+
+def quote(value: str) -> str:
+    """``value`` as a single-quoted string of Hydra's grammar (a path holding ``=``, ``,`` or
+    spaces). Quotes are escaped; backslashes only where they precede a quote or the end."""
+    body = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)
+    return f"'{body}'"
+
+
+def value_of(args: list[str], key: str) -> str | None:
+    """The value of the last ``key=value`` override in ``args`` (None if absent), unquoted by
+    Hydra's grammar when it parses; else the raw text after the first ``=`` (``resume=a=b``)."""
+    found = None
+    for a in args:
+        if "=" not in a or a.lstrip("+~").split("=", 1)[0] != key:
+            continue
+        try:
+            parsed = OverridesParser.create().parse_override(a)
+            found = None if parsed.is_sweep_override() else parsed.value()
+            found = a.split("=", 1)[1] if found is None or not isinstance(found, str) else found
+        except HydraException:
+            found = a.split("=", 1)[1]
+    return found
+
+
+# --- the schema's keys, their meanings and `train --help`
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One leaf key of the schema: ``name`` dotted (``optim.lr``), its default and meaning."""
+
+    name: str
+    default: Any
+    meaning: str
+
+
+@cache
+def _field_comments() -> dict[tuple[str, str], str]:
+    """``(class name, field name) -> comment`` for every commented field in ``normlab/config/``
+    (the comment on any line of the field's statement, ``#`` and spaces stripped)."""
+    out = {}
+    for path in sorted(Path(config.__file__).parent.glob("*.py")):
+        out.update(_module_field_comments(path.read_text()))
+    return out
+
+
+def _module_field_comments(source: str) -> dict[tuple[str, str], str]:
+    """:func:`_field_comments` of one module's source."""
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    out = {}
+    for cls in ast.walk(ast.parse(source)):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        for stmt in cls.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                lines = range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)
+                text = " ".join(comments[n] for n in lines if n in comments)
+                if text:
+                    out[(cls.name, stmt.target.id)] = text
+    return out
+
+
+def _yaml_comments(path: Path) -> dict[str, str]:
+    """``key -> comment`` of the ``key: value  # comment`` lines at the top level of a YAML file."""
+    found = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            m = re.match(r"^(\w+):[^#]*#\s*(.+)$", line)
+            if m:
+                found[m.group(1)] = m.group(2).strip()
+    return found
+
+
+def _docstring_sentence(owner: type, name: str) -> str | None:
+    """The first sentence of ``owner``'s docstring that is about ``name``: it starts with the
+    name in double backquotes, alone or in a list (````a```` / ````b````), quotes removed."""
+    doc = " ".join((owner.__doc__ or "").split())
+    for sentence in re.split(r"(?<=[.;])\s+(?=``|[A-Z])", doc):
+        head = re.match(r"^(``\w+``(\s*(/|,|and)\s*)?)+", sentence)
+        if head and f"``{name}``" in head.group(0):
+            return sentence.replace("``", "").rstrip(".;")
+    return None
+
+
+def _meaning(owner: type, name: str, default: Any, yaml_comment: str | None) -> str:
+    for cls in owner.__mro__:
+        text = _field_comments().get((cls.__name__, name))
+        if text:
+            return text
+    text = yaml_comment or _docstring_sentence(owner, name)
+    if text:
+        return text
+    if isinstance(default, Enum):
+        doc = (type(default).__doc__ or "").strip().splitlines()
+        return f"{doc[0] if doc else ''} (one of: {', '.join(type(default).__members__)})".strip()
+    return ""
+
+
+@cache
+def schema_keys(conf_dir: Path) -> tuple[Key, ...]:
+    """Every leaf key of :class:`normlab.config.CliConfig`, in schema order, with the default of
+    the schema itself (``conf/`` files may set others) and its one-line meaning: the field's
+    comment in ``normlab/config/``, else the comment in ``conf/train.yaml`` or the group default,
+    else the first sentence of its dataclass's docstring naming it, else its Enum's docstring."""
+    top = _yaml_comments(conf_dir / "train.yaml")
+    defaults = default_options(conf_dir)
+    out: list[Key] = []
+
+    def walk(cls: type, prefix: str, yaml: dict[str, str]) -> None:
+        instance = cls()
+        for f in dataclasses.fields(cls):
+            value = getattr(instance, f.name)
+            if f.default is not dataclasses.MISSING:  # as declared: __post_init__ may resolve it
+                value = f.default
+            if dataclasses.is_dataclass(value):
+                path = conf_dir / f.name / f"{defaults.get(f.name)}.yaml"
+                walk(type(value), f"{prefix}{f.name}.", _yaml_comments(path))
+                continue
+            meaning = _meaning(cls, f.name, value, yaml.get(f.name))
+            out.append(Key(prefix + f.name, value, " ".join(meaning.split())))
+
+    walk(config.CliConfig, "", top)
+    return tuple(out)
+
+
+def default_options(conf_dir: Path) -> dict[str, str]:
+    """``group -> option`` of the defaults list of ``conf/train.yaml`` (``model: gpt2_small``)."""
+    text = (conf_dir / "train.yaml").read_text()
+    return dict(re.findall(r"^  - (\w+): (\w+)\s*$", text, flags=re.MULTILINE))
+
+
+def group_options(conf_dir: Path) -> dict[str, list[str]]:
+    """``group -> its option names`` for every config group folder of ``conf/`` (``hydra/launcher``
+    included)."""
+    return {
+        str(d.relative_to(conf_dir)): sorted(p.stem for p in d.glob("*.yaml"))
+        for d in sorted(conf_dir.rglob("*"))
+        if d.is_dir() and any(d.glob("*.yaml"))
+    }
+
+
+def suggest_key(key: str, names: list[str]) -> str | None:
+    """The key meant by an unknown ``key``: a key of the same last part under another group
+    (``lr`` -> ``optim.lr``), else the closest spelling of the whole key, else of its last part
+    within the same group (``max_step`` -> ``max_steps``, ``optim.lrr`` -> ``optim.lr``)."""
+    leaf = key.rsplit(".", 1)[-1]
+    same_leaf = [n for n in names if n.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:
+        return " or ".join(same_leaf[:3])
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    parent = key.rsplit(".", 1)[0] + "." if "." in key else ""
+    siblings = [n for n in names if n.startswith(parent) and "." not in n[len(parent) :]]
+    close = difflib.get_close_matches(leaf, [n[len(parent) :] for n in siblings], n=1, cutoff=0.6)
+    return parent + close[0] if close else None
+
+
+def unknown_key(key: str, value: str, conf_dir: Path) -> str:
+    """One line for a ``key=value`` override whose key is not in the schema."""
+    names = [k.name for k in schema_keys(conf_dir)] + list(group_options(conf_dir))
+    hint = suggest_key(key, names)
+    fix = f"did you mean {hint}?" if hint else "train --help lists the keys"
+    return f"{key}={value}: there is no key '{key}' in the config; {fix}"
+
+
+def unknown_option(group: str, value: str, options: list[str]) -> str:
+    """One line for ``group=value`` where ``value`` is not one of ``options``."""
+    close = difflib.get_close_matches(value, options, n=1, cutoff=0.5)
+    fix = f"; did you mean {group}={close[0]}?" if close else ""
+    listed = ", ".join(options)
+    return f"{group}={value}: no option '{value}' in group {group}{fix} (options: {listed})"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, Enum):
+        return value.name
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)
+
+
+def _key_lines(keys: tuple[Key, ...]) -> list[str]:
+    """``train --help``'s key lines: one per key, name, default and meaning; keys that share one
+    meaning (more than two: ``norm.positions.<position>.<key>``) as one pattern
+    (``norm.positions.{attn_in,...}.{kind,...}``) with that meaning once."""
+    by_meaning: dict[str, list[Key]] = {}
+    for key in keys:
+        by_meaning.setdefault(key.meaning, []).append(key)
+    lines = []
+    for key in keys:
+        same = by_meaning[key.meaning]
+        if not key.meaning or len(same) <= 2:
+            lines.append(f"  {key.name:<24} {_shown(key.default):<12} {key.meaning}".rstrip())
+        elif key is same[0]:
+            columns = list(zip(*(k.name.split(".") for k in same), strict=False))
+            parts, values = [], []
+            for i, c in enumerate(columns):
+                if len(set(c)) == 1:
+                    parts.append(c[0])
+                    continue
+                name = parts[-1].rstrip("s") if parts and i < len(columns) - 1 else "key"
+                parts.append(f"<{name}>")
+                values.append(f"<{name}>: {', '.join(dict.fromkeys(c))}")
+            defaults = {_shown(k.default) for k in same}
+            default = defaults.pop() if len(defaults) == 1 else "-"
+            lines.append(f"  {'.'.join(parts):<24} {default:<12} {key.meaning}".rstrip())
+            lines += [f"  {'':<24} {'':<12} {v}" for v in values]
+    return lines
+
+
+def help_text(conf_dir: Path) -> str:
+    """What ``train --help`` prints: usage, the config groups with their options (the default
+    marked ``*``), and every key with the schema's default and its one-line meaning."""
+    defaults = default_options(conf_dir)
+    lines = [
+        "train: train a GPT with a chosen norm (normlab).",
+        "",
+        "usage: train [KEY=VALUE ...] [GROUP=OPTION ...]     one run (outputs/runs/<time>/)",
+        "       train -m KEY=A,B ...                         a sweep (outputs/sweeps/<time>/)",
+        "       train resume=<run dir>                       continue a run",
+        "       train --cfg job [...]                        print the composed config",
+        "       train --hydra-help                           Hydra's own flags",
+        "",
+        "Config groups (GROUP=OPTION; * the default):",
+    ]
+    for group, options in group_options(conf_dir).items():
+        marked = [f"{o}*" if defaults.get(group) == o else o for o in options]
+        wrapped = textwrap.wrap(", ".join(marked), width=80) or [""]
+        lines += [f"  {group if i == 0 else '':<16} {part}" for i, part in enumerate(wrapped)]
+    lines += ["", "Keys (KEY=VALUE; the schema's default, which a group option may change):"]
+    lines += _key_lines(schema_keys(conf_dir))
+    lines += ["", "A misspelled key or option is refused with the closest name; exit status 2."]
+    return "\n".join(lines)
+
+
+# --- the command line before Hydra
+
 
 #: Hydra flags that only print something; they need no writable output dir.
 INFO_FLAGS = {
@@ -63,13 +363,31 @@ def check_output_dir(key: str, template: str) -> None:
         with tempfile.TemporaryFile(dir=probe):
             pass
     except OSError as e:
-        raise ConfigError(f"{key}={template} is not writable: {probe}: {e.strerror or e}") from None
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise ConfigError(f"{key}={template} is not writable: {probe}: {e.strerror}") from None
+        fs = filesystem_type(probe)
+        why = f"a {fs} filesystem" if fs else (e.strerror or str(e))
+        raise ConfigError(
+            f"{key}={template} cannot be created: {probe} accepts no new files ({why})"
+        ) from None
     free = shutil.disk_usage(probe).free
     if free < MIN_FREE_BYTES:
         raise ConfigError(
             f"{key}={template} has no room: {free / 2**20:.0f} MiB free in {probe} "
             f"(at least {MIN_FREE_BYTES >> 20} MiB needed)"
         )
+
+
+def filesystem_type(path: Path) -> str | None:
+    """The type of the filesystem ``path`` is on (``ext4``, ``proc``, ``tmpfs``), from
+    ``/proc/mounts`` (the longest mount point above it); None where that file is not readable."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return None
+    path = path.resolve()
+    above = [(Path(m), fs) for m, fs in mounts if path == Path(m) or Path(m) in path.parents]
+    return max(above, key=lambda mf: len(mf[0].parts))[1] if above else None
 
 
 def as_override(key: str, value: str) -> str:
@@ -84,9 +402,28 @@ def as_override(key: str, value: str) -> str:
     return f"{key}={quote(value)}"
 
 
-def _resume_by_path(args: list[str], resume: str, multirun: bool) -> list[str]:
-    """``resume=<run dir>``: the run's original overrides first, the typed ones after (later
-    wins), then ``hydra.run.dir``; the path made absolute (a job may change into its run dir)."""
+def launch_rank() -> int:
+    """This process's rank as torchrun set it (``RANK``; 0 without torchrun), read before torch."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def replayable(override: str, conf_dir: Path) -> bool:
+    """Whether ``resume=<run dir>`` replays ``override`` from the run's ``.hydra/overrides.yaml``:
+    only a key or group of the schema (``optim.lr=...``, ``norm=rms``), never ``resume`` or
+    ``force`` (the new command's own), a ``hydra`` key or group, or anything naming a
+    ``_target_`` (which Hydra would import and call: a run dir is data, not code)."""
+    key = override.split("=", 1)[0].lstrip("+~")
+    if key in ("resume", "force") or key.startswith("hydra") or "_target_" in override:
+        return False
+    names = {k.name for k in schema_keys(conf_dir)}
+    groups = {g for g in group_options(conf_dir) if not g.startswith("hydra")}
+    return key in names or key in groups or any(n.startswith(key + ".") for n in names)
+
+
+def _resume_by_path(args: list[str], resume: str, multirun: bool, conf_dir: Path) -> list[str]:
+    """``resume=<run dir>``: the run's original overrides first (the schema's keys only:
+    :func:`replayable`; the others are named on stderr), the typed ones after (later wins), then
+    ``hydra.run.dir``; the path made absolute (a job may change into its run dir)."""
     run_dir = Path(resume).expanduser().absolute()
     if multirun:
         raise ConfigError(
@@ -100,9 +437,14 @@ def _resume_by_path(args: list[str], resume: str, multirun: bool) -> list[str]:
         )
     record = run_dir / ".hydra" / "overrides.yaml"
     original = (yaml.safe_load(record.read_text()) or []) if record.is_file() else []
-    keep = [
-        o for o in original if value_of([o], "resume") is None and value_of([o], "force") is None
-    ]
+    keep = [str(o) for o in original if replayable(str(o), conf_dir)]
+    if dropped := [str(o) for o in original if not replayable(str(o), conf_dir)]:
+        if launch_rank() == 0:
+            print(
+                f"normlab: resume: not replayed from {record} (only keys of the schema are): "
+                + " ".join(dropped),
+                file=sys.stderr,
+            )
     typed = [as_override("resume", str(run_dir)) if value_of([a], "resume") else a for a in args]
     return [*keep, *typed, as_override("hydra.run.dir", str(run_dir))]
 
@@ -131,7 +473,7 @@ def prepare_args(args: list[str], conf_dir: Path) -> list[str]:
     multirun = "-m" in args or "--multirun" in args
     resume = value_of(args, "resume")
     if resume not in (None, "null", "auto"):
-        args = _resume_by_path(args, resume, multirun)
+        args = _resume_by_path(args, resume, multirun, conf_dir)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     run_dir = value_of(args, "hydra.run.dir")
     if not multirun and run_dir and (Path(run_dir).expanduser() / ".hydra").is_dir():
@@ -175,10 +517,59 @@ def _check_value(key: str, default: Any, values: list[Any]) -> None:
             raise ConfigError(f"{key}={v}: {one_line(e)}") from None
 
 
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face Hub cannot be reached from here (``HF_HUB_OFFLINE`` /
+    ``HF_DATASETS_OFFLINE`` set, or no connection to its host within 5 s); None when it can."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        if os.environ.get(var, "").lower() in ("1", "true", "yes", "on"):
+            return f"{var}={os.environ[var]} is set"
+    host = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((host.hostname, host.port or 443), timeout=5).close()
+    except OSError as e:
+        return f"no connection to {host.hostname}: {e.strerror or e}"
+    return None
+
+
+def check_needs(full: CliConfig) -> None:
+    """Refuse a config that needs what this machine lacks, before any job starts: a CUDA GPU
+    (``device: cuda``, as the GPU studies' files set it), or the Hugging Face Hub for a Hub corpus
+    whose tokens are not prepared here (``normlab-prepare``) when the Hub cannot be reached.
+
+    Raises:
+        ConfigError: one line naming the key, what it needs and what to do instead.
+    """
+    if str(full.device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device={full.device} needs a CUDA GPU and this machine has none (torch "
+                f"{torch.__version__}, CUDA {torch.version.cuda or 'not built in'}): run it on a "
+                "GPU machine, or choose a CPU experiment (train --help lists them)"
+            )
+    data = full.data
+    if data.format.name != "hub" or (data.hf_path and Path(data.hf_path).expanduser().exists()):
+        return
+    from normlab.data.shards import META
+    from normlab.data.tokens import token_dir
+
+    tokens = token_dir(data)
+    if not (tokens / META).is_file() and (why := hub_unreachable()):
+        raise ConfigError(
+            f"data={data.name} is read from the Hugging Face Hub ({data.hf_path}) and its tokens "
+            f"are not prepared in {tokens}, but the Hub cannot be reached ({why}): prepare them "
+            "where it can (normlab-prepare with the same overrides), or choose a local corpus"
+        )
+
+
 def check_overrides(args: list[str], conf_dir: Path) -> None:
     """Refuse, before Hydra runs, an override naming no key or group option of the config, or a
-    value of the wrong type, with the closest name; then compose once per swept group option so
-    that any other composition error is one line too. ``hydra.*`` keys are left to Hydra.
+    value of the wrong type, with the closest name; then compose and validate once per value of
+    every sweep (:func:`one_per_value`), so that a composition error, a value out of range in any
+    job (``-m norm.eps=1e-5,0``) or a need this machine cannot meet (:func:`check_needs`) is one
+    line before job 0 starts. ``hydra.*`` keys are left
+    to Hydra.
 
     Raises:
         ConfigError: one line naming the override and, where one is close, the fix.
@@ -209,11 +600,12 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
         elif not any(k.startswith(key + ".") for k in keys):
             raise ConfigError(unknown_key(key, o.input_line.split("=", 1)[-1], conf_dir))
     plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
-    for job in one_per_value(plain, vary=lambda k: k in groups):
+    for job in one_per_value(plain, vary=lambda k: True):
         try:
-            compose_dict(job)
+            cfg = compose_dict(job)
         except Exception as e:  # Hydra's and OmegaConf's composition errors
             raise ConfigError(one_line(e)) from None
+        check_needs(validate(cfg))  # range checks, a GPU or the Hub: every value of every sweep
 
 
 #: Where ``train`` leaves the keys a multirun sweeps, for its jobs (in this process or another).

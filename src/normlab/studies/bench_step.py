@@ -5,8 +5,9 @@ setups with ``training.setup.build_run`` (as ``train`` builds them) in one proce
 training step itself, ``training.step.train_step`` (micro-batches forward + backward, unscale,
 clip, AdamW, ``zero_grad``; its batches drawn inside, as in training), in interleaved pairs (A B,
 then B A, alternating) after warm-up steps: median step time of each, median and spread of B/A.
-``--baseline`` times normlab's ``train_step`` against a plain-PyTorch loop of the same model,
-batches and settings (``studies.plain_loop``), B/A = normlab / plain.
+The harness's own check, normlab's ``train_step`` against a plain-PyTorch loop of the same model,
+batches and settings, is in the repository's ``benchmarks/`` (``python -m benchmarks baseline``);
+it times its pair with :func:`time_pairs` and :func:`pair_result`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import numpy as np
 import torch
 
 from normlab.compose import compose
-from normlab.studies.plain_loop import PlainLoop, build_plain
 from normlab.training import step as training_step
 from normlab.training.setup import build_run
 from normlab.training.tracking import synchronize
@@ -89,7 +89,7 @@ def _ratio(a: list[float], b: list[float]) -> dict:
 def _info(s, own: list[str], t: list[float]) -> dict:
     cfg = s.cfg
     return {
-        "loop": "plain" if isinstance(s, PlainLoop) else "normlab",
+        "loop": getattr(s, "loop", "normlab"),
         "overrides": list(own),
         "composed_with": list(s.overrides),
         "norm": f"{cfg.norm.kind.name}/{cfg.norm.impl.name}",
@@ -101,34 +101,10 @@ def _info(s, own: list[str], t: list[float]) -> dict:
     }
 
 
-def bench_step(
-    a: list[str],
-    b: list[str],
-    common: list[str] = (),
-    *,
-    pairs: int = 10,
-    warmup: int = 3,
-    baseline: bool = False,
-) -> dict:
-    """Interleaved optimizer-step timing of the setups ``common + a`` and ``common + b``.
-
-    ``baseline``: A is the plain-PyTorch loop of ``studies.plain_loop`` and B normlab's own
-    ``train_step``, both for ``common + a`` (``b`` must be empty): B/A is normlab / plain.
-
-    Returns JSON-ready data: per setup ``loop`` (normlab or plain), ``median_ms`` and ``times_ms``
-    (ms per optimizer step), its resolved norm and tokens per step; ``ratio``: B/A step time per
-    pair (``per_pair``) with its ``median``, ``p25`` / ``p75`` (IQR) and ``p10`` / ``p90``.
-
-    Raises:
-        ValueError: ``baseline`` with overrides for B.
-    """
-    if baseline:
-        if b:
-            raise ValueError("--baseline times one setup against the plain loop: no --b")
-        normlab = build_setup([*common, *a])
-        setups = [build_plain([*common, *a], normlab.run.device), normlab]
-    else:
-        setups = [build_setup([*common, *a]), build_setup([*common, *b])]
+def time_pairs(setups: list, pairs: int, warmup: int) -> list[list[float]]:
+    """Wall ms per optimizer step of two setups (anything with ``run_step() -> ms``): ``warmup``
+    untimed steps of each, then ``pairs`` timed pairs, A B then B A alternating, so that a drift
+    of the machine's load falls on both."""
     times: list[list[float]] = [[], []]
     with recompile_limit():
         for _ in range(warmup):
@@ -137,19 +113,42 @@ def bench_step(
         for i in range(pairs):
             for j in (0, 1) if i % 2 == 0 else (1, 0):
                 times[j].append(setups[j].run_step())
+    return times
+
+
+def pair_result(
+    setups: list, own: tuple[list[str], list[str]], common: list[str], times, **info
+) -> dict:
+    """The JSON-ready result of :func:`time_pairs` for ``setups`` (A, B) composed from ``common``
+    plus their ``own`` overrides; ``info`` (``pairs``, ``warmup``, ``baseline``) is copied in."""
     return {
         "mode": "step",
         "device": str(setups[1].run.device),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
-        "pairs": pairs,
-        "warmup": warmup,
-        "baseline": baseline,
+        **info,
         "common": list(common),
-        "a": _info(setups[0], a, times[0]),
-        "b": _info(setups[1], b, times[1]),
+        "a": _info(setups[0], own[0], times[0]),
+        "b": _info(setups[1], own[1], times[1]),
         "ratio": _ratio(times[0], times[1]),
     }
+
+
+def bench_step(
+    a: list[str], b: list[str], common: list[str] = (), *, pairs: int = 10, warmup: int = 3
+) -> dict:
+    """Interleaved optimizer-step timing of the setups ``common + a`` and ``common + b``.
+
+    Returns JSON-ready data: per setup ``loop`` (``normlab``), ``median_ms`` and ``times_ms``
+    (ms per optimizer step), its resolved norm and tokens per step; ``ratio``: B/A step time per
+    pair (``per_pair``) with its ``median``, ``p25`` / ``p75`` (IQR) and ``p10`` / ``p90``.
+
+    Raises:
+        ConfigError, DataError: a setup ``train`` would refuse, before anything is timed.
+    """
+    setups = [build_setup([*common, *a]), build_setup([*common, *b])]
+    times = time_pairs(setups, pairs, warmup)
+    return pair_result(setups, (a, b), common, times, pairs=pairs, warmup=warmup, baseline=False)
 
 
 def format_step(result: dict) -> str:

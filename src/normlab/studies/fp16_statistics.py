@@ -1,7 +1,7 @@
 """fp16 statistics study: when does a norm computing ``mean(x^2)`` in fp16 overflow, and who
 notices?
 
-``python -m normlab.commands.fp16_statistics [overrides]`` (``scripts/fp16_statistics.sh``; the
+``normlab-study fp16-statistics [overrides]`` (``scripts/fp16_statistics.sh``; the
 model comes from ``conf/experiment/fp16_statistics.yaml`` plus the overrides) writes into ``--out``
 (default ``outputs/studies/fp16_statistics/<time>/``):
 

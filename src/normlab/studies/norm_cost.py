@@ -1,6 +1,6 @@
 """Where the step time goes: norms vs attention vs MLP vs the rest, per norm implementation.
 
-``python -m normlab.commands.norm_cost [overrides]`` (``scripts/norm_cost.sh``; the setup comes from
+``normlab-study norm-cost [overrides]`` (``scripts/norm_cost.sh``; the setup comes from
 ``conf/experiment/norm_cost.yaml`` plus the overrides) builds one training setup per norm kind x
 implementation (torch, reference, compiled; triton on CUDA) exactly as ``normlab-bench step`` does,
 and in interleaved rounds times, for each setup, one plain optimizer step (``StepSetup.run_step``:

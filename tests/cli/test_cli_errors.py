@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from normlab.commands import train as cli
-from normlab.commands.schema_keys import help_text, schema_keys
+from normlab.commands.train_args import help_text, schema_keys
 from normlab.compose import compose_cli
 
-from .conftest import CONF_DIR, ONE_THREAD, TINY, run_cli
+from ..conftest import CONF_DIR, ONE_THREAD, TINY, run_cli
 
 #: The real CLI; at exit it says on stderr whether torch was ever imported.
 TORCH_PROBE = """
@@ -96,15 +96,13 @@ IN_TASK = [
 
 
 @pytest.mark.parametrize(("override", "reason"), IN_TASK, ids=[o for o, _ in IN_TASK])
-def test_a_value_refused_inside_the_task_needs_no_torch_and_the_run_dir_says_why(
+def test_a_value_refused_inside_the_task_needs_no_torch_and_leaves_no_run_dir(
     tmp_path, override, reason
 ):
     r = cli_with(TORCH_PROBE, [*TINY, override, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert r.returncode == 2
     assert r.stderr.splitlines() == [f"normlab: error: {reason}", "torch imported: False"]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "refused" and summary["error"] == reason
-    assert reason in (tmp_path / "run" / "train.log").read_text()
+    assert not (tmp_path / "run").exists(), "a run refused before training leaves no run dir"
 
 
 def test_debug_true_shows_hydras_full_error(tmp_path):
@@ -119,10 +117,17 @@ def test_help_lists_every_key_with_its_default_and_one_line_meaning(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == help_text(CONF_DIR)
     listed = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ")}
     keys = schema_keys(CONF_DIR)
-    assert {k.name for k in keys} <= listed.keys()
+    shared = {k.name for k in keys if sum(j.meaning == k.meaning for j in keys) > 2}
+    assert {k.name for k in keys} - shared <= listed.keys()
     for k in keys:
-        if k.meaning:
+        if k.meaning and k.name not in shared:
             assert listed[k.name].endswith(k.meaning), k.name
+    # norm.positions.<position>.<key>: one line, its meaning once, then what each part may be
+    parts = [line.strip().split(": ", 1) for line in r.stdout.splitlines()]
+    values = {w[0]: w[1].split(", ") for w in parts if w[0] in ("<position>", "<key>")}
+    pattern = {f"norm.positions.{p}.{k}" for p in values["<position>"] for k in values["<key>"]}
+    assert pattern == shared
+    assert "this position's own value" in listed["norm.positions.<position>.<key>"]
     assert "evaluate every N optimizer steps" in listed["eval_interval"]  # conf/train.yaml
     assert "transformer blocks" in listed["model.n_layer"]  # conf/model/gpt2_small.yaml
     assert "null: $OMP_NUM_THREADS" in listed["threads"]  # config.py's comment

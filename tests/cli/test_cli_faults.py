@@ -20,12 +20,11 @@ import pytest
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the oracle, tests only
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from normlab.commands.overrides import expand, quote, value_of
-from normlab.commands.train_args import as_override
+from normlab.commands.train_args import as_override, expand, quote, value_of
 from normlab.training import tracking
 from normlab.training.loop import RunOptions, train
 
-from .conftest import REPO, TINY
+from ..conftest import REPO, TINY
 
 RUN = [*TINY, "logger=none", "max_steps=4", "eval_interval=2", "ckpt_interval=0"]
 
@@ -77,7 +76,7 @@ def test_normlab_prepare_expands_with_the_public_parser_only():
     source = (REPO / "src" / "normlab" / "commands" / "prepare.py").read_text()
     assert (
         "hydra._internal" not in source
-        and "from normlab.commands.overrides import expand" in source
+        and "from normlab.commands.train_args import expand" in source
     )
 
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import yaml
 
-from .conftest import run_cli
+from ..conftest import run_cli
 
 pytest.importorskip(
     "hydra_plugins.hydra_optuna_sweeper",

@@ -18,7 +18,7 @@ import yaml
 
 from normlab.compose import compose_cli
 
-from .conftest import CONF_DIR, TINY, run_cli
+from ..conftest import CONF_DIR, TINY, run_cli
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 #: Studies run by scripts/<name>.sh through their own command, not by `train`.

@@ -18,7 +18,7 @@ from normlab.compose import find_conf_dir
 from normlab.config import ConfigError
 from normlab.training import tracking
 
-from .conftest import TINY, run_cli
+from ..conftest import TINY, run_cli
 
 pytest.importorskip(
     "hydra_plugins.hydra_submitit_launcher",

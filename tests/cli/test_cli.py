@@ -13,7 +13,7 @@ import yaml
 
 from normlab.training import host_memory
 
-from .conftest import REPO, TINY, run_cli
+from ..conftest import REPO, TINY, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,7 @@ BAD_INPUTS = [
     (["max_steps=0"], ["max_steps=0"]),
     (["model.d_model=130"], ["model.d_model=130", "n_head=4"]),
     (["data.path=/nonexistent/corpus"], ["/nonexistent/corpus", "does not exist"]),
-    (["device=cuda"], ["device='cuda'"]),
+    (["device=cuda"], ["device=cuda needs a CUDA GPU and this machine has none"]),
 ]
 
 

@@ -1,5 +1,5 @@
-"""``normlab-bench step --profile 1,2``: where normlab's training step spends more than the plain
-loop (``studies.plain_loop``), by ``torch.profiler``, at each thread count asked for.
+"""``python -m benchmarks profile 1,2``: where normlab's training step spends more than the plain
+loop (``benchmarks.plain_loop``), by ``torch.profiler``, at each thread count asked for.
 
 Both setups are built once from the same overrides (same model, batches and settings), warmed up,
 then profiled in the order normlab, plain, plain, normlab (so a drift of the machine's load
@@ -15,8 +15,8 @@ import time
 
 import torch
 
+from benchmarks.plain_loop import build_plain
 from normlab.studies.bench_step import build_setup, count, recompile_limit
-from normlab.studies.plain_loop import build_plain
 from normlab.training.tracking import synchronize
 
 #: The pseudo-op for wall time not inside any recorded op.

@@ -1,4 +1,4 @@
-"""A minimal plain-PyTorch training loop: the B side of ``normlab-bench step --baseline``.
+"""A minimal plain-PyTorch training loop: the A side of ``python -m benchmarks baseline``.
 
 The same model (normlab's ``GPT``, built from the same seed by ``training.setup.build_model``, so
 the same initial weights), the same batches (the same ``BatchSampler``: batches are a pure function
@@ -7,7 +7,7 @@ learning-rate schedule, gradient clipping, autocast dtype, ``torch.compile``) as
 step itself written the way nanoGPT's ``train.py`` writes it: set the lr, then per micro-batch
 forward under autocast and backward, clip, step, ``zero_grad``. No metrics buffer, no timers, no
 diagnostics, no DDP context, no grad scaler unless fp16 needs one. Whatever normlab's
-``train_step`` costs beyond this loop is harness overhead (``studies.profile_step`` shows where).
+``train_step`` costs beyond this loop is harness overhead (``benchmarks.profile_step`` shows where).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ _DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}
 class PlainLoop:
     """One plain training setup for ``cfg`` (resolved here as ``build_run`` resolves it);
     :meth:`run_step` runs and times one optimizer step. ``step`` is the next 0-based step."""
+
+    #: What ``studies.bench_step`` reports as this setup's loop.
+    loop = "plain"
 
     def __init__(self, cfg: TrainConfig, device: torch.device):
         data = prepare(cfg.data)

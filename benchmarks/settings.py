@@ -1,15 +1,15 @@
-"""``normlab-bench settings``: N training setups timed round-robin in one process, with tokens/s
-and MFU against the device's measured matmul peak in each setup's precision.
+"""``python -m benchmarks settings``: N training setups timed round-robin in one process, with
+tokens/s and MFU against the device's measured matmul peak in each setup's precision.
 
-``normlab-bench settings model=gpt2_small data.batch_size=8 model.context_length=256`` times, by
-default, the four settings fp32 / bf16 autocast x compile off / on (each ``--setting`` replaces
+``python -m benchmarks settings model=gpt2_small data.batch_size=8 model.context_length=256`` times,
+by default, the four settings fp32 / bf16 autocast x compile off / on (each ``--setting`` replaces
 the defaults). Every setup is built as ``train`` builds it and steps through
 ``training.step.train_step`` (``bench_step.StepSetup``). After the warm-up steps each round times
-one step of every setup, the order reversed every other round (A B C D, D C B A, ...), so a drift
-of the machine's load falls on all. Per setup: the median ms per optimizer step (and IQR),
-tokens/s and MFU at the median, the peak MFU is against (``peak_tflops: auto`` measures fp32 for
-fp32 and bf16 for bf16, cached per machine: ``training.peak``), and the speed-up: the median over
-rounds of the first setup's step time over this one's.
+one step of every setup, the order reversed every other round (A B C D, D C B A, ...), so a drift of
+the machine's load falls on all. Per setup: the median ms per optimizer step (and IQR), tokens/s and
+MFU at the median, the peak MFU is against (``peak_tflops: auto`` measures fp32 for fp32 and bf16
+for bf16, cached per machine: ``training.peak``), and the speed-up: the median over rounds of the
+first setup's step time over this one's.
 """
 
 from __future__ import annotations

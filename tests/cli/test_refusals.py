@@ -1,0 +1,178 @@
+"""Refusals that must come first and leave nothing behind (issue 23): every sweep value range-
+checked before job 0, a GPU or Hub recipe refused on a machine that lacks it, resume that replays
+only the schema's keys, a refused relaunch that changes nothing on disk, and the smaller ones:
+the reason for an output dir that cannot be made, one line per refusal, a help without repeats,
+the result line last, and ``normlab-sample``'s thread count."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from normlab.commands import sample, train_args
+from normlab.commands.train import auto_threads
+from normlab.commands.train_args import (
+    check_output_dir,
+    check_overrides,
+    help_text,
+    prepare_args,
+    unknown_option,
+)
+from normlab.config import ConfigError
+
+from ..conftest import CONF_DIR, ONE_THREAD, TINY, run_cli
+
+FAST = [*TINY, "logger=none", "max_steps=2", "eval_interval=2", "eval_batches=1", "norm.impl=torch"]
+
+
+def test_every_sweep_value_is_range_checked_before_job_0():
+    with pytest.raises(ConfigError, match=r"^norm\.eps=0\.0 is not allowed: must be a finite"):
+        check_overrides(["-m", *TINY, "norm.eps=1e-5,0"], CONF_DIR)
+    with pytest.raises(ConfigError, match=r"^optim\.lr=-1\.0 is not allowed"):
+        check_overrides(["-m", *TINY, "norm=layer,rms", "optim.lr=1e-3,2e-3,-1"], CONF_DIR)
+    check_overrides(["-m", *TINY, "norm.eps=1e-5,1e-6"], CONF_DIR)  # every value in range
+
+
+def test_a_gpu_recipe_on_a_machine_without_one_is_one_line_before_any_job(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^device=cuda needs a CUDA GPU and this machine has"):
+        check_overrides(["experiment=loss_parity_1h"], CONF_DIR)
+    with pytest.raises(ConfigError, match=r"^device=cuda needs a CUDA GPU"):
+        check_overrides(["-m", *TINY, "device=cpu,cuda"], CONF_DIR)
+
+
+def test_a_hub_corpus_without_its_tokens_while_offline_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = [*TINY, "data=fineweb_edu", f"data.cache_dir={tmp_path}"]
+    with pytest.raises(ConfigError) as e:
+        check_overrides(args, CONF_DIR)
+    line = str(e.value)
+    assert (
+        line.startswith("data=fineweb_edu is read from the Hugging Face Hub") and "\n" not in line
+    )
+    assert "HF_HUB_OFFLINE=1 is set" in line and str(tmp_path) in line
+
+
+def test_resume_replays_only_keys_of_the_schema(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".hydra").mkdir()
+    recorded = [
+        "model=tiny",
+        "optim.lr=0.001",
+        "+hydra.callbacks.evil._target_=os.system",
+        "hydra.job.chdir=true",
+        "hydra/launcher=submitit_local",
+        "+norm.sneaky._target_=builtins.exec",
+        "resume=auto",
+    ]
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(recorded))
+    args = prepare_args([f"resume={run}"], CONF_DIR)
+    assert args[:2] == ["model=tiny", "optim.lr=0.001"]
+    assert not [a for a in args if "_target_" in a or a.startswith(("hydra/", "hydra.job"))]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not replayed" in err and "evil._target_" in err
+
+
+def test_an_output_dir_that_cannot_be_made_says_why():
+    if train_args.filesystem_type(Path("/proc")) != "proc":
+        pytest.skip("no proc filesystem at /proc here")
+    with pytest.raises(ConfigError) as e:
+        check_output_dir("hydra.run.dir", "/proc/x")
+    assert str(e.value) == (
+        "hydra.run.dir=/proc/x cannot be created: /proc accepts no new files (a proc filesystem)"
+    )
+
+
+def test_an_unknown_option_with_nothing_close_has_no_stray_separator():
+    line = unknown_option("model", "huge", ["gpt2_small", "small", "tiny"])
+    assert line == "model=huge: no option 'huge' in group model (options: gpt2_small, small, tiny)"
+
+
+def test_help_says_each_meaning_once():
+    lines = [line.strip() for line in help_text(CONF_DIR).splitlines() if line.strip()]
+    meanings = [line.split(None, 2)[-1] for line in lines if line.startswith("norm.positions")]
+    assert len(meanings) == 1 and "this position's own value" in meanings[0]
+    sentences = [s for line in lines for s in line.split(". ") if len(s) > 40]
+    assert max(sentences.count(s) for s in sentences) == 1
+
+
+def test_normlab_sample_sets_the_thread_count_as_train_does(tmp_path, monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    try:
+        with pytest.raises(SystemExit) as e:
+            sample.main([str(tmp_path / "no_run")])
+        assert e.value.code == 2
+        assert torch.get_num_threads() == auto_threads() == 2
+        with pytest.raises(SystemExit):
+            sample.main([str(tmp_path / "no_run"), "--threads", "1"])
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_a_refused_relaunch_into_a_sweep_dir_changes_nothing_on_disk(tmp_path):
+    sweep = tmp_path / "sweep"
+    first = run_cli(["-m", *FAST, "seed=0", f"hydra.sweep.dir={sweep}"], tmp_path, env=ONE_THREAD)
+    assert first.returncode == 0, first.stderr
+    before = _tree(sweep)
+    for again in (["optim.lr=1e-3"], ["optim.lr=1e-3", "max_steps=3", "resume=auto"]):
+        args = ["-m", *FAST, "seed=0", *again, f"hydra.sweep.dir={sweep}"]
+        r = run_cli(args, tmp_path, env=ONE_THREAD)
+        assert r.returncode == 1 and "1 of 1 runs did not complete" in r.stderr
+        assert _tree(sweep) == before, f"{again}: a refused relaunch changed files"
+    (job,) = [p for p in sweep.iterdir() if p.is_dir()]
+    assert "optim.lr" not in (job / ".hydra" / "overrides.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_the_result_line_is_the_last_thing_train_prints(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_SILENT", raising=False)  # the suite's conftest silences wandb
+    r = run_cli([*FAST, "logger=wandb", "logger.mode=offline"], tmp_path, env=ONE_THREAD)
+    assert r.returncode == 0, r.stderr
+    assert "Run summary" not in r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("normlab: completed 2 steps: final val loss"), last
+    run_dir = Path(last.rsplit("; ", 1)[1]).parent
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+
+
+def test_a_sweep_jobs_dir_names_the_implementation_that_runs_and_every_swept_value(
+    monkeypatch,
+):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf, open_dict
+
+    from normlab.commands import train
+
+    monkeypatch.setenv(train.SWEPT_ENV, "optim.lr,norm.eps,seed,model")
+    overrides = ["optim.lr=0.001", "norm.eps=1e-05", "seed=1", "model=tiny", "device=cpu"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.job.num = 3
+        cfg.hydra.mode = RunMode.MULTIRUN
+    previous = HydraConfig.instance().cfg
+    HydraConfig.instance().set_config(cfg)
+    try:
+        name = OmegaConf.select(cfg, "hydra.sweep.subdir")
+    finally:
+        HydraConfig.instance().cfg = previous
+    assert name == "3_layer-cpp-pre-fp32-seed1-lr0.001-eps1e-05-tiny"
