@@ -21,7 +21,7 @@ from normlab.report.variants import choose_baseline, label_runs
 from normlab.training.sample import load_run
 from normlab.training.tracking import run_names
 
-from .conftest import run_cli
+from ..conftest import run_cli
 
 KINDS, IMPLS = ["layer", "rms"], ["torch", "reference", "cpp"]
 
