@@ -183,7 +183,7 @@ def test_the_gpu_plan_is_the_seed_shape_and_fits_in_8_minutes(tmp_path, monkeypa
         "model=gpt2_small",
         "precision=bf16",
         "compile=true",
-        "norm=fused",
+        "norm=rms",
         "max_steps=200",
         "data.batch_size=16",
         "device=cuda",
@@ -206,7 +206,7 @@ def test_the_gpu_plan_is_the_seed_shape_and_fits_in_8_minutes(tmp_path, monkeypa
 def test_the_device_oracle_check_passes_torch_and_catches_a_wrong_kernel(monkeypatch):
     cpu = torch.device("cpu")
     good = gpu_oracle.run_checks(cpu, ["torch"], ["fp32", "bf16"], [(16, 65)])
-    assert good["failed"] == 0 and good["passed"] == 6  # 3 kinds (layer, rms, dyt) x 2 dtypes
+    assert good["failed"] == 0 and good["passed"] == 6  # 3 kinds with torch (layer, rms, dyt) x 2
     dyt = next(c for c in good["cases"] if c["kind"] == "dyt")
     assert set(dyt["errors"]) == {"output", "dx", "dweight", "dbias", "dalpha"}
     layer = next(c for c in good["cases"] if c["kind"] == "layer")

@@ -37,6 +37,12 @@ def test_auto_honours_zero_centred_weights_and_the_cast_order_for_every_kind(kin
     assert norms.build_norm(cfg, 8).zero_centered == OPTIONS[option].get("zero_centered", False)
 
 
+def test_what_auto_passed_over_and_why_is_logged(caplog):
+    with caplog.at_level("INFO", logger="normlab.norms"):
+        norms.resolve_norm(NormConfig(kind=NormKind.rms, zero_centered=True), "cpu")
+    assert "norm.impl=auto -> compiled (passed over: cpp: zero_centered=true)" in caplog.text
+
+
 def test_auto_with_upcast_false_is_the_one_implementation_that_computes_it():
     for kind in (NormKind.layer, NormKind.rms, NormKind.dyt):
         assert norms.resolve_norm(NormConfig(kind=kind, upcast=False), "cpu").impl == (

@@ -106,7 +106,7 @@ def step_parser() -> argparse.ArgumentParser:
         default=[],
         help="overrides of setup A, space separated (--a norm=layer)",
     )
-    p.add_argument("--b", action="append", default=[], help="overrides of setup B (--b norm=fused)")
+    p.add_argument("--b", action="append", default=[], help="overrides of setup B (--b norm=rms)")
     p.add_argument(
         "--baseline",
         action="store_true",

@@ -34,15 +34,15 @@ class NormOverride:
     base norm's (then the block schedule's kind and impl). Values as typed (names for the Enums),
     checked when the position's norm is derived (:meth:`NormConfig.at`)."""
 
-    kind: Any = None  # a NormKind name
-    impl: Any = None  # a NormImpl name
-    eps: Any = None
-    affine: Any = None
-    bias: Any = None
-    upcast: Any = None
-    alpha_init: Any = None
-    zero_centered: Any = None
-    cast: Any = None  # a NormCast name
+    kind: Any = None  # this position's norm.kind (null: the base norm's, then the schedule's)
+    impl: Any = None  # this position's norm.impl (null: the base norm's, then the schedule's)
+    eps: Any = None  # this position's norm.eps (null: the base norm's)
+    affine: Any = None  # this position's norm.affine (null: the base norm's)
+    bias: Any = None  # this position's norm.bias (null: the base norm's)
+    upcast: Any = None  # this position's norm.upcast (null: the base norm's)
+    alpha_init: Any = None  # this position's norm.alpha_init (null: the base norm's)
+    zero_centered: Any = None  # this position's norm.zero_centered (null: the base norm's)
+    cast: Any = None  # this position's norm.cast (null: the base norm's)
 
 
 @dataclass

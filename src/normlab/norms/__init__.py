@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import logging
 import os
 from enum import Enum
 
@@ -17,6 +18,8 @@ from torch import nn
 
 from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
 from normlab.norms.table import AUTO, IMPLS, KINDS, Impl, norm_class, oracle
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "auto_impl",
@@ -70,13 +73,18 @@ def _allowed(kind: NormKind, device_type: str) -> str:
     return ", ".join([*available_impls(device_type, kind), "auto"])
 
 
-def _computes(cfg: NormConfig, impl: NormImpl) -> bool:
-    """True when ``impl`` is an implementation of ``cfg.kind`` that honours all its options."""
-    spec = IMPLS[impl]
-    return (
-        impl in KINDS[cfg.kind].impls
-        and not spec.unhonoured(cfg.upcast, cfg.cast, cfg.zero_centered)[0]
-    )
+def _lacks(cfg: NormConfig, impl: NormImpl) -> str | None:
+    """What of ``cfg`` ``impl`` does not compute (``"no kind=dyt"``, ``"zero_centered=true"``), or
+    None when it is an implementation of ``cfg.kind`` that honours all its options."""
+    if impl not in KINDS[cfg.kind].impls:
+        return f"no kind={cfg.kind.name}"
+    key, value = IMPLS[impl].unhonoured(cfg.upcast, cfg.cast, cfg.zero_centered)
+    return f"{key}={_typed(value)}" if key else None
+
+
+def _typed(value: object) -> str:
+    """A value as the user types it: an Enum's name, a bool in lower case."""
+    return value.name if isinstance(value, Enum) else str(value).lower()
 
 
 def auto_impl(kind: NormKind, device_type: str, cfg: NormConfig | None = None) -> NormImpl:
@@ -85,7 +93,8 @@ def auto_impl(kind: NormKind, device_type: str, cfg: NormConfig | None = None) -
     of ``cfg`` and of every norm derived from it that inherits ``auto`` (its positions and block
     schedule: one implementation for the model's norms). One ranking for every kind, so that kinds
     compared in a sweep with the same options get the same implementation wherever they have it.
-    It may still be unable to run there (``resolve_norm`` then refuses, never falls back).
+    The ones passed over are logged with the reason. It may still be unable to run there
+    (``resolve_norm`` then refuses, never falls back).
 
     Raises:
         ConfigError: no implementation of the ranking computes every such norm as asked.
@@ -93,12 +102,19 @@ def auto_impl(kind: NormKind, device_type: str, cfg: NormConfig | None = None) -
     cfg = cfg or NormConfig(kind=kind)
     inheriting = [d for _, d in cfg.derived() if d.impl == NormImpl.auto]
     prefs = AUTO.get(device_type, AUTO["*"])
+    passed_over = []
     for impl in prefs:
-        if all(_computes(d, impl) for d in inheriting):
+        lacking = next((why for d in inheriting if (why := _lacks(d, impl))), None)
+        if lacking is None:
+            if passed_over:
+                log.info(
+                    "norm.impl=auto -> %s (passed over: %s)", impl.name, "; ".join(passed_over)
+                )
             return impl
+        passed_over.append(f"{impl.name}: {lacking}")
     raise ConfigError(
         f"norm.impl=auto: none of {', '.join(i.name for i in prefs)} computes every norm of this "
-        "model as asked (its kinds and options); set norm.impl, or an impl per position"
+        f"model as asked ({'; '.join(passed_over)}); set norm.impl, or an impl per position"
     )
 
 
@@ -112,9 +128,8 @@ def _refusal(cfg: NormConfig, shown: str, device_type: str) -> str | None:
         )
     key, value = IMPLS[cfg.impl].unhonoured(cfg.upcast, cfg.cast, cfg.zero_centered)
     if key:
-        typed = value.name if isinstance(value, Enum) else str(value).lower()
         allowed = ", ".join(i.name for i, spec in IMPLS.items() if spec.honours(key, value))
-        return f"norm.{key}={typed} is not honoured by {shown}; only by: {allowed}"
+        return f"norm.{key}={_typed(value)} is not honoured by {shown}; only by: {allowed}"
     reason = unavailable_reason(cfg.impl, device_type)
     if reason is not None:
         return (
