@@ -23,6 +23,9 @@ vector, a reparametrisation that weight decay then pulls on twice. So post-norm 
 numbers): every parameter they share starts equal for one seed.
 ``norm.qk``: ``head`` normalizes q and k over head_dim per head (nanochat, Qwen3), ``full`` over
 d_model before the split (OLMo-2). ``norm.embedding``: a norm after token + position embedding.
+``norm.depth_scale`` (LayerNorm Scaling, Sun et al. 2025, "The Curse of Depth", arXiv:2502.05795):
+the output of each input norm (``attn_in``, ``mlp_in``: pre and peri) of block l (1-based) is
+scaled by 1/sqrt(l), so that the variance pre-norm adds per block no longer grows with depth.
 """
 
 from __future__ import annotations
@@ -56,10 +59,10 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.linear_bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.linear_bias)
         self.proj.residual_proj = True
-        if self.qk != QKNorm.none:
-            size = cfg.d_model // cfg.n_head if self.qk == QKNorm.head else cfg.d_model
-            self.q_norm = _norm(norm, "qk", block, size)
-            self.k_norm = _norm(norm, "qk", block, size)
+        size = cfg.d_model // cfg.n_head if self.qk == QKNorm.head else cfg.d_model
+        has_qk = self.qk != QKNorm.none  # the qk position: one norm on q, one on k
+        self.q_norm = _norm(norm, "qk", block, size) if has_qk else None
+        self.k_norm = _norm(norm, "qk", block, size) if has_qk else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -99,21 +102,31 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg, norm, index)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
-        for position in norm.used_positions():  # attn_in, attn_out, mlp_in, mlp_out as placed
-            if position.startswith(("attn_", "mlp_")):
-                setattr(self, position, _norm(norm, position, index, cfg.d_model))
+        # Every norm position a block can have; None where norm.placement puts no norm.
+        used, C = norm.used_positions(), cfg.d_model
+        self.attn_in = _norm(norm, "attn_in", index, C) if "attn_in" in used else None
+        self.attn_out = _norm(norm, "attn_out", index, C) if "attn_out" in used else None
+        self.mlp_in = _norm(norm, "mlp_in", index, C) if "mlp_in" in used else None
+        self.mlp_out = _norm(norm, "mlp_out", index, C) if "mlp_out" in used else None
+        # LayerNorm Scaling (norm.depth_scale): the input norms' outputs times 1/sqrt(index + 1)
+        self.depth_scale = 1.0 / math.sqrt(index + 1) if norm.depth_scale else None
+
+    def _in(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """An input norm (attn_in, mlp_in) of ``x``, scaled by ``depth_scale`` when set."""
+        y = norm(x)
+        return y if self.depth_scale is None else y * self.depth_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         attn, mlp, drop = self.attn, self.mlp, self.drop
         if self.placement == Placement.pre:
-            x = x + drop(attn(self.attn_in(x)))
-            x = x + mlp(self.mlp_in(x))
+            x = x + drop(attn(self._in(self.attn_in, x)))
+            x = x + mlp(self._in(self.mlp_in, x))
         elif self.placement == Placement.post:
             x = self.attn_out(x + drop(attn(x)))
             x = self.mlp_out(x + mlp(x))
         elif self.placement == Placement.peri:
-            x = x + drop(self.attn_out(attn(self.attn_in(x))))
-            x = x + self.mlp_out(mlp(self.mlp_in(x)))
+            x = x + drop(self.attn_out(attn(self._in(self.attn_in, x))))
+            x = x + self.mlp_out(mlp(self._in(self.mlp_in, x)))
         else:  # reordered
             x = x + drop(self.attn_out(attn(x)))
             x = x + self.mlp_out(mlp(x))

@@ -258,7 +258,7 @@ def test_the_gpu_plan_is_the_seed_shape_and_fits_in_8_minutes(tmp_path, monkeypa
         "model=gpt2_small",
         "precision=bf16",
         "compile=true",
-        "norm=fused",
+        "norm=rms",
         "max_steps=200",
         "data.batch_size=16",
         "device=cuda",

@@ -59,7 +59,6 @@ else:
     os.environ["TRITON_INTERPRET"] = _PREVIOUS_INTERPRET
 
 import normlab.norms as norms  # noqa: E402
-from normlab import config  # noqa: E402
 from normlab.config import ConfigError, NormCast, NormConfig, NormImpl, NormKind  # noqa: E402
 from normlab.norms import table  # noqa: E402
 from normlab.norms.preflight import TOLERANCES, preflight  # noqa: E402
@@ -496,7 +495,7 @@ def test_statistic_kind_in_fp16_overflows_only_where_upcast_false_is_honoured(ki
             norms.resolve_norm(NormConfig(kind=kind, impl=impl, upcast=False), "cpu")
 
 
-# ------------------------------------------------------------ the table and its copies
+# ------------------------------------------------------------------------------ the table
 
 
 def test_every_kind_and_concrete_impl_is_in_the_table():
@@ -505,15 +504,6 @@ def test_every_kind_and_concrete_impl_is_in_the_table():
     for spec in KINDS.values():
         assert NormImpl.reference in spec.impls  # preflight's yardstick
         assert callable(norms.oracle(next(k for k, v in KINDS.items() if v is spec)))
-
-
-def test_the_configs_copies_of_table_facts_agree_with_the_table():
-    assert config.KINDS_WITH_BIAS == {k for k, spec in KINDS.items() if spec.bias}
-    assert config.IMPLS_WITH_UPCAST_FALSE == {i for i, spec in IMPLS.items() if spec.upcast_false}
-    assert config.KINDS_WITHOUT_EPS == {k for k, spec in KINDS.items() if not spec.statistic}
-    assert config.KINDS_WITH_ALPHA == {
-        k for k, spec in KINDS.items() if "alpha_init" in spec.options
-    }
 
 
 def test_bias_null_is_the_kinds_default_and_an_explicit_bias_is_refused_where_there_is_none():

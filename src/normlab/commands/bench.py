@@ -185,7 +185,7 @@ def step_parser() -> argparse.ArgumentParser:
         default=[],
         help="overrides of setup A, space separated (--a norm=layer)",
     )
-    p.add_argument("--b", action="append", default=[], help="overrides of setup B (--b norm=fused)")
+    p.add_argument("--b", action="append", default=[], help="overrides of setup B (--b norm=rms)")
     p.add_argument(
         "--pairs", type=int, default=10, help="timed step pairs, A B then B A (default: 10)"
     )

@@ -10,7 +10,7 @@
 2. ``bench``: ``normlab-bench`` of every implementation in fp32 and bf16, each case's fraction of
    the measured copy bandwidth.
 3. ``peak``: ``normlab-bench peak``, the measured dense matmul peak (fp32, bf16; ``training.peak``).
-4. ``train``: ``train`` 12 x 768 (``model=gpt2_small``), bf16, compile, ``norm=fused``, 200 steps of
+4. ``train``: ``train`` 12 x 768 (``model=gpt2_small``), bf16, compile, ``norm=rms``, 200 steps of
    16 x 1024 tokens on Shakespeare bytes (offline); tokens/s, and MFU recomputed against step 3's
    bf16 peak: ``mfu_measured = mfu * peak_tflops / measured`` (``summary.json`` reports MFU
    against the configured ``peak_tflops``); ``TORCH_LOGS=graph_breaks``, and the graph breaks
@@ -293,7 +293,7 @@ def plan(s: Sizes, out: Path) -> list[tuple[str, list[str]]]:
     pytest = f"-m pytest -q -p no:cacheprovider -m device {CONTRACT} -k {shlex.quote(s.contract)}"
     dev = f"--device {s.device}"
     common = (
-        f"model={s.model} precision=bf16 norm=fused logger=none data.batch_size={s.batch_size} "
+        f"model={s.model} precision=bf16 norm=rms logger=none data.batch_size={s.batch_size} "
         f"device={s.device}"
     )
     step = f"bench step {common} --b norm.impl={s.fused} --pairs {s.pairs} --warmup {s.warmup}"

@@ -253,8 +253,15 @@ def unknown_key(key: str, value: str, conf_dir: Path) -> str:
     return f"{key}={value}: there is no key '{key}' in the config; {fix}"
 
 
+#: Retired group options and what replaces them (``norm=fused`` was ``norm=rms``, impl auto).
+RETIRED = {"norm=fused": "norm=rms"}
+
+
 def unknown_option(group: str, value: str, options: list[str]) -> str:
-    """One line for ``group=value`` where ``value`` is not one of ``options``."""
+    """One line for ``group=value`` where ``value`` is not one of ``options`` (a retired option
+    names its replacement)."""
+    if f"{group}={value}" in RETIRED:
+        return f"{group}={value} is retired: use {RETIRED[f'{group}={value}']} (the same norm)"
     close = difflib.get_close_matches(value, options, n=1, cutoff=0.5)
     fix = f"; did you mean {group}={close[0]}?" if close else ""
     listed = ", ".join(options)

@@ -6,26 +6,22 @@ because OmegaConf validates enum values by member name.
 
 No torch import here: the config can be checked before anything heavy is loaded.
 
-Modules: ``base`` (ConfigError, the range check), ``norm``, ``data``, ``run`` (model, precision,
-optim, logger, TrainConfig, RunOptions, CliConfig). Import from ``normlab.config``.
+Modules: ``base`` (ConfigError, the range check), ``norm_table`` (the norm kinds and
+implementations and every fact about them, written once), ``norm``, ``schedule``, ``data``,
+``run`` (model, precision, optim, logger, TrainConfig, RunOptions, CliConfig). Import from
+``normlab.config``.
 """
 
 from __future__ import annotations
 
 from normlab.config.base import DEFAULT_EPS, ConfigError, to_plain
 from normlab.config.data import DataConfig, DataFormat, Tokenizer
-from normlab.config.norm import (
+from normlab.config.norm import NormConfig, NormOverride, NormPositions
+from normlab.config.norm_table import (
     DEFAULT_ALPHA_INIT,
-    IMPLS_WITH_UPCAST_FALSE,
-    KINDS_WITH_ALPHA,
-    KINDS_WITH_BIAS,
-    KINDS_WITHOUT_EPS,
     NormCast,
-    NormConfig,
     NormImpl,
     NormKind,
-    NormOverride,
-    NormPositions,
     Placement,
     QKNorm,
 )
@@ -49,10 +45,6 @@ __all__ = [
     "to_plain",
     "NormKind",
     "NormImpl",
-    "KINDS_WITH_BIAS",
-    "IMPLS_WITH_UPCAST_FALSE",
-    "KINDS_WITHOUT_EPS",
-    "KINDS_WITH_ALPHA",
     "DEFAULT_ALPHA_INIT",
     "NormCast",
     "Placement",

@@ -1,22 +1,22 @@
-"""The norm group: which kind, implementation, placement and eps every norm of the model uses
-(the choices themselves: ``norm_choices.py``)."""
+"""The norm group: which kind, implementation, placement and eps every norm of the model uses.
+
+The choices (kinds, implementations, cast orders, placements) and every fact about them live in
+the norm table (``norm_table.py``); this module validates a norm against it.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from functools import cache
 from typing import Any, get_type_hints
 
 from normlab.config import schedule
 from normlab.config.base import DEFAULT_EPS, ConfigError, _as_enum, _require
-from normlab.config.norm_choices import (  # noqa: F401  (re-exported: normlab.config.norm.X)
+from normlab.config.norm_table import (
     DEFAULT_ALPHA_INIT,
-    IMPLS_WITH_UPCAST_FALSE,
-    KINDS_WITH_ALPHA,
-    KINDS_WITH_BIAS,
-    KINDS_WITHOUT_EPS,
+    KINDS,
     PLACEMENT_POSITIONS,
     WHERE_KEYS,
     NormCast,
@@ -28,12 +28,53 @@ from normlab.config.norm_choices import (  # noqa: F401  (re-exported: normlab.c
 
 
 @dataclass
+class NormOverride:
+    """One position's partial :class:`NormConfig` (``norm.positions.final.kind=rms``): every
+    NormConfig key but :data:`WHERE_KEYS`, each this position's own value of that key; null: the
+    base norm's (then the block schedule's kind and impl). Values as typed (names for the Enums),
+    checked when the position's norm is derived (:meth:`NormConfig.at`)."""
+
+    kind: Any = None  # this position's norm.kind (null: the base norm's, then the schedule's)
+    impl: Any = None  # this position's norm.impl (null: the base norm's, then the schedule's)
+    eps: Any = None  # this position's norm.eps (null: the base norm's)
+    affine: Any = None  # this position's norm.affine (null: the base norm's)
+    bias: Any = None  # this position's norm.bias (null: the base norm's)
+    upcast: Any = None  # this position's norm.upcast (null: the base norm's)
+    alpha_init: Any = None  # this position's norm.alpha_init (null: the base norm's)
+    zero_centered: Any = None  # this position's norm.zero_centered (null: the base norm's)
+    cast: Any = None  # this position's norm.cast (null: the base norm's)
+
+
+@dataclass
+class NormPositions:
+    """``norm.positions``: one :class:`NormOverride` per position name
+    (:data:`schedule.POSITIONS`, which names and describes them)."""
+
+    attn_in: NormOverride = field(default_factory=NormOverride)
+    attn_out: NormOverride = field(default_factory=NormOverride)
+    mlp_in: NormOverride = field(default_factory=NormOverride)
+    mlp_out: NormOverride = field(default_factory=NormOverride)
+    qk: NormOverride = field(default_factory=NormOverride)
+    embedding: NormOverride = field(default_factory=NormOverride)
+    final: NormOverride = field(default_factory=NormOverride)
+
+
+def _kinds_reading(option: str) -> list[str]:
+    """The kinds whose ``Kind.options`` list ``option`` (DyT for ``alpha_init``)."""
+    return [k.name for k, spec in KINDS.items() if option in spec.options]
+
+
+#: The option fields a kind may or may not read (``Kind.options``): null unless the kind reads it.
+KIND_OPTIONS = ("alpha_init",)
+
+
+@dataclass
 class NormConfig:
     """Every norm in the model (per block and final) is built from this by ``norms.build_norm``.
 
     ``eps`` is added to the variance (LayerNorm) or the mean square (RMSNorm) *inside* the square
     root; ``null`` means :data:`DEFAULT_EPS`. ``bias``: ``null`` is the kind's default (a bias for
-    the kinds that take one, :data:`KINDS_WITH_BIAS`), resolved on construction. ``upcast``
+    the kinds that take one, ``Kind.bias`` in the norm table), resolved on construction. ``upcast``
     computes the statistics in fp32 whatever the input dtype; turning it off exists to reproduce
     low-precision failures.
 
@@ -41,11 +82,18 @@ class NormConfig:
     alpha. ``zero_centered``: the weight is stored as w, initialised at 0, and applied as
     ``1 + w`` with the addition in fp32 (Gemma). ``cast``: :class:`NormCast`.
 
-    Where the norms sit (``placement``, ``qk``, ``embedding``, ``blocks``, ``positions``): the
-    other fields are the *base* norm; :meth:`at` derives the norm of one position (and block):
-    the base, then ``positions.<pos>`` (its non-null keys), then the ``blocks`` schedule entry
-    covering the block (kind, and impl when given; it covers every norm of the block, its qk norms
-    too). Grammar and position names: :mod:`normlab.config.schedule`.
+    Which implementation computes which of these options is the norm table's (``Impl``):
+    ``norms.resolve_norm`` refuses an explicit ``impl`` that does not honour one, and resolves
+    ``auto`` to the fastest that honours them all.
+
+    ``depth_scale`` (LayerNorm Scaling, arXiv:2502.05795): the output of each input norm of block
+    l (1-based; ``attn_in``, ``mlp_in``, so pre or peri placement) is scaled by 1/sqrt(l), any kind.
+
+    Where the norms sit (``placement``, ``qk``, ``embedding``, ``depth_scale``, ``blocks``,
+    ``positions``): the other fields are the *base* norm; :meth:`at` derives the norm of one
+    position (and block): the base, then ``positions.<pos>`` (its non-null keys), then the
+    ``blocks`` schedule entry covering the block (kind, and impl when given; it covers every norm
+    of the block, its qk norms too). Grammar and position names: :mod:`normlab.config.schedule`.
     """
 
     kind: NormKind = NormKind.layer
@@ -55,26 +103,23 @@ class NormConfig:
     affine: bool = True
     bias: bool | None = None
     upcast: bool = True
-    # what each norm computes (norms12)
+    # what each norm computes
     alpha_init: float | None = None
     zero_centered: bool = False
     cast: NormCast = NormCast.before_weight
-    # where the norms sit (model12)
+    # where the norms sit
     qk: QKNorm = QKNorm.none  # QK-norm: none | head (over head_dim) | full (over d_model)
     embedding: bool = False  # a norm after token + position embedding
+    depth_scale: bool = False  # LayerNorm Scaling: input norms of block l (1-based) x 1/sqrt(l)
     blocks: str | None = None  # block schedule, e.g. "0-2:rms/3:layer@torch"; null: none
     positions: NormPositions = field(default_factory=lambda: NormPositions())
 
     def __post_init__(self) -> None:
+        self.kind = _as_enum(NormKind, self.kind, "norm.kind")
+        self.impl = _as_enum(NormImpl, self.impl, "norm.impl")
+        self.cast = _as_enum(NormCast, self.cast, "norm.cast")
         self._check_options()
-        if self.eps is not None:
-            _require(
-                math.isfinite(self.eps) and self.eps > 0,
-                "norm.eps",
-                self.eps,
-                "must be a finite number > 0 (or null for the default 1e-5)",
-            )
-        has_bias = self.kind in KINDS_WITH_BIAS
+        has_bias = KINDS[self.kind].bias
         if self.bias is None:
             self.bias = has_bias and self.affine
         _require(
@@ -84,31 +129,30 @@ class NormConfig:
             f"norm.kind={self.kind.name} has no bias (use norm.bias=null or false)",
         )
         _require(self.affine or not self.bias, "norm.bias", True, "a bias needs norm.affine=true")
-        # Kernels that accumulate in fp32 anyway would silently ignore upcast=false: refused.
-        ok = ", ".join(i.name for i in IMPLS_WITH_UPCAST_FALSE)
-        _require(
-            self.upcast or self.impl in IMPLS_WITH_UPCAST_FALSE,
-            "norm.upcast",
-            False,
-            f"upcast=false is only available for impl={ok}, not impl={self.impl.name}",
-        )
         self._check_where()
 
     def _check_options(self) -> None:
-        """alpha_init, zero_centered, cast and eps against the kind (one line each)."""
+        """eps, alpha_init, zero_centered and cast against the kind (one line each)."""
         name = self.kind.name
         _require(
-            self.eps is None or self.kind not in KINDS_WITHOUT_EPS,
+            self.eps is None or KINDS[self.kind].statistic,
             "norm.eps",
             self.eps,
             f"norm.kind={name} has no statistic, so no eps (use norm.eps=null)",
         )
+        if self.eps is not None:
+            _require(
+                math.isfinite(self.eps) and self.eps > 0,
+                "norm.eps",
+                self.eps,
+                "must be a finite number > 0 (or null for the default 1e-5)",
+            )
         if self.alpha_init is not None:
             _require(
-                self.kind in KINDS_WITH_ALPHA,
+                "alpha_init" in KINDS[self.kind].options,
                 "norm.alpha_init",
                 self.alpha_init,
-                f"only norm.kind={'|'.join(k.name for k in KINDS_WITH_ALPHA)} has an alpha "
+                f"only norm.kind={'|'.join(_kinds_reading('alpha_init'))} has an alpha "
                 f"(use norm.alpha_init=null with norm.kind={name})",
             )
             _require(
@@ -133,7 +177,7 @@ class NormConfig:
     def resolved_alpha_init(self) -> float | None:
         """DyT's initial alpha: ``alpha_init`` or :data:`DEFAULT_ALPHA_INIT`; None for kinds
         without an alpha."""
-        if self.kind not in KINDS_WITH_ALPHA:
+        if "alpha_init" not in KINDS[self.kind].options:
             return None
         return DEFAULT_ALPHA_INIT if self.alpha_init is None else float(self.alpha_init)
 
@@ -146,6 +190,14 @@ class NormConfig:
         """Validate the where-the-norms-sit keys (the schedule's block indices: :meth:`check`)."""
         self.placement = _as_enum(Placement, self.placement, "norm.placement")
         self.qk = _as_enum(QKNorm, self.qk, "norm.qk")
+        inputs = {"attn_in", "mlp_in"} & set(PLACEMENT_POSITIONS[self.placement])
+        _require(
+            inputs or not self.depth_scale,
+            "norm.depth_scale",
+            True,
+            f"it scales the input norms (attn_in, mlp_in), and norm.placement="
+            f"{self.placement.name} has none (use pre or peri)",
+        )
         if not isinstance(self.positions, NormPositions):
             self.positions = _positions(self.positions)
         self.schedule  # noqa: B018  (parses, raising on a malformed schedule)
@@ -183,19 +235,36 @@ class NormConfig:
         Raises:
             ConfigError: a block index out of range, or a derived norm that is not valid.
         """
-        entries = self.schedule
-        schedule.check_block_range(self.blocks, entries, n_layer)
-        for e in entries:
-            for pos in self.used_positions():
-                if pos in schedule.BLOCK_POSITIONS:
-                    self.at(pos, e.start)
+        schedule.check_block_range(self.blocks, self.schedule, n_layer)
+        self.derived()
+
+    def derived(self) -> list[tuple[str, NormConfig]]:
+        """Every distinct norm the model builds from this config, with where it sits:
+        ``("norm", base)`` first, then each position's (``"norm.positions.final"``) and each
+        schedule entry's (``"norm.blocks ... (block 3, attn_in)"``), as :meth:`at` derives them.
+
+        Raises:
+            ConfigError: a derived norm that is not valid, naming where.
+        """
+        out: list[tuple[str, NormConfig]] = [("norm", self)]
+        for pos in self.used_positions():
+            if _overrides(self.positions, pos):
+                out.append((f"norm.positions.{pos}", self.at(pos)))
+            if pos not in schedule.BLOCK_POSITIONS:
+                continue
+            for e in self.schedule:
+                out.append(
+                    (f"norm.blocks={self.blocks!r} (block {e.start}, {pos})", self.at(pos, e.start))
+                )
+        return out
 
     def at(self, position: str, block: int | None = None) -> NormConfig:
         """The norm config of ``position`` (in block ``block``; None for embedding/final).
 
         Rebuilt from raw values, so every ``__post_init__`` rule applies again: ``bias`` equal to
-        the base kind's default counts as null (the derived kind's default); a derived config
-        keeps no position overrides or schedule of its own.
+        the base kind's default counts as null (the derived kind's default), and an inherited
+        ``eps`` or kind option the derived kind does not take (a DyT block in a LayerNorm model:
+        no eps) is dropped; a derived config keeps no position overrides or schedule of its own.
 
         Raises:
             ConfigError: an unknown position, or a derived value that is not valid, naming where.
@@ -207,11 +276,12 @@ class NormConfig:
             f"allowed: {', '.join(schedule.POSITIONS)}",
         )
         raw = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in WHERE_KEYS}
-        if raw["bias"] == ((self.kind in KINDS_WITH_BIAS) and self.affine):
+        if raw["bias"] == (KINDS[self.kind].bias and self.affine):
             raw["bias"] = None
         hints = _hints()
         where = f"norm.positions.{position}"
-        for key, v in _overrides(self.positions, position).items():
+        own = _overrides(self.positions, position)
+        for key, v in own.items():
             hint = hints[key]
             is_enum = isinstance(hint, type) and issubclass(hint, Enum)
             raw[key] = _as_enum(hint, v, f"{where}.{key}") if is_enum else v
@@ -221,6 +291,11 @@ class NormConfig:
             raw["kind"] = NormKind[entry.kind]
             if entry.impl is not None:
                 raw["impl"] = NormImpl[entry.impl]
+        spec = KINDS[raw["kind"]]
+        for key in ("eps", *KIND_OPTIONS):  # inherited values the derived kind has no use for
+            takes = spec.statistic if key == "eps" else key in spec.options
+            if key not in own and not takes:
+                raw[key] = None
         try:
             return NormConfig(**raw, placement=self.placement)
         except ConfigError as e:
@@ -232,35 +307,12 @@ def _hints() -> dict[str, Any]:
     return get_type_hints(NormConfig)
 
 
-#: One position's partial override: every NormConfig field but :data:`WHERE_KEYS`, null = inherit.
-#: Generated from NormConfig's fields, so a new norm option is overridable per position as it is.
-NormOverride = make_dataclass(
-    "NormOverride",
-    [(f.name, Any, field(default=None)) for f in fields(NormConfig) if f.name not in WHERE_KEYS],
-)
-NormOverride.__module__ = __name__
-NormOverride.__doc__ = (
-    "Partial NormConfig for one position (``norm.positions.final.kind=rms``). "
-    + " / ".join(f"``{f.name}``" for f in fields(NormOverride))
-    + ": this position's own value of that norm key (null: the base norm's, then the block"
-    " schedule's kind and impl)."
-)
-
-#: ``norm.positions``: one :data:`NormOverride` per position name (:data:`schedule.POSITIONS`).
-NormPositions = make_dataclass(
-    "NormPositions",
-    [(p, NormOverride, field(default_factory=NormOverride)) for p in schedule.POSITIONS],
-)
-NormPositions.__module__ = __name__
-NormPositions.__doc__ = "Per-position norm overrides, keyed by position name."
-
-
-def _overrides(positions: Any, position: str) -> dict[str, Any]:
+def _overrides(positions: NormPositions, position: str) -> dict[str, Any]:
     """The non-null keys of ``positions.<position>``."""
     return {k: v for k, v in asdict(getattr(positions, position)).items() if v is not None}
 
 
-def _positions(values: Any) -> Any:
+def _positions(values: Any) -> NormPositions:
     """``norm.positions`` from plain data (a checkpoint's config, Python callers)."""
     allowed = ", ".join(schedule.POSITIONS)
     _require(isinstance(values, dict), "norm.positions", values, f"a mapping of {allowed}")

@@ -131,10 +131,10 @@ def norm_tag(norm: dict, impl: bool = False, path_safe: bool = False) -> str:
     """A short name for the norm design of a plain ``norm`` config (as in summary.json).
 
     ``kind[schedule]`` (the schedule only when set), the implementation when ``impl``, the
-    placement, then ``qkhead``/``qkfull``, ``emb`` and each position override as ``pos:kind`` or
-    ``pos:key=value``; joined by ``-``. Examples: ``layer-pre``, ``rms-peri-qkhead``,
-    ``layer[0-1:rms]-pre``, ``layer-cpp-post-emb-final:rms``. ``path_safe`` replaces ``/`` (the
-    schedule's separator) by ``+`` for a directory name.
+    placement, then ``qkhead``/``qkfull``, ``emb``, ``ds`` (``depth_scale``) and each position
+    override as ``pos:kind`` or ``pos:key=value``; joined by ``-``. Examples: ``layer-pre``,
+    ``rms-peri-qkhead``, ``layer[0-1:rms]-pre``, ``layer-cpp-post-emb-final:rms``. ``path_safe``
+    replaces ``/`` (the schedule's separator) by ``+`` for a directory name.
     """
     kind = _value(norm.get("kind"))
     blocks = norm.get("blocks")
@@ -147,6 +147,8 @@ def norm_tag(norm: dict, impl: bool = False, path_safe: bool = False) -> str:
         parts.append(f"qk{qk}")
     if norm.get("embedding"):
         parts.append("emb")
+    if norm.get("depth_scale"):
+        parts.append("ds")
     for pos, over in sorted((norm.get("positions") or {}).items()):
         for key, v in sorted((over or {}).items()):
             if v is not None:

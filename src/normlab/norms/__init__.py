@@ -1,28 +1,36 @@
-"""The norm factory: every norm in the model is built here, from the norm table (``table.py``).
+"""The norm factory: every norm in the model is resolved and built here, from the norm table.
 
+The table (:mod:`normlab.config.norm_table`, re-exported by :mod:`normlab.norms.table`) says
+which implementations each kind has, where each runs and which options each honours;
 ``available_impls``, ``auto``, the error messages that list allowed values and the classes built
-are all derived from :data:`~normlab.norms.table.KINDS` and :data:`~normlab.norms.table.IMPLS`;
-classes are named as ``"module:attr"`` strings so a kernel module (Triton, C++) is imported only
-when it is chosen.
+all derive from it.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import importlib.util
+import logging
 import os
-from collections.abc import Callable
+from enum import Enum
 
 from torch import nn
 
 from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
-from normlab.norms.table import AUTO, IMPLS, KINDS, Impl
+from normlab.norms.table import AUTO, IMPLS, KINDS, Impl, norm_class, oracle
 
+log = logging.getLogger(__name__)
 
-def _load(target: str):
-    module, attr = target.split(":")
-    return getattr(importlib.import_module(module), attr)
+__all__ = [
+    "auto_impl",
+    "available_impls",
+    "build_norm",
+    "norm_class",
+    "oracle",
+    "resolve_norm",
+    "triton_usable",
+    "unavailable_reason",
+]
 
 
 def unavailable_reason(impl: NormImpl, device_type: str) -> str | None:
@@ -65,81 +73,92 @@ def _allowed(kind: NormKind, device_type: str) -> str:
     return ", ".join([*available_impls(device_type, kind), "auto"])
 
 
-def auto_impl(kind: NormKind, device_type: str) -> NormImpl:
+def _lacks(cfg: NormConfig, impl: NormImpl) -> str | None:
+    """What of ``cfg`` ``impl`` does not compute (``"no kind=dyt"``, ``"zero_centered=true"``), or
+    None when it is an implementation of ``cfg.kind`` that honours all its options."""
+    if impl not in KINDS[cfg.kind].impls:
+        return f"no kind={cfg.kind.name}"
+    key, value = IMPLS[impl].unhonoured(cfg.upcast, cfg.cast, cfg.zero_centered)
+    return f"{key}={_typed(value)}" if key else None
+
+
+def _typed(value: object) -> str:
+    """A value as the user types it: an Enum's name, a bool in lower case."""
+    return value.name if isinstance(value, Enum) else str(value).lower()
+
+
+def auto_impl(kind: NormKind, device_type: str, cfg: NormConfig | None = None) -> NormImpl:
     """What ``norm.impl=auto`` means for ``kind`` on ``device_type``: the first implementation of
-    ``table.AUTO[device_type]`` (or ``AUTO["*"]``) that the kind has; it may still be unable to
-    run there (``resolve_norm`` then refuses, never falls back)."""
-    prefs = AUTO.get(device_type, AUTO["*"])
-    return next((i for i in prefs if i in KINDS[kind].impls), next(iter(KINDS[kind].impls)))
-
-
-def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
-    """Return ``cfg`` with ``impl=auto`` replaced by a concrete implementation and eps filled in
-    (statistic kinds; the others have none and keep ``eps=None``).
+    ``table.AUTO[device_type]`` (or ``AUTO["*"]``) that the kind has and that honours every option
+    of ``cfg`` and of every norm derived from it that inherits ``auto`` (its positions and block
+    schedule: one implementation for the model's norms). One ranking for every kind, so that kinds
+    compared in a sweep with the same options get the same implementation wherever they have it.
+    The ones passed over are logged with the reason. It may still be unable to run there
+    (``resolve_norm`` then refuses, never falls back).
 
     Raises:
-        ConfigError: the kind has no such implementation, or it cannot run on ``device_type``,
-            or it does not honour ``norm.upcast`` / ``norm.cast`` / ``norm.zero_centered`` as
-            set (``Impl`` flags); one line naming the value and the allowed ones, never a silent
-            fallback.
+        ConfigError: no implementation of the ranking computes every such norm as asked.
     """
-    impl = auto_impl(cfg.kind, device_type) if cfg.impl == NormImpl.auto else cfg.impl
-    shown = f"norm.impl={cfg.impl.name}" + (f" (-> {impl.name})" if impl != cfg.impl else "")
-    if impl not in KINDS[cfg.kind].impls:
-        raise ConfigError(
+    cfg = cfg or NormConfig(kind=kind)
+    inheriting = [d for _, d in cfg.derived() if d.impl == NormImpl.auto]
+    prefs = AUTO.get(device_type, AUTO["*"])
+    passed_over = []
+    for impl in prefs:
+        lacking = next((why for d in inheriting if (why := _lacks(d, impl))), None)
+        if lacking is None:
+            if passed_over:
+                log.info(
+                    "norm.impl=auto -> %s (passed over: %s)", impl.name, "; ".join(passed_over)
+                )
+            return impl
+        passed_over.append(f"{impl.name}: {lacking}")
+    raise ConfigError(
+        f"norm.impl=auto: none of {', '.join(i.name for i in prefs)} computes every norm of this "
+        f"model as asked ({'; '.join(passed_over)}); set norm.impl, or an impl per position"
+    )
+
+
+def _refusal(cfg: NormConfig, shown: str, device_type: str) -> str | None:
+    """One line saying why ``cfg.impl`` (``shown`` as the user set it) cannot build ``cfg`` on
+    ``device_type``, or None when it can."""
+    if cfg.impl not in KINDS[cfg.kind].impls:
+        return (
             f"{shown} has no norm.kind={cfg.kind.name} implementation; "
             f"allowed here: {_allowed(cfg.kind, device_type)}"
         )
-    if cfg.bias and not KINDS[cfg.kind].bias:
-        raise ConfigError(f"norm.bias=true is not allowed: norm.kind={cfg.kind.name} has no bias")
-    if not cfg.upcast and not IMPLS[impl].upcast_false:
-        allowed = ", ".join(i.name for i, spec in IMPLS.items() if spec.upcast_false)
-        raise ConfigError(f"norm.upcast=false is not honoured by {shown}; only by: {allowed}")
-    _refuse_unhonoured(cfg, impl, shown)
-    reason = unavailable_reason(impl, device_type)
+    key, value = IMPLS[cfg.impl].unhonoured(cfg.upcast, cfg.cast, cfg.zero_centered)
+    if key:
+        allowed = ", ".join(i.name for i, spec in IMPLS.items() if spec.honours(key, value))
+        return f"norm.{key}={_typed(value)} is not honoured by {shown}; only by: {allowed}"
+    reason = unavailable_reason(cfg.impl, device_type)
     if reason is not None:
-        raise ConfigError(
+        return (
             f"{shown} cannot run on device {device_type!r}: {reason}; "
             f"allowed here: {_allowed(cfg.kind, device_type)}"
         )
-    eps = cfg.resolved_eps if KINDS[cfg.kind].statistic else None  # eps only where it means one
-    return dataclasses.replace(cfg, impl=impl, eps=eps)
+    return None
 
 
-def _refuse_unhonoured(cfg: NormConfig, impl: NormImpl, shown: str) -> None:
-    """``norm.cast`` / ``norm.zero_centered`` the implementation does not compute (``Impl.casts``,
-    ``Impl.zero_centered``): one line naming the implementations that do."""
-    if cfg.cast not in IMPLS[impl].casts:
-        allowed = ", ".join(i.name for i, spec in IMPLS.items() if cfg.cast in spec.casts)
-        raise ConfigError(
-            f"norm.cast={cfg.cast.name} is not honoured by {shown}; only by: {allowed}"
-        )
-    if cfg.zero_centered and not IMPLS[impl].zero_centered:
-        allowed = ", ".join(i.name for i, spec in IMPLS.items() if spec.zero_centered)
-        raise ConfigError(f"norm.zero_centered=true is not honoured by {shown}; only by: {allowed}")
-
-
-def norm_class(kind: NormKind, impl: NormImpl) -> type[nn.Module]:
-    """The module class the table names for ``(kind, impl)``; ``impl`` must be concrete.
+def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
+    """Return ``cfg`` with ``impl=auto`` replaced by a concrete implementation (:func:`auto_impl`)
+    and eps filled in (statistic kinds; the others have none and keep ``eps=None``). Every norm
+    the model derives from it (positions, block schedule) is checked against its implementation
+    here, once: the kind has it, it honours the options as set, it runs on the device.
 
     Raises:
-        ConfigError: ``impl`` is auto, or the kind has no such implementation.
+        ConfigError: one line naming the value and the allowed ones (prefixed by where, for a
+            derived norm), never a silent fallback.
     """
-    try:
-        target = KINDS[kind].impls[impl]
-    except KeyError:
-        allowed = ", ".join(i.name for i in KINDS[kind].impls)
-        raise ConfigError(
-            f"norm.impl={impl.name!r} is not a concrete norm.kind={kind.name} implementation; "
-            f"allowed: {allowed}"
-        ) from None
-    return _load(target)
-
-
-def oracle(kind: NormKind) -> Callable:
-    """The kind's float64 oracle ``(x, weight, bias, eps, *extra_params) -> y`` (float64), from
-    the table; ``weight`` is the applied gain."""
-    return _load(KINDS[kind].oracle)
+    impl = auto_impl(cfg.kind, device_type, cfg) if cfg.impl == NormImpl.auto else cfg.impl
+    eps = cfg.resolved_eps if KINDS[cfg.kind].statistic else None  # eps only where it means one
+    resolved = dataclasses.replace(cfg, impl=impl, eps=eps)
+    arrow = f" (-> {impl.name})" if impl != cfg.impl else ""
+    for (where, asked), (_, norm) in zip(cfg.derived(), resolved.derived(), strict=True):
+        shown = f"norm.impl={asked.impl.name}" + (arrow if asked.impl == NormImpl.auto else "")
+        reason = _refusal(norm, shown, device_type)
+        if reason is not None:
+            raise ConfigError(reason if where == "norm" else f"{where}: {reason}")
+    return resolved
 
 
 def build_norm(cfg: NormConfig, d_model: int) -> nn.Module:

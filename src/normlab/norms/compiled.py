@@ -1,25 +1,23 @@
 """``torch.compile`` of the reference norms, forward and backward each one compiled function.
 
 Differentiating ``torch.compile(reference)`` leaves the backward to AOTAutograd and inductor, which
-(torch 2.13, CPU) reduce ``dweight`` / ``dbias`` column by column over all rows: a strided sweep
-that re-reads x and dy with little prefetching (for bf16, half a cache line per access). Here an
+(on CPU) reduce ``dweight`` / ``dbias`` column by column over all rows: a strided sweep that
+re-reads x and dy with little prefetching (for bf16, half a cache line per access). Here an
 ``autograd.Function`` runs a compiled forward that is the reference formula and also returns the
 row sums behind the statistics (sum of squares; for LayerNorm also the row sum), saved so the
 backward never re-reduces x, and a compiled backward in closed form that reduces the parameter
 gradients in blocks of 16 rows (``(rows / 16, 16, d).sum(1).sum(0)``): the partial sums of a block
 stay in vector registers while its rows stream through, and the blocks spread over the threads.
-``normlab-bench`` measures the effect (torch 2.13, 2-core CPU, 8192 x 768, fwd+bwd vs compiling
-the reference: RMSNorm about 20% less time in fp32, LayerNorm about 25-40%; the 16-row blocks
-took the backward from about 7.3 to 5.3-5.9 ms in fp32, vs 256-row blocks). Inductor still makes
-two passes over x and dy in the backward (one for ``dweight``, one for ``dx``);
-``cpp_impl.py``'s kernels make one.
+``normlab-bench`` measures the effect (docs/results has the figures). Inductor still makes two
+passes over x and dy in the backward (one for ``dweight``, one for ``dx``); ``cpp_impl.py``'s
+kernels make one.
 
 Numerics: the forward is the reference's arithmetic (upcast to at least fp32, statistics and
 normalization there, then the affine step in the ``norm.cast`` order). It is compiled with
 inductor's ``emulate_precision_casts``, so that ``cast=before_weight`` really rounds ``x_hat`` to
 bf16/fp16 before the multiply, as the eager reference does (without it inductor fuses the cast and
-the multiply, one rounding fewer: neither cast order; measured 35-43% of bf16 elements off the
-reference, none with it; fp32 is unaffected). The backward computes in the statistics dtype
+the multiply, one rounding fewer: neither cast order, and a large share of bf16 elements off the
+reference; none with it; fp32 is unaffected). The backward computes in the statistics dtype
 (fp32, or fp64 for fp64 input): within fp32 rounding of autograd through the reference in fp32, at
 least as accurate in bf16/fp16. ``upcast=False`` (refused by the config for this implementation)
 falls back to compiling the reference as a whole.
@@ -41,7 +39,7 @@ from normlab.norms.reference import (
 )
 
 #: Rows per block in the dweight / dbias reductions: each block's partial column sums stay in
-#: vector registers while its rows stream through (measured best of 4, 8, 16, 32 on this CPU).
+#: vector registers while its rows stream through (the best of 4, 8, 16 and 32 in normlab-bench).
 ROW_BLOCK = 16
 
 
@@ -208,8 +206,6 @@ class _LayerNormFn(torch.autograd.Function):
 class CompiledLayerNorm(ReferenceLayerNorm):
     """Reference LayerNorm, forward and backward compiled; same parameters, same results."""
 
-    forward_ad = False
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         if not self.upcast:
@@ -219,8 +215,6 @@ class CompiledLayerNorm(ReferenceLayerNorm):
 
 class CompiledRMSNorm(ReferenceRMSNorm):
     """Reference RMSNorm, forward and backward compiled; same parameters, same results."""
-
-    forward_ad = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

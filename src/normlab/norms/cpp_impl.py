@@ -1,14 +1,14 @@
 """normlab's fused C++ LayerNorm and RMSNorm for CPU (``norm.impl=cpp``), forward and backward.
 
 The kernels (``cpu_kernels.cpp``) are compiled on first use with ``torch.utils.cpp_extension``
-(g++ and ninja; about 10-12 s on this 2-core machine, announced as a log warning), once per
+(g++ and ninja; seconds, announced as a log warning), once per
 machine and version of the kernel source (the build is named by a hash of the source and flags),
 then loaded from ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). The vector ISA
 is the one inductor picks for this CPU (AVX-512, plus AVX512-BF16 where present; AVX2 elsewhere).
 The ops are registered as ``torch.ops.normlab_cpu``: ``norm(x, weight?, bias?, eps, rms) -> y``,
 the one the modules call, has its autograd registered in C++ (a ``torch::autograd::Node``, at the
-end of ``cpu_kernels.cpp``), so a call carries no Python ``autograd.Function`` (that cost about
-0.07 ms a call, more than the kernel itself at 16 rows); ``norm_fwd`` / ``norm_bwd`` are the kernels
+end of ``cpu_kernels.cpp``), so a call carries no Python ``autograd.Function`` (whose overhead
+exceeds the kernel itself on short inputs); ``norm_fwd`` / ``norm_bwd`` are the kernels
 it calls through the dispatcher (``torch.compile`` traces them with the fakes registered here).
 
 Why they exist: on CPU, PyTorch's RMSNorm is not fused and inductor's code for the backward makes
@@ -27,13 +27,13 @@ Semantics (last dimension of size d normalised; as ``reference.py`` and ``triton
   biased variance (two passes over the row: no cancellation), eps inside the square root.
 * RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467): ``y = x * rsqrt(mean(x^2) + eps) * w``.
 * dtypes: fp32, fp64, bf16, fp16 input. Statistics and every sum in fp32 (fp64 for fp64 input),
-  a row's statistics in blocks of 4096 elements whose sums are added in double (rows of millions
-  of elements stay at ~1e-7 relative, as PyTorch's own; summed straight they were 1.5e-5 off);
+  a row's statistics in blocks of 4096 elements whose sums are added in double (so rows of
+  millions of elements keep fp32 accuracy, as PyTorch's own; summed straight they would not);
   ``x_hat`` rounded to the input dtype, times ``w`` rounded to the input dtype, rounded, plus ``b``,
   rounded: the roundings of the eager reference (``reference.py``), so a bf16/fp16 output equals the
   reference's except where the statistics, summed in another order, put ``x_hat`` on the other side
-  of a rounding tie (a few elements in 10^5, one unit apart). PyTorch's own ``F.layer_norm`` /
-  ``F.rms_norm`` round once, at the end, and differ from both in about a quarter of bf16 elements.
+  of a rounding tie (rare, one unit apart). PyTorch's own ``F.layer_norm`` / ``F.rms_norm`` round
+  once, at the end, and so differ from both in many bf16 elements.
   With AVX512-BF16, ``vdpbf16ps`` / ``vcvtneps2bf16`` read bf16 values below 1.2e-38 as zero.
 * Saved for backward: x as contiguous ``(rows, d)`` (a copy when the input was not contiguous),
   the weight as the kernel takes it, ``mean`` and ``rstd`` ``(rows,)`` (``mean`` is zeros for
@@ -42,8 +42,8 @@ Semantics (last dimension of size d normalised; as ``reference.py`` and ``triton
   (RMSNorm without ``mean_d(g)``), ``dw = sum_rows(dy * x_hat)``, ``db = sum_rows(dy)``: column sums
   kept in fp32 per thread, summed in fp32 in thread order by the kernel, cast to the parameter dtype
   at the end. The rows each
-  thread takes depend on the thread count, so ``dw`` / ``db`` change in the last fp32 bits with it
-  (relative 1e-6 between 1 and 2 threads), as with PyTorch's own CPU LayerNorm; fixed threads give
+  thread takes depend on the thread count, so ``dw`` / ``db`` change in the last fp32 bits with it,
+  as with PyTorch's own CPU LayerNorm; fixed threads give
   bit-identical results.
 
 Any leading shape; non-contiguous input is copied to contiguous rows first. CPU tensors only: the
@@ -69,7 +69,7 @@ from typing import ClassVar
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from normlab.config import ConfigError, NormImpl
+from normlab.config import ConfigError
 from normlab.norms.reference import NormBase
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
@@ -132,7 +132,7 @@ def build(name: str, source: Path, flags: list[str]) -> None:
         if not (build_dir / f"{name}.so").exists():
             log.warning(
                 "normlab: building the C++ norm kernels for this machine (norm.impl=cpp, once; "
-                "about 10 s) in %s",
+                "seconds) in %s",
                 build_dir,
             )
         try:
@@ -315,7 +315,6 @@ class _CppNorm(NormBase):
     kernels happens in ``__init__``: a missing compiler is a config error before training starts."""
 
     is_rms: ClassVar[bool]
-    impl = NormImpl.cpp  # NormBase refuses the cast / zero_centered the table says it lacks
 
     def __init__(
         self,
@@ -346,7 +345,7 @@ class _CppNorm(NormBase):
 
 class CppLayerNorm(_CppNorm):
     """Fused C++ LayerNorm for CPU; ``(..., d)`` in, same shape and dtype out. Statistics always in
-    fp32 (``config.NormConfig`` forbids ``upcast=false`` for this implementation)."""
+    fp32 (the norm table: it does not honour ``upcast=false``, refused by ``resolve_norm``)."""
 
     is_rms = False
 
@@ -355,4 +354,3 @@ class CppRMSNorm(_CppNorm):
     """Fused C++ RMSNorm for CPU; ``(..., d)`` in, same shape and dtype out; no bias."""
 
     is_rms = True
-    takes_bias = False

@@ -64,8 +64,6 @@ class ReferenceDyT(NormBase):
     """Eager DyT; ``(..., d)`` in, same shape and dtype out; parameters ``alpha`` ``(1,)`` (at
     ``alpha_init``, > 0), ``weight`` and ``bias`` as every norm."""
 
-    forward_ad = True
-
     def __init__(
         self,
         d: int,
@@ -171,8 +169,6 @@ class _DyTFn(torch.autograd.Function):
 class CompiledDyT(ReferenceDyT):
     """DyT with a compiled forward and a compiled closed-form backward; same parameters and results
     as :class:`ReferenceDyT` (double backward through the reference formula, no forward AD)."""
-
-    forward_ad = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

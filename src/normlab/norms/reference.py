@@ -26,8 +26,8 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import nn
 
-from normlab.config import NormCast, NormImpl
-from normlab.norms.table import IMPLS
+from normlab.config import NormCast
+from normlab.norms.table import IMPLS, JVP, KINDS, table_entry
 
 
 def _affine(y_hat, weight, bias, dtype, after: bool = False):
@@ -176,19 +176,20 @@ class NormBase(nn.Module):
     Both are None otherwise (registered as None, like ``nn.LayerNorm``). ``cast``: a
     :class:`~normlab.config.NormCast` (``after``: True for ``after_weight``).
 
-    Raises:
-        ValueError: ``bias=True`` for a kind without one (``takes_bias = False``: RMSNorm); a
-            ``cast`` or ``zero_centered`` the class's implementation (``impl``, looked up in the
-            norm table) does not honour; ``zero_centered`` without ``affine``.
+    What the class may be asked for is the norm table's, looked up by the class itself (the
+    ``(kind, impl)`` entry naming it): a bias only if ``Kind.bias``, the ``cast`` /
+    ``zero_centered`` its ``Impl`` honours; ``forward_ad`` (the implementation computes
+    forward-mode AD, plain differentiable torch ops) is ``JVP in Impl.autograd``, so that a kernel
+    behind an ``autograd.Function`` refuses tangents in :meth:`check_input` instead of returning
+    zeros. A class the table does not list (a test's) takes a bias and every option, and keeps its
+    class attribute ``forward_ad``.
 
-    ``forward_ad``: the implementation computes forward-mode AD (plain differentiable torch ops).
-    False by default, so that a kernel behind an ``autograd.Function`` refuses tangents in
-    :meth:`check_input` instead of returning zeros (the norm table's ``Impl.autograd`` says it).
+    Raises:
+        ValueError: ``bias=True`` for a kind without one; a ``cast`` or ``zero_centered`` the
+            class's implementation does not honour; ``zero_centered`` without ``affine``.
     """
 
-    takes_bias: ClassVar[bool] = True
-    forward_ad: ClassVar[bool] = False
-    impl: ClassVar[NormImpl | None] = None  # set where the table refuses some options
+    forward_ad: ClassVar[bool] = False  # for a class the table does not list
 
     def __init__(
         self,
@@ -200,10 +201,11 @@ class NormBase(nn.Module):
         zero_centered: bool = False,
         cast: NormCast = NormCast.before_weight,
     ):
-        if bias and not self.takes_bias:
-            raise ValueError(f"{type(self).__name__} takes no bias (RMSNorm has none)")
-        self._refuse_options(NormCast(cast), zero_centered, affine)
+        self._refuse_options(bias, NormCast(cast), zero_centered, affine)
         super().__init__()
+        _, impl = table_entry(type(self))
+        if impl is not None:
+            self.forward_ad = JVP in IMPLS[impl].autograd
         self.d, self.eps, self.upcast = d, float(eps), upcast
         self.zero_centered, self.cast = zero_centered, NormCast(cast)
         self.after = self.cast == NormCast.after_weight
@@ -211,15 +213,21 @@ class NormBase(nn.Module):
         self.register_parameter("weight", nn.Parameter(init) if affine else None)
         self.register_parameter("bias", nn.Parameter(torch.zeros(d)) if (affine and bias) else None)
 
-    def _refuse_options(self, cast: NormCast, zero_centered: bool, affine: bool) -> None:
+    def _refuse_options(
+        self, bias: bool, cast: NormCast, zero_centered: bool, affine: bool
+    ) -> None:
         name = type(self).__name__
         if zero_centered and not affine:
             raise ValueError(f"{name}: zero_centered needs affine=True (a weight to centre)")
-        spec = IMPLS.get(self.impl) if self.impl is not None else None
-        if spec is not None and cast not in spec.casts:
-            raise ValueError(f"{name} (impl={self.impl.name}) does not honour cast={cast.name}")
-        if spec is not None and zero_centered and not spec.zero_centered:
-            raise ValueError(f"{name} (impl={self.impl.name}) does not honour zero_centered")
+        kind, impl = table_entry(type(self))
+        if kind is None:
+            return
+        if bias and not KINDS[kind].bias:
+            raise ValueError(f"{name} takes no bias (norm.kind={kind.name} has none)")
+        for key, value in (("cast", cast), ("zero_centered", zero_centered)):
+            if not IMPLS[impl].honours(key, value):
+                shown = value.name if key == "cast" else "true"
+                raise ValueError(f"{name} (impl={impl.name}) does not honour {key}={shown}")
 
     def gain(self) -> torch.Tensor | None:
         """The applied weight ``(d,)``: ``weight``, or ``1 + weight`` added in fp32 (fp64 for fp64
@@ -259,8 +267,6 @@ class NormBase(nn.Module):
 class ReferenceLayerNorm(NormBase):
     """Eager LayerNorm with fp32 statistics; input and output ``(..., d)`` in the input dtype."""
 
-    forward_ad = True
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         return layer_norm_ref(x, self.gain(), self.bias, self.eps, self.upcast, self.after)
@@ -268,8 +274,6 @@ class ReferenceLayerNorm(NormBase):
 
 class ReferenceRMSNorm(NormBase):
     """Eager RMSNorm with fp32 statistics; input and output ``(..., d)`` in the input dtype."""
-
-    takes_bias, forward_ad = False, True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

@@ -39,8 +39,6 @@ class TorchLayerNorm(NormBase):
     """``F.layer_norm`` (the op behind ``nn.LayerNorm``); ``(..., d)`` in, same shape and dtype
     out."""
 
-    forward_ad = True
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         op = lambda x, w, b: F.layer_norm(x, (self.d,), w, b, self.eps)  # noqa: E731
         return _torch_norm(self, x, op, self.bias)
@@ -49,10 +47,8 @@ class TorchLayerNorm(NormBase):
 class TorchRMSNorm(NormBase):
     """``F.rms_norm`` (the op behind ``nn.RMSNorm``); ``(..., d)`` in, same shape and dtype out.
 
-    On CPU this op is not fused (about 20 kernels for forward+backward): see ``normlab-bench``.
+    On CPU this op is not fused (many small kernels for forward+backward): see ``normlab-bench``.
     """
-
-    takes_bias, forward_ad = False, True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         op = lambda x, w, b: F.rms_norm(x, (self.d,), w, self.eps)  # noqa: E731

@@ -250,8 +250,6 @@ class TritonDyT(ReferenceDyT):
     """Fused Triton DyT; ``(..., d)`` in, same shape and dtype out; tanh always in fp32
     (``config.NormConfig`` forbids ``upcast=false`` for triton)."""
 
-    forward_ad = False
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         return _TritonDyTFn.apply(x, self.alpha, self.gain(), self.bias, self.after)

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from normlab.config import norm_table
 from normlab.config.schedule import norm_tag
 
 NAN = float("nan")
@@ -328,8 +329,8 @@ def _label_overrides(run: Run, ignore: tuple[str, ...] = ()) -> dict[str, str]:
     return {k: o for k, o in keys.items() if k != "seed" and k not in ignore and not is_inert(k)}
 
 
-#: Keys that say where the norms sit (``normlab.config.norm.WHERE_KEYS``, under ``norm.``).
-WHERE_KEYS = ("norm.placement", "norm.qk", "norm.embedding", "norm.blocks", "norm.positions")
+#: Keys that say where the norms sit (the norm table's ``WHERE_KEYS``, under ``norm.``).
+WHERE_KEYS = tuple(f"norm.{k}" for k in norm_table.WHERE_KEYS)
 
 
 def design_tag(run: Run) -> str:

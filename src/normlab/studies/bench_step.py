@@ -1,6 +1,6 @@
 """``normlab-bench step``: whole optimizer steps of two training setups, timed in interleaved pairs.
 
-``normlab-bench step --a norm=layer --b norm=fused model=small data.batch_size=8`` builds both
+``normlab-bench step --a norm=layer --b norm=rms model=small data.batch_size=8`` builds both
 setups with ``training.setup.build_run`` (as ``train`` builds them) in one process and times the
 training step itself, ``training.step.train_step`` (micro-batches forward + backward, unscale,
 clip, AdamW, ``zero_grad``; its batches drawn inside, as in training), in interleaved pairs (A B,

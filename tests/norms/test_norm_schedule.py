@@ -20,7 +20,7 @@ from normlab.report.runs import Run, choose_baseline, label_runs
 from normlab.training.sample import load_run
 from normlab.training.tracking import run_names
 
-from .conftest import run_cli
+from ..conftest import run_cli
 
 KINDS, IMPLS = ["layer", "rms"], ["torch", "reference", "cpp"]
 

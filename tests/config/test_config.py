@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
 from normlab.compose import to_train_config
@@ -13,12 +16,14 @@ from normlab.config import (
     NormConfig,
     NormImpl,
     NormKind,
+    NormOverride,
     Placement,
     Precision,
-    TrainConfig,
+    to_plain,
 )
+from normlab.config.norm_table import WHERE_KEYS
 
-from .conftest import CONF_DIR
+from ..conftest import CONF_DIR
 
 GROUPS = ["model", "norm", "precision", "data", "optim", "logger", "experiment"]
 
@@ -27,13 +32,26 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
 
 
+def _set_by(path) -> dict:
+    """The plain values a group file sets (null and ``???`` left out: the schema fills them)."""
+    values = OmegaConf.to_container(OmegaConf.load(path))
+    return {k: v for k, v in values.items() if v is not None and v != "???"}
+
+
 @pytest.mark.parametrize("group", GROUPS)
 def test_every_option_of_every_group_composes_into_a_valid_train_config(compose_cfg, group):
+    """Each file composes and validates, and every value a group file sets is the typed config's
+    (an experiment file sets many groups: composing and validating it is its check)."""
     extra = {"text_files": ["data.path=/tmp"]}
     for option in options(group):
-        cfg = compose_cfg([f"{group}={option}", *extra.get(option, [])])
-        tc = to_train_config(cfg)
-        assert isinstance(tc, TrainConfig)
+        tc = to_train_config(compose_cfg([f"{group}={option}", *extra.get(option, [])]))
+        if group == "experiment":
+            continue
+        typed = to_plain(getattr(tc, group))
+        for key, value in _set_by(CONF_DIR / group / f"{option}.yaml").items():
+            assert typed[key] == value, (
+                f"{group}={option}: {key} is {typed[key]!r}, file: {value!r}"
+            )
 
 
 def test_defaults_are_gpt2_small_layernorm_fp32_shakespeare_wandb_offline(compose_cfg):
@@ -68,8 +86,10 @@ def test_every_norm_file_shares_the_one_eps_default(compose_cfg):
         assert tc.norm.eps is None and tc.norm.resolved_eps == DEFAULT_EPS
 
 
-def test_fused_norm_is_rmsnorm_with_auto_implementation(compose_cfg):
-    tc = to_train_config(compose_cfg(["norm=fused"]))
+def test_norm_fused_is_gone_and_norm_rms_is_its_replacement(compose_cfg):
+    """``norm=fused`` was RMSNorm with ``impl: auto``, the same as ``norm=rms``: it is no option."""
+    assert "fused" not in options("norm")
+    tc = to_train_config(compose_cfg(["norm=rms"]))
     assert tc.norm.kind == NormKind.rms and tc.norm.impl == NormImpl.auto
 
 
@@ -105,7 +125,7 @@ def test_unknown_group_option_lists_the_available_choices(compose_cfg):
         (["max_steps=0"], "max_steps=0"),
         (["model.d_model=100", "model.n_head=12"], "model.d_model=100"),
         (["norm=rms", "norm.bias=true"], "norm.bias=true"),
-        (["norm.upcast=false"], "norm.upcast=false"),
+        (["norm.upcast=false", "norm.cast=after_weight"], "norm.cast=after_weight"),
         (["optim.lr=0"], "optim.lr=0"),
         (["optim.grad_accum=0"], "optim.grad_accum=0"),
         (["data.val_fraction=0.9"], "data.val_fraction=0.9"),
@@ -129,3 +149,24 @@ def test_enum_member_names_are_the_strings_users_type():
     # OmegaConf validates enum values by member *name*: a mismatch would make `norm=rms` unusable.
     for enum in (NormKind, NormImpl, Placement, Precision):
         assert all(m.name == m.value for m in enum)
+
+
+def test_train_norm_fused_is_refused_in_one_line_naming_its_replacement(tmp_path):
+    from ..conftest import run_cli
+
+    r = run_cli(["norm=fused", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path, timeout=120)
+    assert r.returncode == 2 and not (tmp_path / "run").exists()
+    assert r.stderr.strip().splitlines() == [
+        "normlab: error: norm=fused is retired: use norm=rms (the same norm)"
+    ]
+
+
+def test_every_key_of_one_norm_can_be_set_per_position():
+    """``NormOverride`` holds every NormConfig key but where the norms sit: a per-norm option
+    added to NormConfig alone could not be set per position."""
+    per_norm = {f.name for f in fields(NormConfig)} - set(WHERE_KEYS)
+    assert {f.name for f in fields(NormOverride)} == per_norm
+    cfg = NormConfig(positions={"final": {"kind": "rms", "zero_centered": True, "eps": 1e-3}})
+    final = cfg.at("final")
+    assert (final.kind, final.zero_centered, final.eps) == (NormKind.rms, True, 1e-3)
+    assert cfg.at("attn_in").kind == NormKind.layer

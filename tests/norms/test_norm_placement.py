@@ -15,7 +15,7 @@ from normlab.norms import resolve_norm
 from normlab.training.diagnostics import named_norms
 from normlab.training.loop import train
 
-from .conftest import run_cli
+from ..conftest import run_cli
 
 D, V, T = 32, 64, 16
 
