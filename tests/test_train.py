@@ -276,16 +276,15 @@ def test_a_healthy_run_counts_no_skipped_steps(compose_cfg, tmp_path):
 def test_the_skipped_fraction_rule_of_a_finished_run(skipped, fraction, status):
     from types import SimpleNamespace
 
-    from normlab.training.run_state import Progress
+    from normlab.training.record import Progress, RunRecord
 
-    p = SimpleNamespace(
-        metrics=SimpleNamespace(skipped_steps=skipped, last_finite_loss=1.0),
-        done=6,
-        max_skipped_fraction=fraction,
-        summary={},
+    progress = Progress(
+        step=5, done=6, train_time_s=0.0, val_loss=None, val_row={}, wall_before=0.0, t_start=0.0
     )
-    Progress.complete(p)  # 6 steps, ``skipped`` of them skipped by the scaler
-    assert p.summary["status"] == status
+    record = RunRecord(progress=progress, summary={"status": "running"})
+    metrics = SimpleNamespace(skipped_steps=skipped, last_finite_loss=1.0)
+    record.complete("max_steps", metrics, fraction)  # 6 steps, ``skipped`` of them skipped
+    assert record.status == status
 
 
 def test_the_divergence_rule_relative_to_the_first_loss():
