@@ -33,6 +33,7 @@ from normlab.data.corpus import (
     file_format,
     held_out,
     relative_names,
+    split_by_tails,
     split_by_work,
 )
 from normlab.data.sampler import BatchSampler
@@ -86,7 +87,8 @@ ONLY_WHEN = {
 def fingerprint_settings(cfg: DataConfig, files: list[Path]) -> dict:
     """The settings :func:`fingerprint` hashes: every field of ``type(cfg)`` (dataclass fields,
     so a subclass's new field too) except :data:`NOT_IN_FINGERPRINT` and the :data:`ONLY_WHEN`
-    fields whose rule does not hold; ``format`` is resolved (``auto`` -> the files' format)."""
+    fields whose rule does not hold; ``format`` is resolved (``auto`` -> the files' format), and
+    ``val_split: tails`` added when text files hold out their tails (:func:`split_by_tails`)."""
     settings = {
         f.name: getattr(cfg, f.name)
         for f in dataclasses.fields(cfg)
@@ -94,6 +96,8 @@ def fingerprint_settings(cfg: DataConfig, files: list[Path]) -> dict:
         and (f.name not in ONLY_WHEN or ONLY_WHEN[f.name](cfg, files))
     }
     settings["format"] = file_format(cfg, files) if cfg.format != DataFormat.hub else "hub"
+    if settings["format"] == "text" and split_by_tails(files, cfg.val_fraction):
+        settings["val_split"] = "tails"  # absent for whole works: their caches keep their names
     return settings
 
 
