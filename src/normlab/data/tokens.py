@@ -65,8 +65,9 @@ def encode_bytes(text: str) -> np.ndarray:
 
 
 #: DataConfig fields that never change the tokens, each with the reason. Every other field of
-#: DataConfig (a new one included) is hashed by :func:`fingerprint`; tests/test_data_fingerprint.py
-#: checks each reason by preparing with two values and comparing the shards.
+#: DataConfig (a new one included) is hashed by :func:`fingerprint`;
+#: tests/data/test_data_fingerprint.py checks each reason by preparing with two values and
+#: comparing the shards.
 NOT_IN_FINGERPRINT = {
     "path": "the files it names are hashed instead, by relative name and contents",
     "file_glob": "the files it selects are hashed instead, by relative name and contents",

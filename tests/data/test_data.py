@@ -94,7 +94,7 @@ def test_a_folder_of_empty_files_is_refused_in_one_line_naming_it(tmp_path):
 
 
 def test_train_on_a_folder_of_empty_files_exits_2_with_one_line_before_any_run_file(tmp_path):
-    from .conftest import run_cli
+    from ..conftest import run_cli
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -15,7 +15,7 @@ from normlab.training import checkpoint as ckpt
 from normlab.training import resume, tracking
 from normlab.training.loop import RunOptions, train
 
-from .conftest import ONE_THREAD, TINY, run_cli
+from ..conftest import ONE_THREAD, TINY, run_cli
 
 #: TINY with dropout on (so the torch RNG state matters), evaluation every 4 steps.
 RUN = [*TINY, "model.dropout=0.1", "eval_interval=4"]

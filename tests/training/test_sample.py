@@ -28,7 +28,7 @@ from normlab.training.sample import (
     sample_texts,
 )
 
-from .conftest import REPO, TINY, run_cli
+from ..conftest import REPO, TINY, run_cli
 
 CONTEXT = 32  # TINY's model.context_length
 

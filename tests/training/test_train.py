@@ -18,7 +18,19 @@ from normlab.training.metrics import NAMES
 from normlab.training.step import lr_at
 from normlab.training.tracking import StepTimer
 
-from .conftest import TINY, run_cli
+from ..conftest import TINY, run_cli
+
+
+def test_an_offline_wandb_run_prints_no_summary_of_its_own(cfg_tiny, tmp_path, capfd, monkeypatch):
+    """wandb's finish printed its run history and summary tables (about 30 lines) after the
+    run, so the command's result line was not the last one; normlab's wandb runs are quiet."""
+    from normlab.training.loop import train
+
+    monkeypatch.delenv("WANDB_SILENT", raising=False)  # the test session's: wandb as users run it
+    summary = train(cfg_tiny("logger=wandb", "logger.mode=offline", "max_steps=2"), tmp_path)
+    assert summary["status"] == "completed" and list((tmp_path / "wandb").glob("offline-run-*"))
+    printed = "".join(capfd.readouterr())
+    assert "Run summary" not in printed and "Run history" not in printed, printed[-1500:]
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
