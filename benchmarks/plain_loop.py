@@ -22,8 +22,8 @@ from normlab.compose import compose
 from normlab.config import Precision, TrainConfig
 from normlab.data.tokens import BatchSampler, prepare
 from normlab.norms import resolve_norm
-from normlab.training.setup import build_model
-from normlab.training.step import FUSED_ADAMW_DEVICES, lr_at
+from normlab.training.setup import FUSED_ADAMW_DEVICES, build_model
+from normlab.training.step import lr_at
 from normlab.training.tracking import synchronize
 
 _DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16}

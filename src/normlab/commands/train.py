@@ -458,7 +458,7 @@ def _task(cfg: DictConfig) -> float | JobFailure:
         return refuse(hydra_dir, str(e), log_size)
     import torch
 
-    from normlab.training.loop import free_memory, train
+    from normlab.training.loop import train  # it releases memory after the run, whatever ends it
 
     run_dir = _join_ranks()
     try:
@@ -491,8 +491,6 @@ def _task(cfg: DictConfig) -> float | JobFailure:
         if read_summary(run_dir).get("status") == "failed":
             where += " and summary.json"
         return fail(f"run failed: {type(e).__name__}: {line} ({where})", 1)
-    finally:
-        free_memory()
     if summary["status"] == "interrupted":
         _interrupted(summary, run_dir)
     if summary["status"] == "diverged":

@@ -13,7 +13,9 @@ a missing package is one line naming the pip command.
 Validation split, fixed for every machine and run:
   - the source's own ``validation`` split when it has one (Hub datasets);
   - several text files: whole works, ordered by a hash of the file name and held out until
-    ``val_fraction`` of the bytes is; a single text file: its tail (``val_fraction`` of characters);
+    ``val_fraction`` of the bytes is, when that holds out ``val_fraction`` within
+    :data:`SPLIT_TOLERANCE` (relative); otherwise (one work is much of a small corpus) the tail of
+    every file (``val_fraction`` of its characters), with a warning; a single text file: its tail;
   - otherwise (json/parquet records, Hub datasets with only ``train``): each document whose text
     hashes below ``val_fraction``, so duplicates never straddle the split.
 
@@ -131,6 +133,11 @@ def corpus_files(cfg: DataConfig) -> list[Path]:
         raise DataError(
             f"data.path={str(root)!r} has no files matching data.file_glob={cfg.file_glob!r}"
         )
+    if all(f.stat().st_size == 0 for f in files):
+        raise DataError(
+            f"data.path={str(root)!r}: its {len(files)} file(s) matching "
+            f"data.file_glob={cfg.file_glob!r} are all empty: give a corpus with text in it"
+        )
     return files
 
 
@@ -184,6 +191,24 @@ def split_by_work(files: list[Path], val_fraction: float) -> tuple[list[Path], l
         held += sizes[f]
     train = sorted(f for f in files if f not in val)
     return train, sorted(val)
+
+
+#: How far (relative to ``val_fraction``) the bytes that whole works hold out may miss it before
+#: :func:`split_by_tails` holds out the tail of every file instead: 0.5 accepts 2.5-7.5% for 5%.
+SPLIT_TOLERANCE = 0.5
+
+
+def split_by_tails(files: list[Path], val_fraction: float) -> bool:
+    """Whether several text files hold out the tail of every file instead of whole works: when
+    the works :func:`split_by_work` holds out miss ``val_fraction`` of the bytes by more than
+    :data:`SPLIT_TOLERANCE` of it (a work that is much of a small corpus: whole files can hold
+    out 90% when 5% is asked). False for a single file (its tail is held out anyway)."""
+    if len(files) == 1:
+        return False
+    sizes = {f: f.stat().st_size for f in files}
+    total = sum(sizes.values())
+    held = sum(sizes[f] for f in split_by_work(files, val_fraction)[1])
+    return total > 0 and abs(held / total - val_fraction) > SPLIT_TOLERANCE * val_fraction
 
 
 def held_out(text: str, val_fraction: float) -> bool:
@@ -285,8 +310,32 @@ def local_streams(cfg: DataConfig, files: list[Path]) -> list[Stream]:
             Stream("train", "train", lambda: iter([text[:cut]]), 1),
             Stream("val", "val", lambda: iter([text[cut:]]), 1),
         ]
+    if split_by_tails(files, cfg.val_fraction):
+        return _tail_streams(cfg.val_fraction, reader(files), len(files))
     train, val = split_by_work(files, cfg.val_fraction)
     return [
         Stream("train", "train", reader(train), len(train)),
         Stream("val", "val", reader(val), len(val)),
     ]
+
+
+def _tail_streams(val_fraction: float, documents: Callable[[], Iterator[str]], n: int) -> list:
+    """Each document's head for training and its last ``val_fraction`` of characters for
+    validation (:func:`split_by_tails`), with a warning that whole works would miss it."""
+    log.warning(
+        "holding out whole files would miss data.val_fraction=%g by more than %d%%: the last "
+        "%g of every file's characters is held out instead",
+        val_fraction,
+        round(SPLIT_TOLERANCE * 100),
+        val_fraction,
+    )
+
+    def part(head: bool) -> Callable[[], Iterator[str]]:
+        def it() -> Iterator[str]:
+            for text in documents():
+                cut = int(len(text) * (1 - val_fraction))
+                yield text[:cut] if head else text[cut:]
+
+        return it
+
+    return [Stream("train", "train", part(True), n), Stream("val", "val", part(False), n)]

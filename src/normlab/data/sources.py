@@ -21,6 +21,7 @@ from normlab.data.corpus import (
     package_version,
     relative_names,
     rows,
+    split_by_tails,
     split_by_work,
 )
 
@@ -136,6 +137,8 @@ def source_info(cfg: DataConfig) -> dict:
     package = package_version(cfg)
     if package:
         info["package"] = package
-    if fmt == "text" and len(files) > 1:
+    if fmt == "text" and split_by_tails(files, cfg.val_fraction):
+        info["val_split"] = f"the last {cfg.val_fraction:g} of every file's characters"
+    elif fmt == "text" and len(files) > 1:
         info["val_files"] = [names[f] for f in split_by_work(files, cfg.val_fraction)[1]]
     return info

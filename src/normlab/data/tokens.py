@@ -33,6 +33,7 @@ from normlab.data.corpus import (
     file_format,
     held_out,
     relative_names,
+    split_by_tails,
     split_by_work,
 )
 from normlab.data.sampler import BatchSampler
@@ -64,8 +65,9 @@ def encode_bytes(text: str) -> np.ndarray:
 
 
 #: DataConfig fields that never change the tokens, each with the reason. Every other field of
-#: DataConfig (a new one included) is hashed by :func:`fingerprint`; tests/test_data_fingerprint.py
-#: checks each reason by preparing with two values and comparing the shards.
+#: DataConfig (a new one included) is hashed by :func:`fingerprint`;
+#: tests/data/test_data_fingerprint.py checks each reason by preparing with two values and
+#: comparing the shards.
 NOT_IN_FINGERPRINT = {
     "path": "the files it names are hashed instead, by relative name and contents",
     "file_glob": "the files it selects are hashed instead, by relative name and contents",
@@ -86,7 +88,8 @@ ONLY_WHEN = {
 def fingerprint_settings(cfg: DataConfig, files: list[Path]) -> dict:
     """The settings :func:`fingerprint` hashes: every field of ``type(cfg)`` (dataclass fields,
     so a subclass's new field too) except :data:`NOT_IN_FINGERPRINT` and the :data:`ONLY_WHEN`
-    fields whose rule does not hold; ``format`` is resolved (``auto`` -> the files' format)."""
+    fields whose rule does not hold; ``format`` is resolved (``auto`` -> the files' format), and
+    ``val_split: tails`` added when text files hold out their tails (:func:`split_by_tails`)."""
     settings = {
         f.name: getattr(cfg, f.name)
         for f in dataclasses.fields(cfg)
@@ -94,6 +97,8 @@ def fingerprint_settings(cfg: DataConfig, files: list[Path]) -> dict:
         and (f.name not in ONLY_WHEN or ONLY_WHEN[f.name](cfg, files))
     }
     settings["format"] = file_format(cfg, files) if cfg.format != DataFormat.hub else "hub"
+    if settings["format"] == "text" and split_by_tails(files, cfg.val_fraction):
+        settings["val_split"] = "tails"  # absent for whole works: their caches keep their names
     return settings
 
 

@@ -19,19 +19,21 @@ code of ``normlab-sample`` (:func:`normlab.training.sample.generate`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from normlab.config import DataConfig, TrainConfig
 from normlab.data.corpus import DataError
 from normlab.data.eval_sets import prepare_eval
 from normlab.data.tokens import BatchSampler, TokenData
+from normlab.training import distributed
 from normlab.training.metrics import NAMES, eval_keys
 from normlab.training.sample import SampleOptions, sample_ids
-from normlab.training.step import evaluate
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +73,33 @@ def build_eval_sets(
     return out
 
 
+@torch.no_grad()
+def evaluate(model: Callable, sampler: BatchSampler, n_batches: int, ctx_factory) -> float:
+    """Mean cross-entropy (nats/token) over the fixed validation batches ``0..n_batches-1``.
+
+    With several processes each evaluates its share (batches rank, rank + N, ...); the losses are
+    gathered and averaged in batch order, as one process does. One host sync per call.
+    """
+    model.eval()
+    mine = distributed.shard(n_batches)
+    losses = []
+    for i in mine:
+        x, y = sampler.val_batch(i)
+        with ctx_factory():
+            _, loss = model(x, y)
+        losses.append(loss.detach().float())
+    model.train()
+    values = torch.stack(losses).tolist() if losses else []
+    parts = distributed.all_gather(dict(zip(mine, values, strict=True)))
+    found = {i: v for part in parts for i, v in part.items()}
+    return float(np.mean([found[i] for i in range(n_batches)]))
+
+
 def eval_row(run) -> dict[str, float | None]:
-    """One evaluation of ``run`` (a :class:`~normlab.training.step.Run`): ``{metric key: value}``.
+    """One evaluation of ``run`` (a :class:`~normlab.training.setup.Run`): ``{metric key: value}``.
 
     ``val/bpb`` (and a corpus's ``bpb``) is None for shards prepared before bytes were recorded.
-    One host sync per corpus (:func:`~normlab.training.step.evaluate`).
+    One host sync per corpus (:func:`evaluate`).
     """
     n, ctx = run.cfg.eval_batches, run.autocast
     loss = evaluate(run.eval_fwd, run.sampler, n, ctx)
@@ -94,6 +118,35 @@ def final_eval(row: dict[str, Any], names: list[str]) -> dict[str, dict[str, flo
         loss_key, bpb_key = eval_keys(name)
         out[name] = {"loss": row.get(loss_key), "bpb": row.get(bpb_key)}
     return out
+
+
+@dataclass
+class TextSamples:
+    """The text samples of a run: every ``interval`` steps and after the last (None: never), on
+    rank 0, to ``train.log`` and ``sink`` (its ``log_sample``: wandb's table). The tokenizer is
+    loaded at the first one; when it cannot be, one warning and no more samples: they never stop
+    training."""
+
+    interval: int | None
+    sink: Any  # tracking.MetricsLogger or NoSink
+    tokenizer: Any = None
+
+    def due(self, done: int, last: bool) -> bool:
+        return bool(self.interval) and (done % self.interval == 0 or last)
+
+    def write(self, run, done: int) -> None:
+        """A sample (:func:`training_sample`) after step ``done`` of ``run``."""
+        if not distributed.is_main() or not self.interval:
+            return
+        try:
+            self.tokenizer = self.tokenizer or run.data.load_tokenizer()
+        except DataError as e:
+            log.warning("no samples: the tokenizer cannot be loaded (%s)", e)
+            self.interval = None
+            return
+        prompt, text = training_sample(run, self.tokenizer)
+        log.info("sample after step %d (prompt %r):\n%s", done, prompt, text)
+        self.sink.log_sample(done, prompt, text)
 
 
 @torch.no_grad()

@@ -3,14 +3,11 @@
 PyTorch's CPU allocator is plain ``malloc``. With glibc's defaults, blocks over the (dynamic) mmap
 threshold get their own ``mmap`` and go back to the kernel when freed, and the heap top is trimmed:
 the next step asks for the same activations again and page-faults every 4 KiB page of them back in,
-zero-filled. Measured here (AMD EPYC, 2 cores, torch 2.13.0+cpu; ``train_step`` of
-``experiment=quickstart`` on 1 thread and ``model=small data.batch_size=8`` on 2, a fresh process
-each, alternating): 5,500-14,000 and 11,000-44,000 minor page faults per step with the defaults,
-under 400 with the memory kept. (glibc's threshold adapts, so the default's count is not fixed:
-other processes of the tiny step gave 2 to 21,700.) ``build_run`` calls :func:`keep_freed_memory`
-for every CPU run, so ``train`` and ``normlab-bench`` time the same allocator behaviour;
-``free_memory`` (after each run) calls :func:`release_freed_memory`, so the next job of a multirun
-starts from a trimmed heap.
+zero-filled: thousands of minor page faults per training step (glibc's threshold adapts, so the
+count varies from process to process; measured counts belong in docs/results). ``build_run`` calls
+:func:`keep_freed_memory` for every CPU run, so ``train`` and ``normlab-bench`` time the same
+allocator behaviour; ``free_memory`` (after each run) calls :func:`release_freed_memory`, so the
+next job of a multirun starts from a trimmed heap.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ end the model is evaluated on the same fixed validation batches and those of the
 (``evaluation.py``: loss and bits per byte); every ``ckpt_interval`` steps, at the end, and when
 SIGTERM, SIGINT or SIGUSR2 (submitit's warning) arrives a checkpoint is saved; every
 ``sample_interval`` steps and at the end a text sample is logged. ``summary.json`` is written
-whatever the outcome (``run_state.py``, ``summary.py``).
+whatever the outcome (``record.py``).
 
 The end is ``max_steps``, or the time budget ``max_time_s`` (training-step seconds, the clock of
-``run_state.py``): once spent, the step that spent it is the last, evaluated and checkpointed, and
+``record.py``): once spent, the step that spent it is the last, evaluated and checkpointed, and
 the run completes (``stopped_by: max_time_s``). The learning-rate schedule stays the one over
 ``max_steps``: a budget cuts it short, it does not compress it (so runs of one config with
 different budgets take identical steps up to where each stops).
@@ -28,21 +28,33 @@ stop signal, and only rank 0 writes metrics, the summary, checkpoints and wandb.
 
 from __future__ import annotations
 
+import logging
 import signal
+import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tqdm.auto import tqdm
+
 from normlab.config import RunOptions, TrainConfig
+from normlab.config.schedule import norm_tag
 from normlab.training import distributed
 from normlab.training import step as training_step
+from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
 from normlab.training.diagnostics import ActivationRecorder, gain_stats
-from normlab.training.evaluation import eval_row
-from normlab.training.run_state import Progress, finish, open_run
-from normlab.training.setup import build_run, describe_error, free_memory
+from normlab.training.evaluation import TextSamples, eval_row
+from normlab.training.metrics import NAMES, Limits, MetricsBuffer
+from normlab.training.record import RunRecord, start_record, write_summary
+from normlab.training.resume import rng_state
+from normlab.training.setup import Run, build_run, describe_error, free_memory
 from normlab.training.step import lr_at
+from normlab.training.tracking import MetricsLogger, NoSink, StepTimer, variant_label
 
-__all__ = ["RunOptions", "free_memory", "train"]
+__all__ = ["RunOptions", "train"]
+
+log = logging.getLogger(__name__)
 
 
 def train(cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None) -> dict[str, Any]:
@@ -54,7 +66,7 @@ def train(cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None) -> di
     ``divergence_factor`` x the first loss, or more than ``max_skipped_fraction`` of the steps
     skipped by the fp16 grad scaler); ``interrupted`` (SIGTERM, SIGINT or SIGUSR2: a checkpoint
     was saved) or ``failed`` (an exception, re-raised). Whatever the outcome, the wandb run is
-    closed and memory is released.
+    closed and memory is released (:func:`~normlab.training.setup.free_memory`, here only).
 
     Raises:
         ConfigError, DataError: bad input, before any training step or file of the run.
@@ -62,82 +74,246 @@ def train(cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None) -> di
     opts = opts or RunOptions()
     try:
         run = build_run(cfg, run_dir, opts)
-        p = open_run(run, run_dir, opts)
+        record, metrics, timer, out = open_run(run, run_dir, opts)
         try:
-            train_loop(run, p, opts)
+            train_loop(run, record, metrics, timer, out)
         except KeyboardInterrupt:
-            p.summary.update(status="interrupted", signal="SIGINT", interrupted_at_step=p.done)
+            record.interrupt("SIGINT", checkpointed=False)
             raise
         except Exception as e:
-            p.summary.update(
-                status="failed",
-                error=describe_error(e),
-                failed_at_step=p.step + 1,
-                traceback=traceback.format_exc(),
-            )
+            record.fail(describe_error(e), traceback.format_exc())
             raise
         finally:
-            finish(run, p, run_dir)
-        return p.summary
+            finish(run, record, metrics, timer, out)
+        return record.summary
     finally:
         free_memory()
 
 
-def train_loop(run, p: Progress, opts: RunOptions) -> None:
-    """The loop: from ``run.start`` to ``max_steps`` or the ``max_time_s`` budget; sets
-    ``p.summary["status"]`` at its end."""
-    cfg = run.cfg
+def train_loop(
+    run: Run, record: RunRecord, metrics: MetricsBuffer, timer: StepTimer, out: Outputs
+) -> None:
+    """The loop: from ``run.start`` to ``max_steps`` or the ``max_time_s`` budget; sets the
+    record's status at its end (``completed``, ``diverged`` or ``interrupted``)."""
+    cfg, progress = run.cfg, record.progress
     with distributed.StopSignals() as stop:
         if run.start == 0:  # the curves start at the initial model (a resumed run logged it)
-            p.log_initial_eval(eval_row(run))
+            out.log_initial_eval(record, eval_row(run))
         for step in range(run.start, cfg.max_steps):
-            p.step = step
+            progress.step = step
             # schedule (over max_steps, whatever the time budget); diagnostics every diag_interval
             lr = lr_at(step, cfg.max_steps, cfg.optim)
-            diag = ActivationRecorder() if p.diag_due(step + 1) else None
+            diag = ActivationRecorder() if due(step + 1, cfg.diag_interval) else None
             # the step: micro-batches forward + backward, unscale, clip, AdamW (no host sync)
-            p.timer.start()
+            timer.start()
             loss_sum, grad_norm = training_step.train_step(run, step, lr, diag)
-            ms = p.timer.stop(record=diag is None)  # diagnosed steps are slower: not timed
-            p.done = done = step + 1
-            p.train_time_s += ms / 1e3  # the max_time_s clock: training steps only
+            ms = timer.stop(record=diag is None)  # diagnosed steps are slower: not timed
+            progress.done = done = step + 1
+            progress.train_time_s += ms / 1e3  # the max_time_s clock: training steps only
             extra = {**diag.stats, **gain_stats(run.model)} if diag is not None else None
-            p.metrics.add(done, loss_sum, grad_norm, lr, ms, extra, p.train_time_s)
+            metrics.add(done, loss_sum, grad_norm, lr, ms, extra, progress.train_time_s)
             # the time budget, spent on any rank, makes this step the last (evaluated, saved)
-            last = done == cfg.max_steps or p.out_of_time(cfg.max_time_s)
+            last = done == cfg.max_steps or out_of_time(progress.train_time_s, cfg.max_time_s)
             # sync on log steps and before an evaluation or a checkpoint: read, check, log
             evaluating = done % cfg.eval_interval == 0 or last
-            saving = last or p.ckpt_due(done, opts.ckpt_interval)
-            if (p.log_due(done) or evaluating or saving) and not sync(run, p, evaluating):
+            saving = last or due(done, out.ckpt_interval)
+            syncing = due(done, cfg.log_interval) or evaluating or saving
+            if syncing and not sync(run, record, metrics, out, evaluating):
                 return  # diverged
             # a signal to any rank stops them all here, after a checkpoint
             code = distributed.all_reduce_max(stop.code)
             stopping = signal.Signals(code).name if code and not last else None
-            if stopping and len(p.metrics) and not sync(run, p, evaluating=False):
+            if stopping and len(metrics) and not sync(run, record, metrics, out, False):
                 return
+            # checkpoint, text sample; then stop on a signal or after the last step
             if saving or stopping:
-                p.save(run, done)
-            if p.sample_due(done, last):
-                p.sample(run, done)
+                out.save(run, record, metrics, timer)
+            if out.samples.due(done, last):
+                out.samples.write(run, done)
             if stopping:
-                p.interrupt(stopping)
+                record.interrupt(stopping)
                 return
             if last:
                 break
-    p.complete("max_time_s" if p.done < cfg.max_steps else "max_steps")
+    stopped_by = "max_time_s" if progress.done < cfg.max_steps else "max_steps"
+    record.complete(stopped_by, metrics, cfg.max_skipped_fraction)
 
 
-def sync(run, p: Progress, evaluating: bool) -> bool:
+def due(done: int, interval: int | None) -> bool:
+    """Whether something done every ``interval`` steps (None or 0: never) is due after ``done``."""
+    return bool(interval) and done % interval == 0
+
+
+def out_of_time(train_time_s: float, max_time_s: float | None) -> bool:
+    """The time budget is spent on any rank (an all-reduce with a budget and several ranks)."""
+    late = max_time_s is not None and train_time_s >= max_time_s
+    return max_time_s is not None and bool(distributed.all_reduce_max(int(late)))
+
+
+def sync(
+    run: Run, record: RunRecord, metrics: MetricsBuffer, out: Outputs, evaluating: bool
+) -> bool:
     """Read the buffered steps (the host sync), check every one for divergence, evaluate on the
     fixed validation batches (and the held-out corpora's) when ``evaluating``, log the rows. False
     when the run diverged."""
-    rows, diverged = p.metrics.flush()
+    rows, diverged = metrics.flush()
     if diverged is not None:
-        p.log_rows(rows, last_logged=True)
-        p.diverge(diverged)
+        out.log_rows(record, rows, last_logged=True)
+        record.diverge(diverged)
         return False
     if evaluating:
-        p.set_eval(eval_row(run))
-        rows[-1].update(p.val_row)
-    p.log_rows(rows, last_logged=evaluating)
+        record.progress.set_eval(eval_row(run))
+        rows[-1].update(record.progress.val_row)
+    out.log_rows(record, rows, last_logged=evaluating)
     return True
+
+
+@dataclass
+class Outputs:
+    """Where a run's outputs go: rows to ``metrics.jsonl`` and wandb (``sink``; nothing on ranks >
+    0) every ``log_interval`` steps, the progress ``bar``, text ``samples``, and checkpoints to
+    ``run_dir/checkpoints`` every ``ckpt_interval`` steps (the newest ``ckpt_keep`` kept)."""
+
+    run_dir: Path
+    sink: MetricsLogger | NoSink
+    bar: Any  # tqdm
+    samples: TextSamples
+    log_interval: int
+    ckpt_interval: int
+    ckpt_keep: int
+
+    def log_initial_eval(self, record: RunRecord, row: dict[str, Any]) -> None:
+        """Log the evaluation of the initial model as the row of step 0 (training time 0)."""
+        record.progress.set_eval(row)
+        self.sink.log({"step": 0, NAMES["train_time_s"]: 0.0, **row})
+        self.bar.set_postfix(val=f"{record.progress.val_loss:.3f}")
+
+    def log_rows(self, record: RunRecord, rows: list[dict[str, Any]], last_logged: bool) -> None:
+        """Log the rows of log steps (and the last row when ``last_logged``); move the bar; flag the
+        first diagnosed step where a norm zeroed rows (:meth:`RunRecord.flag_zero_rows`)."""
+        for i, row in enumerate(rows):
+            record.flag_zero_rows(row)
+            if due(row["step"], self.log_interval) or (last_logged and i == len(rows) - 1):
+                self.sink.log(row)
+        if rows:
+            last, val_loss = rows[-1], record.progress.val_loss
+            self.bar.update(last["step"] - self.bar.n)
+            val = f"{val_loss:.3f}" if val_loss is not None else "-"
+            tok_s = f"{last[NAMES['tokens_per_s']]:.0f}"
+            self.bar.set_postfix(loss=f"{last[NAMES['loss']]:.3f}", val=val, tok_s=tok_s)
+
+    def save(self, run: Run, record: RunRecord, metrics: MetricsBuffer, timer: StepTimer) -> None:
+        """Checkpoint after step ``record.progress.done`` (rank 0 writes; every rank's RNG state
+        goes in it); a failure is logged, the run goes on, older ones stay."""
+        rngs = distributed.all_gather(rng_state())
+        if not distributed.is_main():
+            return
+        p = record.progress
+        state = {
+            "step": p.done,
+            "model": run.model.state_dict(),
+            "optimizer": run.optimizer.state_dict(),
+            "scaler": run.scaler.state_dict(),
+            "rng": rngs[0],
+            "rng_ranks": rngs if len(rngs) > 1 else None,
+            "sampler": {"step": p.done, "seed": run.cfg.seed},
+            "config": run.config_dict,
+            "config_hash": record.summary["config_hash"],
+            "wandb_run_id": self.sink.wandb_run_id,
+            "val_loss": p.val_loss,
+            "val_row": p.val_row,
+            "train_time_s": p.train_time_s,
+            "last_finite_loss": metrics.last_finite_loss,
+            "first_loss": metrics.first_loss,
+            "skipped_steps": metrics.skipped_steps,
+            "step_times_ms": list(timer.measured_ms),
+            "wall_time_s": p.wall_time_s(),
+        }
+        try:
+            path = save_checkpoint(self.run_dir / CKPT_DIR, state, self.ckpt_keep)
+            log.info("checkpoint %s", path)
+        except OSError as e:
+            log.error(
+                "could not save the checkpoint of step %d (%s); the previous one stays", p.done, e
+            )
+
+
+def open_run(
+    run: Run, run_dir: Path, opts: RunOptions
+) -> tuple[RunRecord, MetricsBuffer, StepTimer, Outputs]:
+    """Start a run's bookkeeping: its record (summary, progress), the metric buffer and step timer
+    (a resumed run's from its checkpoint), the outputs (metrics sinks on rank 0, bar, samples);
+    then restore (resumed run) or derive (ranks > 0) the RNG streams, last: wandb may draw
+    numbers."""
+    t_start = time.perf_counter()
+    cfg, state, main, world = run.cfg, run.state, distributed.is_main(), distributed.world_size()
+    record = start_record(run, opts, t_start)
+    log.info(
+        "model %s: %.2fM parameters, norm %s/%s (design %s) on %s%s",
+        cfg.model.name,
+        record.summary["params"] / 1e6,
+        cfg.norm.kind.name,
+        cfg.norm.impl.name,
+        norm_tag(run.config_dict["norm"]),  # placement, qk, embedding, schedule, positions
+        run.device,
+        f" x {world} processes" if world > 1 else "",
+    )
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        resume_step = run.start if run.resume else None
+        sink = MetricsLogger(run_dir, cfg, run.config_dict, resume_step, state.get("wandb_run_id"))
+    else:
+        sink = NoSink()
+    limits = Limits(
+        scaler_enabled=run.scaler.is_enabled(),
+        max_loss=opts.max_loss,
+        divergence_factor=cfg.divergence_factor,
+        vocab_size=cfg.model.vocab_size,
+    )
+    metrics = MetricsBuffer(
+        grad_accum=cfg.optim.grad_accum,
+        tokens_per_step=cfg.tokens_per_step,
+        limits=limits,
+        first_loss=state.get("first_loss"),
+        last_finite_loss=state.get("last_finite_loss"),
+        skipped_steps=state.get("skipped_steps", 0),
+    )
+    timer = StepTimer(run.device, cfg.timing_warmup_steps, state.get("step_times_ms", []))
+    bar = tqdm(
+        total=cfg.max_steps,
+        initial=run.start,
+        desc=variant_label(cfg, opts.swept),
+        unit="step",
+        disable=not (cfg.progress and main),
+        dynamic_ncols=True,
+        mininterval=1.0,
+    )
+    out = Outputs(
+        run_dir=run_dir,
+        sink=sink,
+        bar=bar,
+        samples=TextSamples(interval=cfg.sample_interval, sink=sink),
+        log_interval=cfg.log_interval,
+        ckpt_interval=opts.ckpt_interval,
+        ckpt_keep=opts.ckpt_keep,
+    )
+    if run.resume:  # last: model building and wandb above may draw random numbers
+        distributed.restore_rank_rng(state.get("rng_ranks") or [state["rng"]], cfg.seed, run.start)
+    else:
+        distributed.seed_rank(cfg.seed, run.start)  # ranks > 0: their own dropout masks
+    run.state = {"step": run.start}  # free the checkpoint's RNG states and the rest
+    return record, metrics, timer, out
+
+
+def finish(
+    run: Run, record: RunRecord, metrics: MetricsBuffer, timer: StepTimer, out: Outputs
+) -> None:
+    """Complete the summary (:meth:`RunRecord.close`), write ``summary.json`` (rank 0) and close
+    the sinks, whatever failed."""
+    out.bar.close()
+    summary = record.close(run, timer, metrics)
+    try:
+        if distributed.is_main():
+            write_summary(out.run_dir, summary)
+    finally:
+        out.sink.finish(summary, exit_code=0 if record.status == "completed" else 1)

@@ -159,9 +159,13 @@ def find_resume_point(run_dir: Path, resume: str | None) -> Loaded | None:
 
     ``resume``: None (a new run), ``"auto"`` (the newest valid checkpoint if any) or ``"required"``.
 
+    No resume deletes or rewrites what an earlier process wrote: when every checkpoint in the run
+    dir is damaged, a new run in place would rewrite its ``metrics.jsonl`` and delete them, so it
+    is refused (move them aside to start over).
+
     Raises:
-        ConfigError: a new run in a run dir that holds checkpoints, or ``resume=required`` and no
-            valid checkpoint.
+        ConfigError: a new run in a run dir that holds checkpoints; checkpoints that are all
+            damaged; ``resume=required`` and no checkpoint.
     """
     directory = run_dir / CKPT_DIR
     if resume is None:
@@ -175,12 +179,17 @@ def find_resume_point(run_dir: Path, resume: str | None) -> Loaded | None:
     loaded = load_latest(directory)
     for skipped in loaded.skipped:
         log.warning("checkpoint skipped: %s", skipped)
-    if loaded.state is None:
-        if resume == "required":
-            found = f"{len(loaded.skipped)} damaged" if loaded.skipped else "none"
-            raise ConfigError(f"no valid checkpoint to resume from in {directory} ({found})")
-        return None
-    return loaded
+    if loaded.state is None and loaded.skipped:  # a new run here would replace what they hold
+        n = len(loaded.skipped)
+        raise ConfigError(
+            f"no valid checkpoint to resume from in {directory}: {n} damaged ("
+            f"{loaded.skipped[0]}); resume={resume} starts no new run over them (it would rewrite "
+            f"metrics.jsonl and delete them): move {directory} and {run_dir / 'metrics.jsonl'} "
+            "aside to start over, or choose another hydra.run.dir"
+        )
+    if loaded.state is None and resume == "required":
+        raise ConfigError(f"no valid checkpoint to resume from in {directory} (none)")
+    return loaded if loaded.state is not None else None
 
 
 def check_resumable(

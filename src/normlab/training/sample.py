@@ -239,6 +239,7 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
 
 
 @torch.no_grad()
+@torch.compiler.set_stance("force_eager")  # no compiled graph per context length (docstring)
 def generate(
     model: GPT,
     idx: torch.Tensor,
@@ -255,6 +256,10 @@ def generate(
     and draws one id per row from their softmax with ``generator`` (``torch.multinomial``; rows
     draw one after another from it). ``vocab_limit``: ids >= it (embedding rows no token has) get
     -inf first. ``top_k=1`` is greedy decoding: the argmax at every step.
+
+    ``torch.compile``'d functions (``norm.impl=compiled``) run eagerly here: each context length
+    would be a new graph (they compile with ``dynamic=False``), past the recompile limit that a
+    training run makes an error, and a one-off graph per length buys no speed.
     """
     context = model.cfg.context_length
     for _ in range(max_new_tokens):

@@ -14,29 +14,111 @@ the optimizer and scaler next to it, the resumed state loaded, and the forward c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import platform
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from normlab.config import ConfigError, NormImpl, RunOptions, TrainConfig, to_plain
+from normlab.config import (
+    ConfigError,
+    NormImpl,
+    OptimConfig,
+    OptimName,
+    RunOptions,
+    TrainConfig,
+    to_plain,
+)
 from normlab.data.eval_sets import eval_data_configs
-from normlab.data.tokens import BatchSampler, prepare
+from normlab.data.tokens import BatchSampler, TokenData, prepare
 from normlab.model import GPT
 from normlab.norms import resolve_norm
 from normlab.norms.preflight import preflight_model
 from normlab.training import distributed
+from normlab.training.checkpoint import Loaded
 from normlab.training.distributed import resolve_device, seed_everything
-from normlab.training.evaluation import build_eval_sets
+from normlab.training.evaluation import EvalSet, build_eval_sets
 from normlab.training.host_memory import host_memory, keep_freed_memory, release_freed_memory
 from normlab.training.peak import device_name
-from normlab.training.precision import DTYPES, check_precision, grad_scaler
+from normlab.training.precision import DTYPES, autocast, check_precision, grad_scaler
 from normlab.training.resume import check_free_space, check_resumable, find_resume_point
-from normlab.training.step import Run, make_optimizer
+
+#: Devices where AdamW runs fused (one kernel over all parameters; on CUDA its step counters and
+#: the grad scaler's inf check stay on the device). CPU keeps foreach, bit-identical to the for-loop
+#: AdamW of earlier runs; fused AdamW also runs on CPU (torch >= 2.4) but rounds differently in the
+#: last bits, so switching needs a measured speed-up worth changing every CPU result.
+FUSED_ADAMW_DEVICES = ("cuda",)
+
+
+@dataclass
+class Run:
+    """One assembled training setup, built by ``setup.build_run`` (the only place that builds one).
+
+    ``cfg`` is resolved (a concrete ``norm.impl``, ``model.vocab_size`` from the tokenizer);
+    ``model`` holds the parameters (saved, clipped, diagnosed); ``ddp`` is ``model`` wrapped in
+    DistributedDataParallel with several processes, else ``model``; ``fwd`` is ``ddp`` or
+    ``torch.compile(ddp)``; ``eval_fwd`` what validation calls. ``state`` is the loop state of the
+    checkpoint resumed from (``step``, ``val_loss``, ...; empty for a new run). ``evals``: the
+    held-out corpora (``eval_data``), scored at every evaluation.
+    """
+
+    cfg: TrainConfig
+    device: torch.device
+    data: TokenData
+    model: GPT
+    ddp: torch.nn.Module
+    fwd: Callable
+    eval_fwd: Callable
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    sampler: BatchSampler
+    config_dict: dict[str, Any]
+    preflight: dict[str, Any] = field(default_factory=dict)
+    resume: Loaded | None = None
+    forced_diff: list[str] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)
+    evals: list[EvalSet] = field(default_factory=list)  # one per eval_data corpus
+
+    @property
+    def start(self) -> int:
+        """The step to continue from (0 for a new run): batches are a pure function of the step."""
+        return int(self.state.get("step", 0))
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The forward-pass context of the run's precision."""
+        return autocast(self.cfg.precision.dtype, self.device)
+
+
+def make_optimizer(
+    model: torch.nn.Module, cfg: OptimConfig, device: torch.device
+) -> torch.optim.Optimizer:
+    """AdamW with decoupled weight decay on matrices (dim >= 2) and none on gains and biases.
+
+    The fused implementation on the devices of :data:`FUSED_ADAMW_DEVICES` (CUDA), the foreach one
+    elsewhere. ``optim.name`` is an Enum whose only member is ``adamw``.
+    """
+    assert cfg.name == OptimName.adamw  # the Enum has no other member
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = device.type in FUSED_ADAMW_DEVICES
+    return torch.optim.AdamW(
+        groups,
+        lr=cfg.lr,
+        betas=(cfg.beta1, cfg.beta2),
+        eps=cfg.eps,
+        fused=fused or None,
+        foreach=None if fused else True,
+    )
 
 
 def build_model(cfg: TrainConfig, device: torch.device | str) -> GPT:
@@ -139,9 +221,23 @@ def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | 
     eval_fwd = fwd if ddp is model else torch.compile(model) if cfg.compile else model
     sampler = BatchSampler(data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, device)
     return Run(
-        cfg, device, data, model, ddp, fwd, eval_fwd, optimizer, scaler, sampler, config_dict,
-        norm_check, resume, forced, state, evals,
-    )  # fmt: skip
+        cfg=cfg,
+        device=device,
+        data=data,
+        model=model,
+        ddp=ddp,
+        fwd=fwd,
+        eval_fwd=eval_fwd,
+        optimizer=optimizer,
+        scaler=scaler,
+        sampler=sampler,
+        config_dict=config_dict,
+        preflight=norm_check,
+        resume=resume,
+        forced_diff=forced,
+        state=state,
+        evals=evals,
+    )
 
 
 def versions(device: torch.device, compiled: bool) -> dict[str, Any]:

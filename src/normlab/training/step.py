@@ -1,4 +1,4 @@
-"""The training step and what it works on: the :class:`Run`, the schedule, AdamW, evaluation.
+"""The training step: the learning-rate schedule and one optimizer step of a :class:`Run`.
 
 :func:`train_step` is the one optimizer step: training (``loop.py``), ``normlab-bench step`` and
 the norm-cost study call it, so the benchmarks time the step that trains. It leaves its loss and
@@ -8,67 +8,15 @@ per log step).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-import numpy as np
 import torch
 
-from normlab.config import OptimConfig, OptimName, TrainConfig
-from normlab.data.tokens import BatchSampler, TokenData
-from normlab.model import GPT
+from normlab.config import OptimConfig
 from normlab.training import distributed
-from normlab.training.checkpoint import Loaded
 from normlab.training.diagnostics import ActivationRecorder, block_grad_norms
-from normlab.training.precision import autocast
-
-#: Devices where AdamW runs fused (one kernel over all parameters; on CUDA its step counters and
-#: the grad scaler's inf check stay on the device). CPU keeps foreach, bit-identical to the for-loop
-#: AdamW of earlier runs; fused AdamW also runs on CPU (torch >= 2.4) but rounds differently in the
-#: last bits, so switching needs a measured speed-up worth changing every CPU result.
-FUSED_ADAMW_DEVICES = ("cuda",)
-
-
-@dataclass
-class Run:
-    """One assembled training setup, built by ``setup.build_run`` (the only place that builds one).
-
-    ``cfg`` is resolved (a concrete ``norm.impl``, ``model.vocab_size`` from the tokenizer);
-    ``model`` holds the parameters (saved, clipped, diagnosed); ``ddp`` is ``model`` wrapped in
-    DistributedDataParallel with several processes, else ``model``; ``fwd`` is ``ddp`` or
-    ``torch.compile(ddp)``; ``eval_fwd`` what validation calls. ``state`` is the loop state of the
-    checkpoint resumed from (``step``, ``val_loss``, ...; empty for a new run). ``evals``: the
-    held-out corpora (``eval_data``), scored at every evaluation.
-    """
-
-    cfg: TrainConfig
-    device: torch.device
-    data: TokenData
-    model: GPT
-    ddp: torch.nn.Module
-    fwd: Callable
-    eval_fwd: Callable
-    optimizer: torch.optim.Optimizer
-    scaler: torch.amp.GradScaler
-    sampler: BatchSampler
-    config_dict: dict[str, Any]
-    preflight: dict[str, Any] = field(default_factory=dict)
-    resume: Loaded | None = None
-    forced_diff: list[str] = field(default_factory=list)
-    state: dict[str, Any] = field(default_factory=dict)
-    evals: list[Any] = field(default_factory=list)  # evaluation.EvalSet per eval_data corpus
-
-    @property
-    def start(self) -> int:
-        """The step to continue from (0 for a new run): batches are a pure function of the step."""
-        return int(self.state.get("step", 0))
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The forward-pass context of the run's precision."""
-        return autocast(self.cfg.precision.dtype, self.device)
+from normlab.training.setup import Run
 
 
 def lr_at(step: int, max_steps: int, cfg: OptimConfig) -> float:
@@ -80,54 +28,6 @@ def lr_at(step: int, max_steps: int, cfg: OptimConfig) -> float:
         return cfg.lr
     progress = (step - cfg.warmup_steps) / max(1, max_steps - cfg.warmup_steps)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))) * (cfg.lr - cfg.min_lr)
-
-
-def make_optimizer(
-    model: torch.nn.Module, cfg: OptimConfig, device: torch.device
-) -> torch.optim.Optimizer:
-    """AdamW with decoupled weight decay on matrices (dim >= 2) and none on gains and biases.
-
-    The fused implementation on the devices of :data:`FUSED_ADAMW_DEVICES` (CUDA), the foreach one
-    elsewhere. ``optim.name`` is an Enum whose only member is ``adamw``.
-    """
-    assert cfg.name == OptimName.adamw  # the Enum has no other member
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": cfg.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    fused = device.type in FUSED_ADAMW_DEVICES
-    return torch.optim.AdamW(
-        groups,
-        lr=cfg.lr,
-        betas=(cfg.beta1, cfg.beta2),
-        eps=cfg.eps,
-        fused=fused or None,
-        foreach=None if fused else True,
-    )
-
-
-@torch.no_grad()
-def evaluate(model: Callable, sampler: BatchSampler, n_batches: int, ctx_factory) -> float:
-    """Mean cross-entropy (nats/token) over the fixed validation batches ``0..n_batches-1``.
-
-    With several processes each evaluates its share (batches rank, rank + N, ...); the losses are
-    gathered and averaged in batch order, as one process does. One host sync per call.
-    """
-    model.eval()
-    mine = distributed.shard(n_batches)
-    losses = []
-    for i in mine:
-        x, y = sampler.val_batch(i)
-        with ctx_factory():
-            _, loss = model(x, y)
-        losses.append(loss.detach().float())
-    model.train()
-    values = torch.stack(losses).tolist() if losses else []
-    parts = distributed.all_gather(dict(zip(mine, values, strict=True)))
-    found = {i: v for part in parts for i, v in part.items()}
-    return float(np.mean([found[i] for i in range(n_batches)]))
 
 
 def _accumulate(

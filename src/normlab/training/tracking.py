@@ -187,7 +187,9 @@ class MetricsLogger:
                 id=run_id,
                 resume="allow" if run_id else None,
                 reinit="finish_previous",
-                settings=wandb.Settings(init_timeout=cfg.logger.init_timeout_s),
+                # quiet: no wandb summary and history tables printed when the run finishes
+                # (the command's own result line is the last one); where the run is synced stays
+                settings=wandb.Settings(init_timeout=cfg.logger.init_timeout_s, quiet=True),
             )
         except Exception as e:  # logging must never stop training
             log.warning(

@@ -47,7 +47,7 @@ def test_another_seed_gives_other_weights_and_batches(compose_cfg):
 
 
 def tiny_setup(compose_cfg, *overrides: str):
-    from .conftest import TINY
+    from ..conftest import TINY
 
     cfg = to_train_config(compose_cfg([*TINY, "norm.impl=torch", "seed=2", *overrides]))
     run = build_run(cfg)

@@ -39,7 +39,7 @@ def test_each_packaged_corpus_config_composes_and_names_its_pinned_package(name)
     assert cfg.name == name and cfg.path is None
     pkg = PACKAGED[name]
     assert pkg.module == EXPECTED[name][0] and "==" in pkg.pip
-    header = (Path(__file__).parents[1] / "conf" / "data" / f"{name}.yaml").read_text()
+    header = (Path(__file__).parents[2] / "conf" / "data" / f"{name}.yaml").read_text()
     assert pkg.pip in header and "Licence" in header  # pinned version and licence stated
 
 

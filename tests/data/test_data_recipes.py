@@ -17,7 +17,7 @@ from normlab.config import DataFormat, Tokenizer
 from normlab.data import tokenizer as tt
 from normlab.data.tokens import BatchSampler, prepare
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 RECIPES = ["loss_parity", "loss_parity_1h"]
 #: FineWeb-Edu sample-10BT: "a subset randomly sampled from the whole dataset of around 10B gpt2
 #: tokens" (the dataset card, huggingface.co/datasets/HuggingFaceFW/fineweb-edu; also stated in

@@ -60,6 +60,56 @@ def test_a_single_text_file_is_split_at_a_byte_offset(tmp_path):
     assert bytes(data.val[:10].astype(np.uint8)) == b"abcdefghij"
 
 
+def test_a_small_folder_whose_first_work_is_most_of_it_still_holds_out_val_fraction(tmp_path):
+    """Whole works in hash order: with one file 90% of the bytes and first in that order, whole
+    files held out 90% for a 5% val_fraction. The split honours val_fraction within
+    SPLIT_TOLERANCE (relative), here by holding out every file's tail."""
+    import hashlib
+
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    names = [f"w{i}.txt" for i in range(10)]
+    big = min(names, key=lambda n: hashlib.sha256(n.encode()).hexdigest())  # held out first
+    for name in names:
+        (folder / name).write_text(("B" if name == big else "s") * (9000 if name == big else 100))
+    cfg = DataConfig(
+        name="mine", path=str(folder), file_glob="*.txt", cache_dir=str(tmp_path / "c")
+    )
+    data = prepare(cfg)
+    frac = data.meta["val_fraction_actual"]
+    assert 0.025 <= frac <= 0.075, frac  # 5% within corpus.SPLIT_TOLERANCE (0.5, relative)
+    assert "val_files" not in data.meta["source"]  # not whole works: the tails of all ten
+    assert set(bytes(data.val.astype(np.uint8))) >= {ord("B"), ord("s")}
+
+
+def test_a_folder_of_empty_files_is_refused_in_one_line_naming_it(tmp_path):
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text("")
+    with pytest.raises(DataError, match=f"data.path='{tmp_path}': its 2 file.* are all empty"):
+        prepare(
+            DataConfig(
+                name="mine", path=str(tmp_path), file_glob="*.txt", cache_dir=str(tmp_path / "c")
+            )
+        )
+
+
+def test_train_on_a_folder_of_empty_files_exits_2_with_one_line_before_any_run_file(tmp_path):
+    from ..conftest import run_cli
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (corpus / name).write_text("")
+    args = ["data=text_files", f"data.path={corpus}", "model=tiny", "logger=none"]
+    r = run_cli([*args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        f"normlab: error: data.path='{corpus}': its 2 file(s) matching data.file_glob='*.txt' "
+        "are all empty: give a corpus with text in it"
+    ]
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
 def test_changing_the_corpus_makes_a_new_cache_entry(tmp_path):
     f = tmp_path / "c.txt"
     f.write_text("x" * 500)

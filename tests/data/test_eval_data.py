@@ -22,7 +22,7 @@ from normlab.data.eval_sets import data_config_names, eval_data_configs
 from normlab.training.loop import RunOptions, train
 from normlab.training.setup import build_run
 
-from .conftest import CONF_DIR, TINY, run_cli
+from ..conftest import CONF_DIR, TINY, run_cli
 
 WORDS = "the a norm layer root mean square gradient token model train valid loss step".split()
 

@@ -15,7 +15,7 @@ from normlab.training import checkpoint as ckpt
 from normlab.training import resume, tracking
 from normlab.training.loop import RunOptions, train
 
-from .conftest import ONE_THREAD, TINY, run_cli
+from ..conftest import ONE_THREAD, TINY, run_cli
 
 #: TINY with dropout on (so the torch RNG state matters), evaluation every 4 steps.
 RUN = [*TINY, "model.dropout=0.1", "eval_interval=4"]
@@ -196,6 +196,22 @@ def test_a_truncated_checkpoint_is_named_and_the_previous_one_is_used(tiny, tmp_
         6,
         4,
     ]  # the damaged file is replaced
+
+
+def test_resume_auto_over_only_damaged_checkpoints_refuses_and_changes_nothing(tiny, tmp_path):
+    """Every checkpoint unreadable: a new run in place would rewrite metrics.jsonl from step 0
+    and delete the checkpoints. resume=auto refuses in one line, before any file is touched."""
+    cfg = tiny("max_steps=4")
+    run = tmp_path / "run"
+    train(cfg, run, RunOptions(ckpt_interval=2))
+    for _, path in ckpt.list_checkpoints(run / "checkpoints"):
+        path.write_bytes(path.read_bytes()[:100])
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    for mode in ("auto", "required"):
+        with pytest.raises(ConfigError, match=r"2 damaged .*move .* aside") as e:
+            train(cfg, run, RunOptions(ckpt_interval=2, resume=mode))
+        assert "\n" not in str(e.value)
+        assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
 
 
 def test_a_flipped_byte_is_detected_though_torch_load_would_accept_it(tmp_path):

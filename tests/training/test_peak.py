@@ -54,10 +54,27 @@ def test_unknown_peak_dtype_is_refused_with_the_allowed_ones():
         peak.measure_tflops(CPU, "int8")
 
 
-def test_real_measurement_is_positive_and_finite(monkeypatch, one_thread):
+def test_a_real_measurement_is_2n3_over_the_fastest_of_the_timed_matmuls_in_the_asked_dtype(
+    monkeypatch, one_thread
+):
+    """Real matmuls and the real clock, observed: one untimed and ``repeats`` timed ``n x n``
+    products in bf16, and the rate is 2 n^3 FLOP over the shortest clock interval around one."""
     monkeypatch.setattr(peak, "SIZES", {"cpu": (128,)})
-    tflops = peak.measure_tflops(CPU, "fp32", repeats=2)
-    assert 0 < tflops < 100
+    calls, stamps = [], []
+    real_mm, real_clock = torch.mm, peak.time.perf_counter
+    monkeypatch.setattr(
+        peak.torch,
+        "mm",
+        lambda a, b: calls.append((tuple(a.shape), a.dtype, b.dtype)) or real_mm(a, b),
+    )
+    monkeypatch.setattr(
+        peak.time, "perf_counter", lambda: stamps.append(real_clock()) or stamps[-1]
+    )
+    tflops = peak.measure_tflops(CPU, "bf16", repeats=3)
+    assert calls == [((128, 128), torch.bfloat16, torch.bfloat16)] * 4
+    intervals = [end - start for start, end in zip(stamps[::2], stamps[1::2], strict=True)]
+    assert len(intervals) == 3
+    assert tflops == 2 * 128**3 / min(intervals) / 1e12
 
 
 def test_resolve_peak_measures_in_the_runs_matmul_dtype_or_takes_the_configured_number(

@@ -28,7 +28,7 @@ from normlab.training.sample import (
     sample_texts,
 )
 
-from .conftest import REPO, TINY, run_cli
+from ..conftest import REPO, TINY, run_cli
 
 CONTEXT = 32  # TINY's model.context_length
 
@@ -351,6 +351,20 @@ def test_a_tokenizer_that_cannot_load_costs_the_samples_not_the_run(
     warned = [r.getMessage() for r in caplog.records if "no samples" in r.getMessage()]
     assert warned == ["no samples: the tokenizer cannot be loaded (the gpt2 tokenizer needs its "
                       "files: offline)"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_samples_of_a_compiled_norm_run_do_not_recompile_the_training_model(cfg_tiny, tmp_path):
+    """A sample feeds a context that grows by one token per new token: 16 + 12 lengths, each a new
+    graph of the compiled norms (``dynamic=False``), past torch's recompile limit (8), which
+    ``build_run`` makes an error. Sampling runs the norms eagerly: the run completes and the
+    samples are there."""
+    from normlab.training.loop import train
+
+    cfg = cfg_tiny("logger=none", "norm.impl=compiled", "sample_interval=3", "sample_tokens=12")
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "completed", summary.get("error")
+    assert summary["norm_impl"] == "compiled"
 
 
 def _old_names(state: dict) -> dict:

@@ -18,7 +18,19 @@ from normlab.training.metrics import NAMES
 from normlab.training.step import lr_at
 from normlab.training.tracking import StepTimer
 
-from .conftest import TINY, run_cli
+from ..conftest import TINY, run_cli
+
+
+def test_an_offline_wandb_run_prints_no_summary_of_its_own(cfg_tiny, tmp_path, capfd, monkeypatch):
+    """wandb's finish printed its run history and summary tables (about 30 lines) after the
+    run, so the command's result line was not the last one; normlab's wandb runs are quiet."""
+    from normlab.training.loop import train
+
+    monkeypatch.delenv("WANDB_SILENT", raising=False)  # the test session's: wandb as users run it
+    summary = train(cfg_tiny("logger=wandb", "logger.mode=offline", "max_steps=2"), tmp_path)
+    assert summary["status"] == "completed" and list((tmp_path / "wandb").glob("offline-run-*"))
+    printed = "".join(capfd.readouterr())
+    assert "Run summary" not in printed and "Run history" not in printed, printed[-1500:]
 
 
 def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
@@ -276,16 +288,15 @@ def test_a_healthy_run_counts_no_skipped_steps(compose_cfg, tmp_path):
 def test_the_skipped_fraction_rule_of_a_finished_run(skipped, fraction, status):
     from types import SimpleNamespace
 
-    from normlab.training.run_state import Progress
+    from normlab.training.record import Progress, RunRecord
 
-    p = SimpleNamespace(
-        metrics=SimpleNamespace(skipped_steps=skipped, last_finite_loss=1.0),
-        done=6,
-        max_skipped_fraction=fraction,
-        summary={},
+    progress = Progress(
+        step=5, done=6, train_time_s=0.0, val_loss=None, val_row={}, wall_before=0.0, t_start=0.0
     )
-    Progress.complete(p)  # 6 steps, ``skipped`` of them skipped by the scaler
-    assert p.summary["status"] == status
+    record = RunRecord(progress=progress, summary={"status": "running"})
+    metrics = SimpleNamespace(skipped_steps=skipped, last_finite_loss=1.0)
+    record.complete("max_steps", metrics, fraction)  # 6 steps, ``skipped`` of them skipped
+    assert record.status == status
 
 
 def test_the_divergence_rule_relative_to_the_first_loss():

@@ -114,7 +114,7 @@ def _train_tiny(compose_cfg, tmp_path, *overrides):
     from normlab.compose import to_train_config
     from normlab.training.loop import train
 
-    from .conftest import TINY
+    from ..conftest import TINY
 
     train(to_train_config(compose_cfg([*TINY, "logger=none", *overrides])), tmp_path)
     return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -22,7 +22,7 @@ from normlab.training import checkpoint as ckpt
 from normlab.training import distributed, tracking
 from normlab.training.loop import RunOptions, train
 
-from .conftest import TINY
+from ..conftest import TINY
 
 #: 4 micro-batches per step: 2 per rank with 2 processes, so sums and gradients are reduced in
 #: another order than in one process (the losses agree to fp32 rounding, not bit for bit).
