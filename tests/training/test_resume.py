@@ -297,3 +297,20 @@ def test_a_new_run_never_overwrites_checkpoints_and_required_resume_needs_one(ti
     train(cfg, tmp_path, RunOptions())
     with pytest.raises(ConfigError, match="already holds checkpoints: add resume=auto"):
         train(cfg, tmp_path, RunOptions())
+
+
+def test_a_key_added_after_the_checkpoint_resumes_at_its_default_and_differs_otherwise():
+    # A checkpoint written before norm.depth_scale existed: resuming it with the key at its
+    # default (false, the old behaviour) is no config difference; with the key on, it is one.
+    from normlab.config import TrainConfig, to_plain
+    from normlab.training.resume import config_diff
+
+    current = to_plain(TrainConfig())
+    saved = to_plain(TrainConfig())
+    del saved["norm"]["depth_scale"]
+    assert config_diff(saved, current) == []
+    current["norm"]["depth_scale"] = True
+    assert config_diff(saved, current) == ["norm.depth_scale: '<absent>' -> True"]
+    current["norm"]["depth_scale"] = False
+    current["optim"]["lr"] = 1.0
+    assert [d.split(":")[0] for d in config_diff(saved, current)] == ["optim.lr"]

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from normlab.config import ConfigError
+from normlab.config import ConfigError, TrainConfig, to_plain
 from normlab.training.checkpoint import CKPT_DIR, Loaded, list_checkpoints, load_latest
 
 log = logging.getLogger(__name__)
@@ -82,13 +82,19 @@ def config_hash(config: dict[str, Any]) -> str:
 
 
 def config_diff(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The hashed keys whose values differ, as ``"optim.lr: 0.001 -> 0.002"`` (sorted by key)."""
+    """The hashed keys whose values differ, as ``"optim.lr: 0.001 -> 0.002"`` (sorted by key).
+
+    A key the saved config lacks (a checkpoint written before the key existed) is no difference
+    when the current value is the key's schema default: a new key's default is the behaviour the
+    code had before it (``norm.depth_scale: false``, say)."""
     a, b = _hashed_items(saved), _hashed_items(current)
+    defaults = _hashed_items(to_plain(TrainConfig()))
     missing = object()
     return [
         f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
         for k in sorted(a.keys() | b.keys())
         if a.get(k, missing) != b.get(k, missing)
+        and not (k not in a and b.get(k, missing) == defaults.get(k, missing))
     ]
 
 
