@@ -27,6 +27,21 @@ class OptimName(Enum):
     adamw = "adamw"
 
 
+class NormWeightDecay(Enum):
+    """Which norm gains get ``optim.weight_decay`` (``optim.norm_weight_decay``); biases and every
+    other 1-D parameter never do. A norm gain is the parameter named ``weight`` of a norm module
+    (attn_in, attn_out, mlp_in, mlp_out, the QK-norms, the embedding and final norms). A
+    zero-centred gain is stored as w and applied as 1 + w: decay pulls the stored w toward 0, so
+    the applied gain toward 1."""
+
+    none = "none"  # no norm gain decays (normlab's behaviour before the key)
+    all = "all"  # every norm gain decays
+    # the input norms' gains only: attn_in and mlp_in, the pre-norms that feed a sublayer (pre and
+    # peri placement); not the output norms (attn_out, mlp_out, final), the QK-norms (inside
+    # attention: their gain is a logit temperature) or the embedding norm (it feeds the stream)
+    input_only = "input_only"
+
+
 class LoggerKind(Enum):
     wandb = "wandb"
     none = "none"
@@ -91,7 +106,8 @@ class OptimConfig:
     name: OptimName = OptimName.adamw  # the optimizer (adamw only)
     lr: float = 6e-4  # peak learning rate, after warm-up
     min_lr: float = 6e-5  # learning rate at the end of the cosine decay
-    weight_decay: float = 0.1
+    weight_decay: float = 0.1  # on matrices; see norm_weight_decay for the norm gains
+    norm_weight_decay: NormWeightDecay = NormWeightDecay.none  # which norm gains decay too
     beta1: float = 0.9  # AdamW first-moment decay
     beta2: float = 0.95  # AdamW second-moment decay
     eps: float = 1e-8  # AdamW denominator eps (not the norms' eps)
@@ -102,6 +118,9 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         self.name = _as_enum(OptimName, self.name, "optim.name")
+        self.norm_weight_decay = _as_enum(
+            NormWeightDecay, self.norm_weight_decay, "optim.norm_weight_decay"
+        )
         _require(
             math.isfinite(self.lr) and self.lr > 0,
             "optim.lr",
@@ -214,6 +233,14 @@ class TrainConfig:
         )
         self.norm.check(self.model.n_layer)  # the block schedule against the model's blocks
         self._check_more_keys()
+        inputs = {"attn_in", "mlp_in"} & set(self.norm.used_positions())
+        _require(
+            self.optim.norm_weight_decay != NormWeightDecay.input_only or bool(inputs),
+            "optim.norm_weight_decay",
+            self.optim.norm_weight_decay.name,
+            f"norm.placement={self.norm.placement.name} has no input norms (attn_in, mlp_in) "
+            "to decay; allowed: none, all",
+        )
 
     def _check_more_keys(self) -> None:
         names, every, diag = list(self.eval_data), self.sample_interval, self.diag_interval

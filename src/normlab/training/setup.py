@@ -29,6 +29,7 @@ import torch
 from normlab.config import (
     ConfigError,
     NormImpl,
+    NormWeightDecay,
     OptimConfig,
     OptimName,
     RunOptions,
@@ -42,6 +43,7 @@ from normlab.norms import resolve_norm
 from normlab.norms.preflight import preflight_model
 from normlab.training import distributed
 from normlab.training.checkpoint import Loaded
+from normlab.training.diagnostics import named_norms
 from normlab.training.distributed import resolve_device, seed_everything
 from normlab.training.evaluation import EvalSet, build_eval_sets
 from normlab.training.host_memory import host_memory, keep_freed_memory, release_freed_memory
@@ -98,14 +100,19 @@ class Run:
 def make_optimizer(
     model: torch.nn.Module, cfg: OptimConfig, device: torch.device
 ) -> torch.optim.Optimizer:
-    """AdamW with decoupled weight decay on matrices (dim >= 2) and none on gains and biases.
+    """AdamW with decoupled weight decay on matrices (dim >= 2) and the norm gains that
+    ``optim.norm_weight_decay`` names (:func:`decayed_gains`), none on biases and other 1-D
+    parameters.
 
     The fused implementation on the devices of :data:`FUSED_ADAMW_DEVICES` (CUDA), the foreach one
     elsewhere. ``optim.name`` is an Enum whose only member is ``adamw``.
     """
     assert cfg.name == OptimName.adamw  # the Enum has no other member
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    gains = {id(p) for p in decayed_gains(model, cfg.norm_weight_decay)}
+    decay = [p for p in model.parameters() if p.requires_grad and (p.dim() >= 2 or id(p) in gains)]
+    no_decay = [
+        p for p in model.parameters() if p.requires_grad and p.dim() < 2 and id(p) not in gains
+    ]
     groups = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -119,6 +126,27 @@ def make_optimizer(
         fused=fused or None,
         foreach=None if fused else True,
     )
+
+
+def decayed_gains(model: torch.nn.Module, which: NormWeightDecay) -> list[torch.nn.Parameter]:
+    """The norm gains of a :class:`normlab.model.GPT` that get weight decay under
+    ``optim.norm_weight_decay=which``, in depth order (:func:`~normlab.training.diagnostics.
+    named_norms`).
+
+    A norm gain is the parameter named ``weight`` of a norm module (none for ``norm.affine=false``;
+    a norm's other parameters, DyT's alpha or a bias, never decay here). ``all``: every norm's;
+    ``input_only``: those of ``attn_in`` and ``mlp_in``, the pre-norms that feed a sublayer;
+    ``none``: an empty list. A zero-centred gain (applied as 1 + w) decays its stored w toward 0.
+    """
+    if which == NormWeightDecay.none:
+        return []
+    gains = []
+    for name, _, module in named_norms(model):
+        weight = getattr(module, "weight", None)
+        is_input = name.endswith(("/attn_in", "/mlp_in"))
+        if isinstance(weight, torch.nn.Parameter) and (which == NormWeightDecay.all or is_input):
+            gains.append(weight)
+    return gains
 
 
 def build_model(cfg: TrainConfig, device: torch.device | str) -> GPT:
