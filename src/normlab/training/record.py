@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from normlab.config import RunOptions
+from normlab.norms.backends import impl_class, kernel_backend
 from normlab.training import distributed
-from normlab.training.diagnostics import ZERO_ROWS_SUFFIX
+from normlab.training.diagnostics import ZERO_ROWS_SUFFIX, named_norms
 from normlab.training.evaluation import final_eval
 from normlab.training.metrics import DIAG_PREFIX, NAMES, Divergence, MetricsBuffer
 from normlab.training.peak import resolve_peak
@@ -197,6 +198,7 @@ def start_record(run: Run, opts: RunOptions, t_start: float) -> RunRecord:
         "world_size": distributed.world_size(),
         "versions": versions(run.device, cfg.compile),
         "preflight": run.preflight,
+        "kernels": kernels_record(run.model, run.device, cfg.compile),
         "data": _data_record(run.data),
         "eval_data": {s.name: _data_record(s.data) for s in run.evals},
         "config": run.config_dict,
@@ -221,6 +223,27 @@ def start_record(run: Run, opts: RunOptions, t_start: float) -> RunRecord:
         t_start=t_start,
     )
     return RunRecord(progress=progress, summary=summary)
+
+
+def kernels_record(model, device, compiled: bool) -> dict[str, dict[str, str]]:
+    """The kernel of each norm position of ``model`` (a :class:`normlab.model.GPT`), for
+    ``summary.json``'s ``kernels``: ``{position: {"impl_class", "backend"}}`` with the class as
+    ``package.module.Class`` and the backend of :func:`normlab.norms.backends.kernel_backend` (a
+    detection by availability at run start, not a trace). Positions are ``embedding``,
+    ``attn_in``, ``qk_q``, ``qk_k``, ``attn_out``, ``mlp_in``, ``mlp_out``, ``final``; a block
+    whose norm differs from the position's first (a block schedule) adds ``"<pos> (block i)"``."""
+    out: dict[str, dict[str, str]] = {}
+    for name, _, module in named_norms(model):
+        where, _, pos = name.rpartition("/")
+        block = where.removeprefix("block") if where.startswith("block") else None
+        pos = pos if block is not None else where  # embedding/norm -> embedding
+        entry = {
+            "impl_class": impl_class(module),
+            "backend": kernel_backend(module, device, compiled),
+        }
+        key = pos if out.get(pos, entry) == entry else f"{pos} (block {block})"
+        out.setdefault(key, entry)
+    return out
 
 
 def _data_record(data) -> dict[str, Any]:
