@@ -245,8 +245,31 @@ def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str)
         **pd,
         "power": power,
         "ratio": _ratio(rep, base, var, label),
+        "backends": backend_differences(list(base.values()), list(var.values())),
         "curve": curve,
     }
+
+
+def backend_differences(base: list[Run], var: list[Run]) -> list[str]:
+    """The kinds of norm position whose recorded backends (``summary.json``'s ``kernels``, runs
+    since 2026-12) differ between the baseline's runs and a variant's, as ``"attn_in `aten` vs
+    `quack`"`` (each side's backends over its runs, joined by ``/``). A speed ratio between them
+    times different kernels, not the same design; empty when they agree or a side recorded none.
+    A position's blocks (``"attn_in (block 3)"``) count as that position."""
+
+    def backends(runs: list[Run]) -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for r in runs:
+            for pos, k in ((r.summary or {}).get("kernels") or {}).items():
+                out.setdefault(pos.split(" (")[0], set()).add(str((k or {}).get("backend")))
+        return out
+
+    b, v = backends(base), backends(var)
+    return [
+        f"{pos} `{'/'.join(sorted(b[pos]))}` vs `{'/'.join(sorted(v[pos]))}`"
+        for pos in b
+        if pos in v and b[pos] != v[pos]
+    ]
 
 
 def build_report(
@@ -562,6 +585,7 @@ def build_context(included: dict[str, list[Run]], baseline: str, margin: float) 
         "optim.warmup_steps",
         "optim.decay",
         "optim.weight_decay",
+        "optim.norm_weight_decay",
         "max_steps",
         "max_time_s",
         "precision.dtype",

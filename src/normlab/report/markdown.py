@@ -431,7 +431,23 @@ def _ratio(rep: Report) -> list[str]:
         if c["ratio"]["problems"]:
             out += ["", f"`{c['label']}` vs `{rep.baseline}` not comparable:"]
             out += [f"- {p}" for p in c["ratio"]["problems"]]
-    return out
+    return out + _backend_notes(rep)
+
+
+def _backend_notes(rep: Report) -> list[str]:
+    """One line per variant whose runs recorded other norm backends than the baseline's
+    (``compare.backend_differences``): its speed ratio is no same-design ratio."""
+    return [
+        line
+        for c in rep.comparisons
+        if c["backends"]
+        for line in (
+            "",
+            f"`{c['label']}` vs `{rep.baseline}`: not the same design: backends differ: "
+            + "; ".join(c["backends"])
+            + " (the ratio times different kernels, not the norms' design alone).",
+        )
+    ]
 
 
 def _excluded(rep: Report) -> list[str]:
@@ -507,7 +523,8 @@ def render_context(rep: Report) -> list[str]:
         f"(median), {fmt(c['epochs'], '.3g')} epochs of the training split",
         f"- Schedule: peak lr {_joined(st['optim.lr'])}, min lr {_joined(st['optim.min_lr'])}, "
         f"warm-up {_joined(st['optim.warmup_steps'])} steps, cosine decay "
-        f"{_joined(st['optim.decay'])}, weight decay {_joined(st['optim.weight_decay'])}; "
+        f"{_joined(st['optim.decay'])}, weight decay {_joined(st['optim.weight_decay'])} "
+        f"(norm gains: {_joined(st['optim.norm_weight_decay'], '`none`')}); "
         f"max_steps {_joined(st['max_steps'])}, "
         f"max_time_s {_joined(st['max_time_s'], 'none (no time budget)')}",
         "- Stopped by: "
@@ -651,6 +668,7 @@ def render_speed(rep: Report) -> list[str]:
         "runs (next section) is secondary.",
         "",
         *table(head, rows),
+        *_backend_notes(rep),
     ]
 
 
