@@ -1,5 +1,7 @@
 """Docs that cannot rot: every ``train`` command shown in README.md and docs/*.md composes against
-the real config; every relative link in README.md and docs/**/*.md resolves (file and anchor);
+the real config; every ``normlab-bench``, ``normlab-study``, ``normlab-eval``, ``normlab-report``,
+``normlab-sample`` and ``python -m benchmarks`` command shown names a subcommand and flags that its
+``--help`` lists; every relative link in README.md and docs/**/*.md resolves (file and anchor);
 every module of src/normlab is in docs/ARCHITECTURE.md's module map and every path of that map
 exists; README.md stays an index (at most 250 lines) and, with the topic pages, carries no commit
 hash, session talk or "before:" note (measurements and their code versions live in docs/results/,
@@ -452,3 +454,135 @@ def test_history_words_are_found():
         "last session",
         "since c910f54",
     ]
+
+
+# --- the other commands: subcommands and flags ---------------------------------------------------
+
+#: The console scripts (and ``python -m benchmarks``) whose subcommand and flags shown in a fenced
+#: block must exist: the module that ``--help`` runs for each.
+OTHER_COMMANDS = {
+    "normlab-bench": "normlab.commands.bench",
+    "normlab-study": "normlab.commands.study",
+    "normlab-eval": "normlab.commands.evaluate",
+    "normlab-report": "normlab.commands.report",
+    "normlab-sample": "normlab.commands.sample",
+    "benchmarks": "benchmarks",
+}
+
+
+@dataclass(frozen=True)
+class OtherCommand:
+    """One ``normlab-*`` (or ``python -m benchmarks``) command in a page: its program, its
+    subcommand (None for the program's own mode) and the ``--flags`` it shows."""
+
+    page: str
+    line: int
+    text: str
+    program: str
+    sub: str | None
+    flags: tuple[str, ...]
+
+
+def _other_command(seg: list[str]) -> tuple[str, list[str]] | None:
+    """``(program, arguments)`` of a segment that runs one of :data:`OTHER_COMMANDS`."""
+    while seg and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", seg[0]):
+        seg = seg[1:]
+    if seg and seg[0] in OTHER_COMMANDS:
+        return seg[0], seg[1:]
+    if len(seg) > 2 and seg[0] in ("python", "python3") and seg[1:3] == ["-m", "benchmarks"]:
+        return "benchmarks", seg[3:]
+    return None
+
+
+def other_commands_in(text: str, rel: str) -> list[OtherCommand]:
+    """Every :data:`OTHER_COMMANDS` command in the fenced blocks of ``text`` (page ``rel``)."""
+    found: list[OtherCommand] = []
+    for n, line in fenced_lines(text):
+        if line.startswith(("$", ">")) or not line:
+            continue
+        try:
+            tokens = shlex.split(line, comments=True)
+        except ValueError:
+            continue
+        for seg in _segments(tokens):
+            got = _other_command(seg)
+            if got is None:
+                continue
+            program, args = got
+            first = args[0] if args else ""
+            sub = first if re.fullmatch(r"[a-z][\w-]*", first) and program in SUBCOMMANDS else None
+            flags = tuple(a.split("=", 1)[0] for a in args if a.startswith("--"))
+            found.append(OtherCommand(rel, n, line, program, sub, flags))
+    return found
+
+
+#: The programs that have subcommands (the others take positional paths or overrides).
+SUBCOMMANDS = ("normlab-bench", "normlab-study", "benchmarks")
+
+
+@functools.cache
+def help_text(program: str, sub: str | None) -> tuple[int, str]:
+    """``(exit status, output)`` of ``<program> [sub] --help``, run as a subprocess from the
+    repository root (``benchmarks`` is a folder of the checkout)."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", OTHER_COMMANDS[program], *([sub] if sub else []), "--help"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return done.returncode, done.stdout + done.stderr
+
+
+def subcommands(program: str) -> set[str]:
+    """The subcommands ``<program> --help`` names: ``prog sub`` in its usage lines, or
+    ``{a,b,c}``."""
+    _, text = help_text(program, None)
+    name = "python -m benchmarks" if program == "benchmarks" else program
+    found = set(re.findall(rf"{re.escape(name)} ([a-z][\w-]*)", text))
+    for group in re.findall(r"\{([\w,-]+)\}", text):
+        found |= set(group.split(","))
+    return found
+
+
+def command_problems(cmd: OtherCommand) -> list[str]:
+    """What in ``cmd`` its program does not have: a subcommand, a flag."""
+    if cmd.sub is not None and cmd.sub not in subcommands(cmd.program):
+        return [f"{cmd.program} has no subcommand {cmd.sub!r}"]
+    rc, text = help_text(cmd.program, cmd.sub)
+    if rc != 0:
+        return [f"{cmd.program} {cmd.sub or ''} --help exits {rc}: {text.strip()[-200:]}"]
+    known = set(re.findall(r"--[a-z][\w-]*", text))
+    return [f"{cmd.program} {cmd.sub or ''}: no flag {f}" for f in cmd.flags if f not in known]
+
+
+ALL_OTHER = [
+    c
+    for page in TOPIC_PAGES
+    for c in other_commands_in(page.read_text(), str(page.relative_to(REPO)))
+]
+
+
+def test_the_pages_show_other_commands():
+    programs = {c.program for c in ALL_OTHER}
+    assert {"normlab-bench", "normlab-study", "normlab-eval", "benchmarks"} <= programs, programs
+
+
+@pytest.mark.parametrize("cmd", ALL_OTHER, ids=[f"{c.page}:{c.line}" for c in ALL_OTHER])
+def test_every_other_command_in_the_docs_exists(cmd: OtherCommand):
+    assert command_problems(cmd) == [], cmd.text
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "normlab-bench settings model=small",  # moved to python -m benchmarks
+        "normlab-bench step --baseline",  # a flag that moved
+        "normlab-study fp16-statistic",  # a misspelled subcommand
+        "normlab-eval outputs/runs/x --task piqa",  # a misspelled flag
+        "python -m benchmarks baseline --b norm=rms",  # a flag of another command
+    ],
+)
+def test_a_bad_other_command_is_found(line: str):
+    (cmd,) = other_commands_in(f"```bash\n{line}\n```\n", "self-check.md")
+    assert command_problems(cmd) != []
