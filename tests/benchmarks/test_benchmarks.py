@@ -116,4 +116,5 @@ def test_normlab_bench_names_the_benchmark_a_moved_mode_became(argv, new, tmp_pa
     assert bench.main([*argv, "--json", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and new in err and "from a checkout" in err
+    assert err.startswith(f"normlab-bench: error: {new.split()[3]} moved:")  # the mode, by name
     assert not (tmp_path / "x.json").exists()

@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     moved = [MOVED[a] for a in argv[:1] + (argv if argv[:1] == ["step"] else []) if a in MOVED]
     if moved:
         print(
-            f"normlab-bench: error: {moved[0].split()[-1].lower()} moved: a check of the harness "
+            f"normlab-bench: error: {moved[0].split()[3]} moved: a check of the harness "
             f"itself, in the repository's benchmarks/: run {moved[0]} ... from a checkout",
             file=sys.stderr,
         )

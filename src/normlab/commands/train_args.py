@@ -566,7 +566,8 @@ def check_needs(full: CliConfig) -> None:
         raise ConfigError(
             f"data={data.name} is read from the Hugging Face Hub ({data.hf_path}) and its tokens "
             f"are not prepared in {tokens}, but the Hub cannot be reached ({why}): prepare them "
-            "where it can (normlab-prepare with the same overrides), or choose a local corpus"
+            f"where it can (normlab-prepare data={data.name} with the same overrides; with "
+            "HF_DATASETS_CACHE shared), or choose a local corpus"
         )
 
 
