@@ -123,12 +123,12 @@ def test_help_lists_every_key_with_its_default_and_one_line_meaning(tmp_path):
     for k in keys:
         if k.meaning and k.name not in shared:
             assert listed[k.name].endswith(k.meaning), k.name
-    # norm.positions.<position>.<key>: one line, its meaning once, then what each part may be
+    # norm.positions.<position>.<key>: a line per key with its meaning, the positions listed once
     parts = [line.strip().split(": ", 1) for line in r.stdout.splitlines()]
-    values = {w[0]: w[1].split(", ") for w in parts if w[0] in ("<position>", "<key>")}
-    pattern = {f"norm.positions.{p}.{k}" for p in values["<position>"] for k in values["<key>"]}
-    assert pattern == shared
-    assert "this position's own value" in listed["norm.positions.<position>.<key>"]
+    (positions,) = [w[1].split(", ") for w in parts if w[0] == "<position>"]
+    fields = [n.split(".")[-1] for n in listed if n.startswith("norm.positions.<position>.")]
+    assert {f"norm.positions.{p}.{k}" for p in positions for k in fields} == shared
+    assert "this position's norm.kind" in listed["norm.positions.<position>.kind"]
     assert "evaluate every N optimizer steps" in listed["eval_interval"]  # conf/train.yaml
     assert "transformer blocks" in listed["model.n_layer"]  # conf/model/gpt2_small.yaml
     assert "null: $OMP_NUM_THREADS" in listed["threads"]  # config.py's comment

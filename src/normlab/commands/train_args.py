@@ -278,12 +278,12 @@ def _shown(value: Any) -> str:
 
 def _key_lines(keys: tuple[Key, ...]) -> list[str]:
     """``train --help``'s key lines: one per key, name, default and meaning; keys that share one
-    meaning (more than two: ``norm.positions.<position>.<key>``) as one pattern
-    (``norm.positions.{attn_in,...}.{kind,...}``) with that meaning once."""
+    meaning (more than two: ``norm.positions.<position>.kind`` for every position) as one pattern
+    with that meaning once, and what each ``<part>`` may be listed once, after its first pattern."""
     by_meaning: dict[str, list[Key]] = {}
     for key in keys:
         by_meaning.setdefault(key.meaning, []).append(key)
-    lines = []
+    lines, listed = [], set()
     for key in keys:
         same = by_meaning[key.meaning]
         if not key.meaning or len(same) <= 2:
@@ -301,7 +301,8 @@ def _key_lines(keys: tuple[Key, ...]) -> list[str]:
             defaults = {_shown(k.default) for k in same}
             default = defaults.pop() if len(defaults) == 1 else "-"
             lines.append(f"  {'.'.join(parts):<24} {default:<12} {key.meaning}".rstrip())
-            lines += [f"  {'':<24} {'':<12} {v}" for v in values]
+            lines += [f"  {'':<24} {'':<12} {v}" for v in values if v not in listed]
+            listed.update(values)
     return lines
 
 
