@@ -10,13 +10,20 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-import torch
-from omegaconf import DictConfig
+# Triton chooses interpreter or compiler when triton.language and each kernel are first imported,
+# and torch imports triton as a side effect of other imports (dynamo, inductor): on a CPU the whole
+# session must see TRITON_INTERPRET=1 before the first import of torch, whatever module a test
+# collection reaches first. NORMLAB_TEST_DEVICE=cuda (the GPU check) compiles instead.
+if os.environ.get("NORMLAB_TEST_DEVICE", "cpu") == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
 
-from normlab.compose import compose_cli, compose_dict, find_conf_dir
-from normlab.config import CliConfig, TrainConfig
-from normlab.training import tracking
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from normlab.compose import compose_cli, compose_dict, find_conf_dir  # noqa: E402
+from normlab.config import CliConfig, TrainConfig  # noqa: E402
+from normlab.training import tracking  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = find_conf_dir()
