@@ -96,8 +96,13 @@ def test_an_unknown_option_with_nothing_close_has_no_stray_separator():
 
 def test_help_says_each_meaning_once():
     lines = [line.strip() for line in help_text(CONF_DIR).splitlines() if line.strip()]
-    meanings = [line.split(None, 2)[-1] for line in lines if line.startswith("norm.positions")]
-    assert len(meanings) == 1 and "this position's own value" in meanings[0]
+    keys = [line.split(None, 2) for line in lines if line.startswith("norm.positions")]
+    assert {k[0].split(".")[2] for k in keys} == {
+        "<position>"
+    }  # one line per key, not per position
+    meanings = [k[-1] for k in keys]
+    assert len(meanings) == len(set(meanings)) and "this position's norm.kind" in meanings[0]
+    assert sum(line.startswith("<position>:") for line in lines) == 1  # the positions, once
     sentences = [s for line in lines for s in line.split(". ") if len(s) > 40]
     assert max(sentences.count(s) for s in sentences) == 1
 

@@ -88,7 +88,10 @@ def test_auto_on_cuda_prefers_triton_then_compiled_for_an_option_it_lacks(monkey
     ],
     ids=["zero_centered", "cast", "upcast", "position", "schedule"],
 )
-def test_an_explicit_impl_that_cannot_honour_an_option_is_refused_in_one_line(fields, line):
+def test_an_explicit_impl_that_cannot_honour_an_option_is_refused_in_one_line(
+    fields, line, monkeypatch
+):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # a CPU without Triton's interpreter
     with pytest.raises(ConfigError) as err:
         norms.resolve_norm(NormConfig(**fields), "cpu")
     assert str(err.value) == line

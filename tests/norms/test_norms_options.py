@@ -171,7 +171,7 @@ def test_the_bench_summary_compares_dyt_with_layernorm_too():
         "fp32 64x128: DyT fastest (compiled, 1.000 ms) is 100% faster than LayerNorm fastest "
         "(compiled, 2.000 ms) fwd+bwd (50% less time)"
     )
-    assert bench_parser(False).parse_args([]).kinds == [k.name for k in KINDS]  # dyt included
+    assert bench_parser().parse_args([]).kinds == [k.name for k in KINDS]  # dyt included
     assert variants("cpu", ["dyt"], None) == [
         ["norm=dyt", f"norm.impl={i}"] for i in norms.available_impls("cpu", NormKind.dyt)
     ]
