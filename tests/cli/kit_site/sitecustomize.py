@@ -12,6 +12,14 @@ import tempfile
 
 _LACKS = {n for n in os.environ.get("NORMLAB_IMAGE_LACKS", "").split(",") if n}
 _TMP = os.path.realpath(tempfile.gettempdir())
+#: The checkout this file belongs to: its src/ (an editable install) is never "the kit", even when
+#: the checkout itself lies under the temporary directory (a fresh clone in /tmp, as CI may make).
+_REPO = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+
+
+def _in_kit(path: str) -> bool:
+    real = os.path.realpath(path)
+    return real.startswith(_TMP + os.sep) and not real.startswith(_REPO + os.sep)
 
 
 class _KitOnly:
@@ -21,7 +29,7 @@ class _KitOnly:
     def find_spec(name, path=None, target=None):
         if name.split(".")[0] not in _LACKS or "." in name:
             return None  # submodules: found through their (kit) parent package's __path__
-        kit = [p for p in sys.path if p and os.path.realpath(p).startswith(_TMP + os.sep)]
+        kit = [p for p in sys.path if p and _in_kit(p)]
         spec = importlib.machinery.PathFinder.find_spec(name, kit)
         if spec is None:
             raise ModuleNotFoundError(f"No module named {name!r} in the kit", name=name)
