@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from normlab.config import ConfigError
 from normlab.data.tokens import DataError
-from normlab.studies import fp16_report, fp16_statistics, norm_cost
+from normlab.studies import fp16_statistics, norm_cost
 from normlab.studies.common import output_dir, study_inputs, with_default_experiment
 
 USAGE = """\
@@ -76,9 +76,9 @@ def fp16_main(argv: list[str]) -> int:
         cases, list(fp16_statistics.DTYPES), scales, args.rows, d, inputs.device
     )
     checks = fp16_statistics.model_study(inputs, targets)
-    fig = fp16_report.plot_sweep(sweep, out / "fp16_statistics.png", d)
-    path = fp16_report.write_report(out, inputs, sweep, checks, fig, args.rows)
-    print("\n".join(fp16_report.verdict(sweep, checks)))
+    fig = fp16_statistics.plot_sweep(sweep, out / "fp16_statistics.png", d)
+    path = fp16_statistics.write_report(out, inputs, sweep, checks, fig, args.rows)
+    print("\n".join(fp16_statistics.verdict(sweep, checks)))
     print(f"wrote {path} and {fig}")
     return 0
 
