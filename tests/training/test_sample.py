@@ -12,12 +12,11 @@ import pytest
 import torch
 
 from normlab.commands.sample import main
-from normlab.config import ConfigError, DataConfig, NormImpl, to_plain
+from normlab.config import ConfigError, DataConfig, NormImpl
 from normlab.data import tokenizer as tt
 from normlab.data.corpus import DataError
 from normlab.data.tokens import prepare
-from normlab.model import GPT
-from normlab.norms import resolve_norm, unavailable_reason
+from normlab.norms import unavailable_reason
 from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
 from normlab.training.sample import (
     SampleOptions,
@@ -29,29 +28,9 @@ from normlab.training.sample import (
 )
 
 from ..conftest import REPO, TINY, run_cli
+from .conftest import write_run
 
 CONTEXT = 32  # TINY's model.context_length
-
-
-def _write_run(run_dir, cfg, seed=0, step=7):
-    """A run dir holding one checkpoint of an untrained model of ``cfg`` (norm resolved, byte
-    vocabulary), as training writes it; returns the model."""
-    cfg = dataclasses.replace(
-        cfg,
-        norm=resolve_norm(cfg.norm, "cpu"),
-        model=dataclasses.replace(cfg.model, vocab_size=256),
-    )
-    torch.manual_seed(seed)
-    model = GPT(cfg.model, cfg.norm)
-    state = {"step": step, "model": model.state_dict(), "config": to_plain(cfg)}
-    save_checkpoint(run_dir / CKPT_DIR, state, keep=2)
-    return model.eval()
-
-
-@pytest.fixture
-def tiny_run(tmp_path, cfg_tiny, one_thread):
-    run_dir = tmp_path / "run"
-    return run_dir, _write_run(run_dir, cfg_tiny("norm=rms", "norm.impl=torch"))
 
 
 def _main(argv, capsys):
@@ -180,7 +159,7 @@ def test_a_norm_implementation_that_cannot_run_here_is_refused_unless_replaced(
         pytest.skip("triton runs on this CPU")
     run_dir = tmp_path / "run"
     cfg = cfg_tiny("norm=rms", "norm.impl=torch")
-    model = _write_run(run_dir, cfg)
+    model = write_run(run_dir, cfg)
     ckpt = next((run_dir / CKPT_DIR).iterdir())
     state = torch.load(ckpt, weights_only=True)
     state["config"]["norm"]["impl"] = "triton"  # as if trained on a GPU
@@ -385,7 +364,7 @@ def test_a_checkpoint_with_the_old_norm_names_samples_with_the_same_weights(
     tmp_path, cfg_tiny, one_thread
 ):
     run_dir = tmp_path / "run"
-    model = _write_run(run_dir, cfg_tiny("norm=rms", "norm.impl=torch"))
+    model = write_run(run_dir, cfg_tiny("norm=rms", "norm.impl=torch"))
     ckpt = next((run_dir / CKPT_DIR).iterdir())
     state = torch.load(ckpt, weights_only=True)
     state["model"] = _old_names(state["model"])
