@@ -1,16 +1,19 @@
 """The GPU kit's rehearsal on this CPU: ``scripts/gpu_kit.sh`` builds it (with the registry),
 ``scripts/gpu_run.sh --dry-run`` installs it with ``pip --no-index`` into an empty folder and runs
 the whole check, in an environment where what the device image lacks can come only from the kit
-(``kit_site/sitecustomize.py``): a wheel missing from the kit fails the import or a step."""
+(``kit_site/sitecustomize.py``): a wheel missing from the kit fails the import or a step. The
+rehearsal is also the test of ``scripts/gpu_check.sh --dry-run`` (which ``gpu_run.sh`` runs): its
+report is held to :func:`tests.cli.test_gpu_check.check_dry_run`, so the dry run runs once."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from .test_gpu_check import check_dry_run
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Top-level modules normlab may import that the GPU image does not have (docs/gpu.md).
@@ -18,7 +21,7 @@ IMAGE_LACKS = ["normlab", "hydra", "omegaconf", "antlr4", "wandb", "datasets", "
 
 
 @pytest.mark.slow
-def test_the_kit_alone_runs_the_dry_run_next_to_a_torch_only_environment(tmp_path):
+def test_the_kit_alone_runs_the_dry_run_next_to_a_torch_only_environment(tmp_path, monkeypatch):
     kit = tmp_path / "kit"
     built = subprocess.run(
         ["bash", "scripts/gpu_kit.sh", "--out", str(kit)],
@@ -46,8 +49,7 @@ def test_the_kit_alone_runs_the_dry_run_next_to_a_torch_only_environment(tmp_pat
     )
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert "normlab from /tmp" in ran.stdout  # the kit's wheel, not this checkout
-    report = json.loads((out / "gpu_check.json").read_text())
-    assert report["ok"] and all(s["status"] == "ok" for s in report["steps"])
+    check_dry_run(out, monkeypatch)  # every step ok, with its figures; both files written
 
 
 def test_without_the_kit_a_torch_only_environment_cannot_import_normlab(tmp_path):
