@@ -232,6 +232,20 @@ def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _meta(x, weight, bias, after: bool) -> dict:
+    """The kernels' compile-time flags and launch sizes for ``x`` ``(rows, d)``: ``HAS_W``,
+    ``HAS_B``, ``AFTER``, ``ACC``, ``BLOCK_M``, ``BLOCK_N``, ``num_warps``."""
+    block_m, block_n, num_warps = _launch_config(x.shape[0], x.shape[1], x)
+    flags = {"HAS_W": weight is not None, "HAS_B": bias is not None, "AFTER": after}
+    return {**flags, "ACC": _acc(x), "BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps}
+
+
+def _programs(n_tiles: int, x: torch.Tensor) -> int:
+    """Backward programs: one per tile, at most 4 per streaming multiprocessor (1 on a CPU)."""
+    n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
+    return min(n_tiles, 4 * n_sm)
+
+
 def norm_fwd(x, weight, bias, eps: float, is_rms: bool, after: bool = False):
     """Forward on ``x2d`` ``(rows, d)`` (``after``: ``cast=after_weight``). Returns ``y``
     ``(rows, d)`` in x.dtype, ``mean`` (None for RMSNorm) and ``rstd``, both ``(rows,)`` fp32
@@ -243,9 +257,9 @@ def norm_fwd(x, weight, bias, eps: float, is_rms: bool, after: bool = False):
     mean = None if is_rms else torch.empty(n_rows, dtype=stat_dtype, device=x.device)
     if n_rows == 0:
         return y, mean, rstd
-    block_m, block_n, num_warps = _launch_config(n_rows, d, x)
+    meta = _meta(x, weight, bias, after)
     with _device(x):
-        _norm_fwd[(triton.cdiv(n_rows, block_m),)](
+        _norm_fwd[(triton.cdiv(n_rows, meta["BLOCK_M"]),)](
             x,
             y,
             x if weight is None else weight,
@@ -258,13 +272,7 @@ def norm_fwd(x, weight, bias, eps: float, is_rms: bool, after: bool = False):
             d,
             eps,
             IS_RMS=is_rms,
-            HAS_W=weight is not None,
-            HAS_B=bias is not None,
-            AFTER=after,
-            ACC=_acc(x),
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            num_warps=num_warps,
+            **meta,
         )
     return y, mean, rstd
 
@@ -278,10 +286,9 @@ def norm_bwd(dy, x, weight, has_bias: bool, mean, rstd, is_rms: bool, after: boo
     if n_rows == 0:
         zeros = torch.zeros(d, dtype=acc_dtype, device=x.device)
         return dx, (zeros if weight is not None else None), (zeros if has_bias else None)
-    block_m, block_n, num_warps = _launch_config(n_rows, d, x)
-    n_tiles = triton.cdiv(n_rows, block_m)
-    n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
-    programs = min(n_tiles, 4 * n_sm)
+    meta = _meta(x, weight, x if has_bias else None, after)
+    n_tiles = triton.cdiv(n_rows, meta["BLOCK_M"])
+    programs = _programs(n_tiles, x)
     partial_dw = (
         torch.empty(programs, d, dtype=acc_dtype, device=x.device) if weight is not None else None
     )
@@ -303,13 +310,7 @@ def norm_bwd(dy, x, weight, has_bias: bool, mean, rstd, is_rms: bool, after: boo
             d,
             triton.cdiv(n_tiles, programs),
             IS_RMS=is_rms,
-            HAS_W=weight is not None,
-            HAS_B=has_bias,
-            AFTER=after,
-            ACC=_acc(x),
-            BLOCK_M=block_m,
-            BLOCK_N=block_n,
-            num_warps=num_warps,
+            **meta,
         )
     dw = None if partial_dw is None else partial_dw.sum(0)
     db = None if partial_db is None else partial_db.sum(0)
@@ -492,18 +493,6 @@ def _dyt_bwd(
         tl.store(DB + pid * N + cols, db, mask=col_ok)
 
 
-def _meta(x, weight, bias, after: bool) -> dict:
-    block_m, block_n, num_warps = _launch_config(x.shape[0], x.shape[1], x)
-    flags = {"HAS_W": weight is not None, "HAS_B": bias is not None, "AFTER": after}
-    return {
-        **flags,
-        "ACC": _acc(x),
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
-        "num_warps": num_warps,
-    }
-
-
 def dyt_fwd(x, alpha, weight, bias, after: bool) -> torch.Tensor:
     """``x`` ``(rows, d)`` (unit column stride) -> ``y`` ``(rows, d)`` in x.dtype."""
     y = torch.empty_like(x)
@@ -535,8 +524,7 @@ def dyt_bwd(dy, x, alpha, weight, has_bias: bool, after: bool):
     dx = torch.empty_like(x)
     meta = _meta(x, weight, x if has_bias else None, after)
     n_tiles = max(1, triton.cdiv(n_rows, meta["BLOCK_M"]))
-    n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
-    programs = min(n_tiles, 4 * n_sm)
+    programs = _programs(n_tiles, x)
     da = torch.zeros(programs, dtype=acc, device=x.device)
     dw = torch.zeros(programs, d, dtype=acc, device=x.device) if weight is not None else None
     db = torch.zeros(programs, d, dtype=acc, device=x.device) if has_bias else None
