@@ -49,6 +49,11 @@ def fp16_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _floats(text: str | None) -> list[float]:
+    """``"1,2.5"`` -> ``[1.0, 2.5]``; None or empty -> ``[]``."""
+    return [float(v) for v in text.split(",")] if text else []
+
+
 def fp16_main(argv: list[str]) -> int:
     """``normlab-study fp16-statistics``; 0 on success, 2 on a bad config (one line on stderr)."""
     args = fp16_parser().parse_args(argv)
@@ -60,16 +65,8 @@ def fp16_main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"fp16_study: {e}", file=sys.stderr)
         return 2
-    scales = (
-        [float(v) for v in args.scales.split(",")]
-        if args.scales
-        else fp16_statistics.DEFAULT_SCALES
-    )
-    targets = (
-        [float(v) for v in args.model_rms.split(",")]
-        if args.model_rms
-        else fp16_statistics.DEFAULT_MODEL_RMS
-    )
+    scales = _floats(args.scales) or fp16_statistics.DEFAULT_SCALES
+    targets = _floats(args.model_rms) or fp16_statistics.DEFAULT_MODEL_RMS
     out = output_dir("fp16_statistics", args.out)
     d = inputs.cfg.model.d_model
     sweep = fp16_statistics.norm_error_sweep(
