@@ -201,22 +201,22 @@ def test_a_bpe_run_finds_its_tokenizer_in_its_token_folder_or_the_summarys(tmp_p
 
 
 @pytest.mark.slow
-def test_a_run_trained_by_the_train_cli_prints_text(tmp_path):
+def test_a_run_trained_by_the_train_cli_prints_text(tmp_path, one_thread, capsys):
     run_dir = tmp_path / "run"
     overrides = [*TINY, "logger=none", "max_steps=30", "eval_interval=15", "optim.lr=3e-3"]
     r = run_cli([*overrides, "sample_interval=15", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     log = (run_dir / "train.log").read_text()  # samples during training go to the run's log
     assert "sample after step 15 (prompt " in log and "sample after step 30 (prompt " in log
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "normlab.commands.sample", str(run_dir), "--device", "cpu"]
+    # normlab-sample in-process: test_invalid_utf8_on_the_real_command_line_is_refused runs it
+    # as a subprocess
     args = ["--prompt", "KING:", "--max-new-tokens", "60", "--num-samples", "2", "--seed", "1"]
-    r = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    samples = r.stdout.split("---------------\n")
+    code, out, err = _main([run_dir, "--device", "cpu", "--threads", "1", *args], capsys)
+    assert code == 0, err
+    samples = out.split("---------------\n")
     assert len(samples) == 3 and samples[2] == ""
     assert all(s.startswith("KING:") and len(s) > 40 for s in samples[:2])
-    assert "step 30" in r.stderr and "norm layer/cpp" in r.stderr
+    assert "step 30" in err and "norm layer/cpp" in err
 
 
 @pytest.mark.parametrize("kind", ["byte", "bpe", "gpt2"])
