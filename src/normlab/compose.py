@@ -16,7 +16,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf
 
 from normlab.config import CliConfig, ConfigError, TrainConfig, to_plain
-from normlab.config.paths import find_conf_dir
+from normlab.config.base import find_conf_dir
 from normlab.config.schedule import norm_tag
 
 

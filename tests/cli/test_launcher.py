@@ -83,6 +83,23 @@ def test_a_sweep_through_submitits_local_executor_trains_each_job_with_two_tasks
     jobs = sorted(p.parent for p in sweep.glob("*/summary.json"))
     assert [p.name.split("_")[1].split("-")[0] for p in jobs] == ["layer", "rms"]
 
+    # One micro-batch per task: the losses of one process, bit for bit. The single process is a
+    # fresh `train -m` of both norms through the basic launcher (same environment, one thread, one
+    # job after the other): no state of this process leaks in.
+    one = subprocess.run(
+        [*cmd[:3], "-m", f"hydra.sweep.dir={tmp_path / 'one'}", "norm=layer,rms", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert one.returncode == 0, one.stderr
+    single = {
+        json.loads((p / "summary.json").read_text())["norm"]["kind"]: p
+        for p in (tmp_path / "one").glob("*/")
+        if (p / "summary.json").is_file()
+    }
     for job in jobs:
         summary = json.loads((job / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["world_size"] == 2
@@ -94,17 +111,5 @@ def test_a_sweep_through_submitits_local_executor_trains_each_job_with_two_tasks
             "summary.json",
             "train.log",
         ]
-        # One micro-batch per task: the losses of one process, bit for bit. The single process
-        # is a fresh `train` too (same environment, one thread): no state of this process leaks in.
-        kind = summary["norm"]["kind"]
-        one = subprocess.run(
-            [*cmd[:3], *args, f"norm={kind}", f"hydra.run.dir={tmp_path / kind}"],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert one.returncode == 0, one.stderr
-        assert losses(job) == losses(tmp_path / kind)
+        assert losses(job) == losses(single[summary["norm"]["kind"]])
     assert (sweep / "multirun.yaml").is_file() and not (tmp_path / "outputs").exists()

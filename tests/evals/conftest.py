@@ -3,18 +3,15 @@ whose answers are known, and a run dir holding an untrained tiny model's checkpo
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 from torch import nn
 
-from normlab.config import ConfigError, to_plain
+from normlab.config import ConfigError
 from normlab.data.tokenizer import ByteTokenizer
 from normlab.evals.tasks import INSTALL, load_task, package_dir
-from normlab.model import GPT
-from normlab.norms import resolve_norm
-from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
+
+from ..training.conftest import write_run
 
 
 @pytest.fixture(scope="session")
@@ -105,15 +102,6 @@ def byte_tokenizer():
 @pytest.fixture
 def tiny_run_dir(tmp_path, cfg_tiny, one_thread):
     """A run dir with one checkpoint of an untrained tiny model (norm rms/torch, bytes)."""
-    cfg = cfg_tiny("norm=rms", "norm.impl=torch")
-    cfg = dataclasses.replace(
-        cfg,
-        norm=resolve_norm(cfg.norm, "cpu"),
-        model=dataclasses.replace(cfg.model, vocab_size=256),
-    )
-    torch.manual_seed(0)
-    model = GPT(cfg.model, cfg.norm)
-    state = {"step": 5, "model": model.state_dict(), "config": to_plain(cfg)}
     run_dir = tmp_path / "run"
-    save_checkpoint(run_dir / CKPT_DIR, state, keep=2)
+    write_run(run_dir, cfg_tiny("norm=rms", "norm.impl=torch"), step=5)
     return run_dir

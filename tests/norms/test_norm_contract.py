@@ -23,47 +23,21 @@ with the weight and the bias sum to bf16; worst measured 8e-3, see ``test_norms_
 from __future__ import annotations
 
 import os
+import re
+from enum import Enum
+from pathlib import Path
 
-#: Where the ``device``-marked tests run (module docstring).
-DEVICE_NAME = os.environ.get("NORMLAB_TEST_DEVICE", "cpu")
-#: Triton runs interpreted on a CPU, compiled on a GPU.
-INTERPRET = DEVICE_NAME == "cpu"
-_PREVIOUS_INTERPRET = os.environ.get("TRITON_INTERPRET")
-if INTERPRET:
-    os.environ["TRITON_INTERPRET"] = "1"  # Triton picks interpreter or compiler at decoration time
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+from torch.func import jvp
 
-import importlib  # noqa: E402
-import importlib.util  # noqa: E402
-import re  # noqa: E402
-import sys  # noqa: E402
-from enum import Enum  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.autograd.forward_ad as fwAD  # noqa: E402
-from torch.func import jvp  # noqa: E402
-
-if INTERPRET and importlib.util.find_spec("triton") is not None:
-    from triton.runtime.interpreter import InterpretedFunction
-
-    for _name, _kernel in (("triton_kernels", "_norm_fwd"), ("triton_dyt", "_dyt_fwd")):
-        _mod = sys.modules.get(f"normlab.norms.{_name}")
-        if _mod is not None and not isinstance(getattr(_mod, _kernel), InterpretedFunction):
-            importlib.reload(_mod)  # imported earlier without the interpreter
-    import normlab.norms.triton_dyt  # noqa: F401
-    import normlab.norms.triton_kernels  # noqa: F401
-if _PREVIOUS_INTERPRET is None:
-    del os.environ["TRITON_INTERPRET"]
-else:
-    os.environ["TRITON_INTERPRET"] = _PREVIOUS_INTERPRET
-
-import normlab.norms as norms  # noqa: E402
-from normlab.config import ConfigError, NormCast, NormConfig, NormImpl, NormKind  # noqa: E402
-from normlab.norms import table  # noqa: E402
-from normlab.norms.preflight import TOLERANCES, preflight  # noqa: E402
-from normlab.norms.reference import NormBase  # noqa: E402
-from normlab.norms.table import (  # noqa: E402
+import normlab.norms as norms
+from normlab.config import ConfigError, NormCast, NormConfig, NormImpl, NormKind
+from normlab.norms import table
+from normlab.norms.preflight import TOLERANCES, preflight
+from normlab.norms.reference import NormBase
+from normlab.norms.table import (
     AUTOGRAD_MODES,
     BACKWARD,
     DOUBLE_BACKWARD,
@@ -74,6 +48,10 @@ from normlab.norms.table import (  # noqa: E402
     Kind,
 )
 
+#: Where the ``device``-marked tests run (module docstring).
+DEVICE_NAME = os.environ.get("NORMLAB_TEST_DEVICE", "cpu")
+#: Triton runs interpreted on a CPU, compiled on a GPU.
+INTERPRET = DEVICE_NAME == "cpu"
 DEVICE = torch.device(DEVICE_NAME)
 CONF = Path(__file__).resolve().parents[2] / "conf" / "norm"
 D = 48  # one width (and few shapes) everywhere: compiled recompiles per shape, triton interprets
@@ -95,17 +73,8 @@ def _environment(monkeypatch):
 
 def runnable_here(impl) -> bool:
     """The implementation runs on :data:`DEVICE` (triton on a CPU: under the interpreter, if
-    installed)."""
-    old = os.environ.get("TRITON_INTERPRET")
-    if INTERPRET:
-        os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        return norms.unavailable_reason(impl, DEVICE.type) is None
-    finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+    installed; ``tests/conftest.py`` sets ``TRITON_INTERPRET=1`` for a CPU session)."""
+    return norms.unavailable_reason(impl, DEVICE.type) is None
 
 
 def contract_cases(statistic_only: bool = False) -> list[tuple]:

@@ -1,48 +1,25 @@
 """The Triton kernels (impl=triton) under the CPU interpreter, held to the same oracle checks.
 
-Triton picks interpreter or compiler when a kernel is *decorated*, so ``TRITON_INTERPRET=1`` is
-set before anything here imports the kernel module; the previous value is then restored (the
-kernels stay interpreted) so the rest of a pytest session still sees the user's environment,
-and each test here sets it again (``resolve_norm`` reads it to allow triton on cpu).
+Triton picks interpreter or compiler when a kernel is *decorated*: ``tests/conftest.py`` sets
+``TRITON_INTERPRET=1`` for the whole session on a CPU, before anything imports torch or the kernel
+module, so the kernels here are interpreted (a session on a GPU, ``NORMLAB_TEST_DEVICE=cuda``,
+skips this file); each test sets it again (``resolve_norm`` reads it to allow triton on cpu).
 """
 
 from __future__ import annotations
 
 import os
 
-_PREVIOUS_INTERPRET = os.environ.get("TRITON_INTERPRET")
-os.environ["TRITON_INTERPRET"] = "1"
-
-import importlib  # noqa: E402
-import sys  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("the Triton interpreter tests need a CPU session", allow_module_level=True)
 
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-if "normlab.norms.triton_kernels" in sys.modules:
-    _tk = sys.modules["normlab.norms.triton_kernels"]
-    if not isinstance(
-        _tk._norm_fwd, InterpretedFunction
-    ):  # imported earlier without the interpreter
-        importlib.reload(_tk)
-import normlab.norms.triton_kernels as tk  # noqa: E402
-from normlab.norms import triton_impl  # noqa: E402
-
-if "normlab.norms.triton_dyt" in sys.modules:
-    _td = sys.modules["normlab.norms.triton_dyt"]
-    if not isinstance(_td._dyt_fwd, InterpretedFunction):
-        importlib.reload(_td)
-import normlab.norms.triton_dyt  # noqa: E402, F401
-
-if _PREVIOUS_INTERPRET is None:
-    del os.environ["TRITON_INTERPRET"]
-else:
-    os.environ["TRITON_INTERPRET"] = _PREVIOUS_INTERPRET
-
+import normlab.norms.triton_impl as tk  # noqa: E402
 from normlab.config import ConfigError, NormConfig, NormImpl, NormKind  # noqa: E402
 from normlab.norms import build_norm, norm_class, resolve_norm  # noqa: E402
 
@@ -78,8 +55,8 @@ def test_kernels_are_interpreted_and_registered():
     assert isinstance(tk._norm_fwd, InterpretedFunction) and isinstance(
         tk._norm_bwd, InterpretedFunction
     )
-    assert norm_class(NormKind.layer, TRITON) is triton_impl.TritonLayerNorm
-    assert norm_class(NormKind.rms, TRITON) is triton_impl.TritonRMSNorm
+    assert norm_class(NormKind.layer, TRITON) is tk.TritonLayerNorm
+    assert norm_class(NormKind.rms, TRITON) is tk.TritonRMSNorm
 
 
 def test_triton_on_cpu_is_a_config_error_without_the_interpreter(monkeypatch):
@@ -168,7 +145,7 @@ def test_wrong_hidden_size_and_rms_bias_are_value_errors():
     with pytest.raises(ValueError, match="768"):
         make_norm(NormKind.layer, TRITON, 768)(torch.randn(2, 769))
     with pytest.raises(ValueError, match="no bias"):
-        triton_impl.TritonRMSNorm(768, 1e-5, bias=True)
+        tk.TritonRMSNorm(768, 1e-5, bias=True)
 
 
 # --------------------------------------------------------------- known failure kinds

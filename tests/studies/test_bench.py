@@ -11,10 +11,14 @@ import torch
 
 import normlab.studies.bench_norms as bench
 from normlab.commands.bench import main
-from normlab.studies import bench_step, timing
-from normlab.studies.bench_norms import bench_norms, norm_bytes
-from normlab.studies.bench_tables import format_norm_table, summarize
-from normlab.studies.timing import settle
+from normlab.studies import bench_step
+from normlab.studies.bench_norms import (
+    bench_norms,
+    format_norm_table,
+    norm_bytes,
+    settle,
+    summarize,
+)
 
 SHAPE = (64, 128)
 
@@ -339,13 +343,13 @@ def test_cold_calls_the_case_then_flushes_then_times_one_call(monkeypatch):
     log = []
     fn = _Counted(log)
     clock = iter(range(100))
-    monkeypatch.setattr(timing.time, "perf_counter", lambda: log.append("clock") or next(clock))
-    assert timing.cold_sample_ms(fn, torch.device("cpu"), lambda: log.append("flush")) == 1e3
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: log.append("clock") or next(clock))
+    assert bench.cold_sample_ms(fn, torch.device("cpu"), lambda: log.append("flush")) == 1e3
     assert log == ["call", "flush", "clock", "call", "clock"]  # the flush is outside the clock
 
 
 def test_make_flush_writes_its_whole_buffer():
-    flush = timing.make_flush(torch.device("cpu"), 1)
+    flush = bench.make_flush(torch.device("cpu"), 1)
     buf = flush()
     assert (
         buf.numel() == 2**20 and buf.dtype == torch.uint8 and int(buf.min()) == int(buf.max()) == 1

@@ -12,12 +12,11 @@ import pytest
 import torch
 
 from normlab.commands.sample import main
-from normlab.config import ConfigError, DataConfig, NormImpl, to_plain
+from normlab.config import ConfigError, DataConfig, NormImpl
 from normlab.data import tokenizer as tt
 from normlab.data.corpus import DataError
 from normlab.data.tokens import prepare
-from normlab.model import GPT
-from normlab.norms import resolve_norm, unavailable_reason
+from normlab.norms import unavailable_reason
 from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
 from normlab.training.sample import (
     SampleOptions,
@@ -29,29 +28,9 @@ from normlab.training.sample import (
 )
 
 from ..conftest import REPO, TINY, run_cli
+from .conftest import write_run
 
 CONTEXT = 32  # TINY's model.context_length
-
-
-def _write_run(run_dir, cfg, seed=0, step=7):
-    """A run dir holding one checkpoint of an untrained model of ``cfg`` (norm resolved, byte
-    vocabulary), as training writes it; returns the model."""
-    cfg = dataclasses.replace(
-        cfg,
-        norm=resolve_norm(cfg.norm, "cpu"),
-        model=dataclasses.replace(cfg.model, vocab_size=256),
-    )
-    torch.manual_seed(seed)
-    model = GPT(cfg.model, cfg.norm)
-    state = {"step": step, "model": model.state_dict(), "config": to_plain(cfg)}
-    save_checkpoint(run_dir / CKPT_DIR, state, keep=2)
-    return model.eval()
-
-
-@pytest.fixture
-def tiny_run(tmp_path, cfg_tiny, one_thread):
-    run_dir = tmp_path / "run"
-    return run_dir, _write_run(run_dir, cfg_tiny("norm=rms", "norm.impl=torch"))
 
 
 def _main(argv, capsys):
@@ -180,7 +159,7 @@ def test_a_norm_implementation_that_cannot_run_here_is_refused_unless_replaced(
         pytest.skip("triton runs on this CPU")
     run_dir = tmp_path / "run"
     cfg = cfg_tiny("norm=rms", "norm.impl=torch")
-    model = _write_run(run_dir, cfg)
+    model = write_run(run_dir, cfg)
     ckpt = next((run_dir / CKPT_DIR).iterdir())
     state = torch.load(ckpt, weights_only=True)
     state["config"]["norm"]["impl"] = "triton"  # as if trained on a GPU
@@ -222,22 +201,22 @@ def test_a_bpe_run_finds_its_tokenizer_in_its_token_folder_or_the_summarys(tmp_p
 
 
 @pytest.mark.slow
-def test_a_run_trained_by_the_train_cli_prints_text(tmp_path):
+def test_a_run_trained_by_the_train_cli_prints_text(tmp_path, one_thread, capsys):
     run_dir = tmp_path / "run"
     overrides = [*TINY, "logger=none", "max_steps=30", "eval_interval=15", "optim.lr=3e-3"]
     r = run_cli([*overrides, "sample_interval=15", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     log = (run_dir / "train.log").read_text()  # samples during training go to the run's log
     assert "sample after step 15 (prompt " in log and "sample after step 30 (prompt " in log
-    env = dict(os.environ, PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "normlab.commands.sample", str(run_dir), "--device", "cpu"]
+    # normlab-sample in-process: test_invalid_utf8_on_the_real_command_line_is_refused runs it
+    # as a subprocess
     args = ["--prompt", "KING:", "--max-new-tokens", "60", "--num-samples", "2", "--seed", "1"]
-    r = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    samples = r.stdout.split("---------------\n")
+    code, out, err = _main([run_dir, "--device", "cpu", "--threads", "1", *args], capsys)
+    assert code == 0, err
+    samples = out.split("---------------\n")
     assert len(samples) == 3 and samples[2] == ""
     assert all(s.startswith("KING:") and len(s) > 40 for s in samples[:2])
-    assert "step 30" in r.stderr and "norm layer/cpp" in r.stderr
+    assert "step 30" in err and "norm layer/cpp" in err
 
 
 @pytest.mark.parametrize("kind", ["byte", "bpe", "gpt2"])
@@ -385,7 +364,7 @@ def test_a_checkpoint_with_the_old_norm_names_samples_with_the_same_weights(
     tmp_path, cfg_tiny, one_thread
 ):
     run_dir = tmp_path / "run"
-    model = _write_run(run_dir, cfg_tiny("norm=rms", "norm.impl=torch"))
+    model = write_run(run_dir, cfg_tiny("norm=rms", "norm.impl=torch"))
     ckpt = next((run_dir / CKPT_DIR).iterdir())
     state = torch.load(ckpt, weights_only=True)
     state["model"] = _old_names(state["model"])

@@ -32,11 +32,11 @@ from normlab.studies.bench_norms import (
     BenchError,
     bench_norms,
     csv,
+    format_norm_table,
     model_width,
     parse_shape,
 )
 from normlab.studies.bench_step import bench_step, format_step
-from normlab.studies.bench_tables import format_norm_table
 from normlab.training.distributed import resolve_device
 from normlab.training.host_memory import keep_freed_memory
 from normlab.training.peak import device_peak_tflops

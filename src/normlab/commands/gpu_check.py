@@ -67,8 +67,8 @@ class Sizes:
 
 
 LIMITS_GPU = {"contract": 140, "bench": 70, "peak": 25, "train": 125, "step_torch": 45}
-#: The dry run's limit per step: a guard against a hang, never a speed check (issue: a loaded
-#: machine failed a 90 s limit).
+#: The dry run's limit per step: a guard against a hang, never a speed check (a loaded machine
+#: is slow, not broken).
 DRY_LIMIT_S = 1800
 GPU = Sizes(
     device="cuda",
@@ -92,7 +92,7 @@ DRY = Sizes(
     model="tiny",
     steps=8,
     batch_size=4,
-    compile=False,  # inductor's CPU compile of the whole tiny model: about 20 s
+    compile=False,  # inductor's CPU compile of the whole tiny model would dominate the dry run
     fused="cpp",
     pairs=2,
     warmup=1,

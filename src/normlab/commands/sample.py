@@ -18,13 +18,28 @@ from normlab.data.corpus import DataError
 SEPARATOR = "-" * 15
 
 
+def add_run_dir_args(p: argparse.ArgumentParser) -> None:
+    """The options of a command that loads a run dir's model (``normlab-sample``, ``normlab-eval``):
+    ``RUN_DIR``, ``--device``, ``--norm-impl``."""
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run dir (holds checkpoints/)")
+    p.add_argument(
+        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N"
+    )
+    p.add_argument(
+        "--norm-impl",
+        default=None,
+        choices=[i.name for i in NormImpl if i != NormImpl.auto],
+        help="compute the norms with another implementation (default: the one the run trained "
+        "with; needed when it cannot run on --device)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="normlab-sample",
         description="Generate text with the model of a normlab run dir (its newest valid "
         "checkpoint, the norm it trained with, its tokenizer).",
     )
-    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run dir (holds checkpoints/)")
     p.add_argument(
         "--prompt",
         default="",
@@ -48,21 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-samples", type=int, default=1, help="samples to print (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator (0)")
     p.add_argument(
-        "--device", default="auto", help="auto (cuda if available, else cpu), cpu, cuda, cuda:N"
-    )
-    p.add_argument(
         "--threads",
         type=int,
         default=None,
         help="CPU threads for torch (default: train's rule: $OMP_NUM_THREADS, else half the cores)",
     )
-    p.add_argument(
-        "--norm-impl",
-        default=None,
-        choices=[i.name for i in NormImpl if i != NormImpl.auto],
-        help="compute the norms with another implementation (default: the one the run trained "
-        "with; needed when it cannot run on --device)",
-    )
+    add_run_dir_args(p)
     return p
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from normlab.config import ConfigError
 from normlab.data.tokens import DataError
-from normlab.studies import fp16_report, fp16_statistics, norm_cost
+from normlab.studies import fp16_statistics, norm_cost
 from normlab.studies.common import output_dir, study_inputs, with_default_experiment
 
 USAGE = """\
@@ -49,6 +49,11 @@ def fp16_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _floats(text: str | None) -> list[float]:
+    """``"1,2.5"`` -> ``[1.0, 2.5]``; None or empty -> ``[]``."""
+    return [float(v) for v in text.split(",")] if text else []
+
+
 def fp16_main(argv: list[str]) -> int:
     """``normlab-study fp16-statistics``; 0 on success, 2 on a bad config (one line on stderr)."""
     args = fp16_parser().parse_args(argv)
@@ -60,25 +65,17 @@ def fp16_main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"fp16_study: {e}", file=sys.stderr)
         return 2
-    scales = (
-        [float(v) for v in args.scales.split(",")]
-        if args.scales
-        else fp16_statistics.DEFAULT_SCALES
-    )
-    targets = (
-        [float(v) for v in args.model_rms.split(",")]
-        if args.model_rms
-        else fp16_statistics.DEFAULT_MODEL_RMS
-    )
+    scales = _floats(args.scales) or fp16_statistics.DEFAULT_SCALES
+    targets = _floats(args.model_rms) or fp16_statistics.DEFAULT_MODEL_RMS
     out = output_dir("fp16_statistics", args.out)
     d = inputs.cfg.model.d_model
     sweep = fp16_statistics.norm_error_sweep(
         cases, list(fp16_statistics.DTYPES), scales, args.rows, d, inputs.device
     )
     checks = fp16_statistics.model_study(inputs, targets)
-    fig = fp16_report.plot_sweep(sweep, out / "fp16_statistics.png", d)
-    path = fp16_report.write_report(out, inputs, sweep, checks, fig, args.rows)
-    print("\n".join(fp16_report.verdict(sweep, checks)))
+    fig = fp16_statistics.plot_sweep(sweep, out / "fp16_statistics.png", d)
+    path = fp16_statistics.write_report(out, inputs, sweep, checks, fig, args.rows)
+    print("\n".join(fp16_statistics.verdict(sweep, checks)))
     print(f"wrote {path} and {fig}")
     return 0
 

@@ -190,7 +190,7 @@ KINDS: dict[NormKind, Kind] = {
             NormImpl.torch: "normlab.norms.dyt:TorchDyT",
             NormImpl.reference: "normlab.norms.dyt:ReferenceDyT",
             NormImpl.compiled: "normlab.norms.dyt:CompiledDyT",
-            NormImpl.triton: "normlab.norms.triton_dyt:TritonDyT",
+            NormImpl.triton: "normlab.norms.triton_impl:TritonDyT",
         },
         oracle="normlab.norms.dyt:dyt_oracle",
         statistic=False,

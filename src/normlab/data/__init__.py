@@ -1,8 +1,9 @@
 """Corpus -> documents -> tokens -> uint16 shards (cached) -> deterministic batches.
 
 ``corpus`` (local files, packaged corpora) and ``sources`` (the Hub) give documents; ``tokenizer``
-encodes and decodes; ``workers`` tokenizes in processes; ``shards`` writes the token folder;
-``tokens.prepare`` finds or builds it and returns :class:`TokenData`; ``sampler`` draws batches.
+encodes and decodes; ``shards`` tokenizes in processes and writes the token folder;
+``tokens.prepare`` finds or builds it and returns :class:`TokenData`, whose ``BatchSampler`` draws
+batches.
 
 The names below are imported on first use (PEP 562), so ``import normlab.data.corpus`` (which
 ``train`` runs to refuse a missing corpus before torch is loaded) does not import torch.
@@ -15,7 +16,7 @@ from typing import Any
 
 _WHERE = {
     "DataError": "normlab.data.corpus",
-    "BatchSampler": "normlab.data.sampler",
+    "BatchSampler": "normlab.data.tokens",
     "TokenData": "normlab.data.tokens",
     "prepare": "normlab.data.tokens",
 }

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from normlab.config import ConfigError, DataConfig, Tokenizer
-from normlab.config.paths import find_conf_dir
+from normlab.config.base import find_conf_dir
 from normlab.data import tokenizer as tt
 from normlab.data.corpus import DataError
 from normlab.data.sources import source_files
@@ -71,7 +71,7 @@ def eval_data_configs(
 
     ``conf_dir`` is the config folder that holds ``data/<name>.yaml`` (``train`` passes its own);
     ``None`` means the one every tool composes from
-    (:func:`normlab.config.paths.find_conf_dir`), so a run built in-process (``build_run`` without
+    (:func:`normlab.config.base.find_conf_dir`), so a run built in-process (``build_run`` without
     a ``conf_dir``: the studies, the tests) resolves the same names as ``train``.
 
     Raises:

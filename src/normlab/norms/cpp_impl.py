@@ -17,11 +17,11 @@ RMSNorm itself costs. These kernels give both kinds the same treatment: the forw
 L1 between the statistics and the output; the backward reads every tensor from memory once. Rows
 of more than 4 KiB go in blocks of 8: one sweep over their columns accumulates in registers both
 the per-row sums and the block's column sums for ``dweight`` / ``dbias`` (the design of
-``triton_kernels.py``). Shorter rows go one at a time, as in PyTorch's CPU LayerNorm backward: x
+``triton_impl.py``). Shorter rows go one at a time, as in PyTorch's CPU LayerNorm backward: x
 and dy are then two sequential streams, which the hardware prefetches (in a training step x comes
 from DRAM), and the ``dweight`` row they add to stays in L1. ``normlab-bench`` shows the effect.
 
-Semantics (last dimension of size d normalised; as ``reference.py`` and ``triton_kernels.py``):
+Semantics (last dimension of size d normalised; as ``reference.py`` and ``triton_impl.py``):
 
 * LayerNorm (Ba et al. 2016, arXiv:1607.06450): ``y = (x - mean) * rsqrt(var + eps) * w + b``,
   biased variance (two passes over the row: no cancellation), eps inside the square root.

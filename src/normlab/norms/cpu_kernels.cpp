@@ -5,7 +5,7 @@
 // `norm` is what the modules call: its autograd node is a C++ Node (NormBackward, at the end), so a
 // call costs one dispatcher round trip instead of a Python autograd.Function (measured ~0.07 ms of
 // Python and autograd per call before, more than the kernel itself at 16 rows).
-// Semantics are those of reference.py and triton_kernels.py (see cpp_impl.py's docstring):
+// Semantics are those of reference.py and triton_impl.py (see cpp_impl.py's docstring):
 //   LayerNorm (Ba et al. 2016):   y = (x - mean) * rsqrt(var + eps) * w + b, biased variance
 //   RMSNorm (Zhang & Sennrich 2019): y = x * rsqrt(mean(x^2) + eps) * w
 // x_hat rounded to the input dtype, then times w (rounded to the input dtype by the caller, held

@@ -1,15 +1,320 @@
-"""``norm.impl=triton``: the autograd function and the LayerNorm / RMSNorm modules over the fused
-kernels of ``triton_kernels.py`` (semantics, dtype policy and backward formulas are documented
-there). The kernels are looked up on their module at call time, so a test that reloads
-``triton_kernels`` under ``TRITON_INTERPRET=1`` changes what these modules run.
+"""``norm.impl=triton``: fused Triton kernels, forward and backward, their launchers, autograd
+functions and modules, for LayerNorm, RMSNorm and DyT. Imported only when ``norm.impl=triton`` is
+chosen (see ``norms.table.KINDS``). Kernels launch on ``x.device``: CUDA, or CPU tensors when
+``TRITON_INTERPRET=1`` was set before this module loaded.
+
+LayerNorm and RMSNorm share one kernel pair and one autograd function (:class:`_TritonNormFn`,
+under :class:`TritonLayerNorm` and :class:`TritonRMSNorm`).
+
+Semantics are the reference's (``reference.py``), the last dimension of size ``d`` normalised:
+
+* LayerNorm (Ba et al. 2016, arXiv:1607.06450): ``y = (x - mean) * rsqrt(var + eps) * w + b``,
+  biased variance, eps inside the square root.
+* RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467): ``y = x * rsqrt(mean(x^2) + eps) * w``.
+
+dtype policy (``cast=before_weight``): statistics and ``x_hat`` in fp32 (fp64 for float64 input),
+``x_hat`` rounded to the input dtype, then multiplied by ``w`` rounded to the input dtype (and ``b``
+added), each product and sum rounded to the input dtype as eager PyTorch does; ``after_weight``
+(``AFTER``): ``x_hat * w + b`` in fp32, rounded once (and ``dw`` sums ``dy * x_hat`` unrounded).
+A zero-centred weight arrives as its fp32 gain ``1 + w`` (``NormBase.gain``). Output and ``dx``
+in ``x.dtype``; ``dw`` / ``db`` in the parameter's own dtype (fp32 parameters with bf16 activations
+are the usual case).
+
+Backward, per row, with ``g = dy * w`` (``g = dy`` without weight), ``x_hat`` recomputed in fp32
+from the saved statistics and ``mean_d`` the mean over the d columns of the row:
+
+* LayerNorm: ``dx = rstd * (g - mean_d(g) - x_hat * mean_d(g * x_hat))``
+* RMSNorm:   ``dx = rstd * (g - x_hat * mean_d(g * x_hat))``
+* both:      ``dw = sum_rows(dy * x_hat)`` (x_hat rounded as forward), ``db = sum_rows(dy)``
+
+``dw`` / ``db`` are never accumulated in low precision: each backward program loops over its rows
+keeping fp32 column sums, writes one fp32 partial row, and torch sums the ``(programs, d)`` partial
+buffer in fp32; only the final ``(d,)`` result is cast to the parameter dtype.
+
+DyT (``dyt.py``), forward, per element, in fp32 (fp64 for float64 input): ``t = tanh(alpha x)``,
+then the ``norm.cast`` order above: ``before_weight`` rounds t to the input dtype, multiplies by the
+gain rounded to it (and adds the bias), each step rounded; ``after_weight``
+computes ``t * gain + bias`` and rounds once. ``tanh(z) = sign(z) (1 - e) / (1 + e)`` with
+``e = exp(-2|z|)`` (no overflow; absolute error ~1e-7 in fp32 near 0, where ``t ~ z``).
+
+Backward with ``g = dy * gain`` (rounded as in the forward for ``before_weight``):
+``dx = alpha g (1 - t^2)``, ``dalpha = sum(g x (1 - t^2))``, ``dweight = sum_rows(dy t)``,
+``dbias = sum_rows(dy)``: each program keeps fp32 partial sums (a column row for dweight / dbias,
+a scalar for dalpha) and torch sums the partials in fp32; only the results are cast.
 """
 
 from __future__ import annotations
 
-import torch
+import contextlib
 
-from normlab.norms import triton_kernels as tk
+import torch
+import triton
+import triton.language as tl
+
+from normlab.norms.dyt import ReferenceDyT
 from normlab.norms.reference import NormBase, refuse_double_backward
+
+
+@triton.jit
+def _round_to(x, DTYPE: tl.constexpr):
+    """``x`` (fp32/fp64) rounded to the nearest ``DTYPE`` value (ties to even), kept in x's dtype.
+
+    bf16 is rounded with integer ops because the Triton CPU interpreter truncates fp32->bf16 casts;
+    on GPU this gives the same bits as a plain cast, and the cast of the result below is exact.
+    NaN passes through unchanged: the rounding bias would carry a NaN's mantissa into its sign bit
+    (the GPU's canonical NaN 0x7FFFFFFF + 0x8000 is 0x80007FFF, i.e. -0.0 after the mask; a negative
+    NaN wraps to +0.0), so a diverging run would lose its NaN. Infinities round to themselves.
+    """
+    if DTYPE == tl.bfloat16:
+        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        r = tl.where(x != x, x, bits.to(tl.float32, bitcast=True).to(x.dtype))
+    else:
+        r = x.to(DTYPE).to(x.dtype)
+    return r
+
+
+@triton.jit
+def _norm_fwd(
+    X,
+    Y,
+    W,
+    B,
+    Mean,
+    Rstd,
+    stride_x,
+    stride_y,
+    n_rows,
+    N,
+    eps,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    AFTER: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program normalises BLOCK_M rows of X (n_rows, N); stores Y, Rstd (and Mean)."""
+    IO: tl.constexpr = Y.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    row_ok = rows < n_rows
+    col_ok = cols < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(X + rows[:, None].to(tl.int64) * stride_x + cols[None, :], mask=mask, other=0.0).to(
+        ACC
+    )
+    if IS_RMS:
+        xc = x
+    else:
+        mean = tl.sum(x, axis=1) / N
+        tl.store(Mean + rows, mean, mask=row_ok)
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
+    tl.store(Rstd + rows, rstd, mask=row_ok)
+    if AFTER:  # cast=after_weight: the affine step in ACC, one rounding at the end
+        y = xc * rstd[:, None]
+        if HAS_W:
+            y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
+        if HAS_B:
+            y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
+        y = _round_to(y, IO)
+    else:
+        y = _round_to(xc * rstd[:, None], IO)
+        if HAS_W:
+            w = _round_to(tl.load(W + cols, mask=col_ok, other=0.0).to(ACC), IO)
+            y = _round_to(y * w[None, :], IO)
+        if HAS_B:
+            b = _round_to(tl.load(B + cols, mask=col_ok, other=0.0).to(ACC), IO)
+            y = _round_to(y + b[None, :], IO)
+    tl.store(Y + rows[:, None].to(tl.int64) * stride_y + cols[None, :], y.to(IO), mask=mask)
+
+
+@triton.jit
+def _norm_bwd(
+    X,
+    DY,
+    DX,
+    W,
+    Mean,
+    Rstd,
+    DW,
+    DB,
+    stride_x,
+    stride_dy,
+    stride_dx,
+    n_rows,
+    N,
+    tiles_per_program,
+    IS_RMS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    AFTER: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Program p handles row tiles p, p + P, p + 2P, ... (P programs); stores DX and its fp32
+    (ACC) partial column sums DW[p, :], DB[p, :]."""
+    IO: tl.constexpr = DX.dtype.element_ty
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    if HAS_W:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)
+        if not AFTER:
+            w = _round_to(w, IO)
+    dw = tl.zeros((BLOCK_N,), dtype=ACC)
+    db = tl.zeros((BLOCK_N,), dtype=ACC)
+    for i in range(0, tiles_per_program):
+        rows = (pid + i * n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_rows
+        mask = row_ok[:, None] & col_ok[None, :]
+        rows64 = rows[:, None].to(tl.int64)
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(ACC)
+        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(ACC)
+        rstd = tl.load(Rstd + rows, mask=row_ok, other=0.0)
+        if IS_RMS:
+            xhat = x * rstd[:, None]
+        else:
+            mean = tl.load(Mean + rows, mask=row_ok, other=0.0)
+            xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        if HAS_W:
+            g = dy * w[None, :]
+            if AFTER:
+                dw += tl.sum(dy * xhat, axis=0)
+            else:
+                dw += tl.sum(dy * _round_to(xhat, IO), axis=0)
+        else:
+            g = dy
+        if HAS_B:
+            db += tl.sum(dy, axis=0)
+        c1 = tl.sum(g * xhat, axis=1) / N
+        if IS_RMS:
+            dx = (g - xhat * c1[:, None]) * rstd[:, None]
+        else:
+            c2 = tl.sum(g, axis=1) / N
+            dx = (g - c2[:, None] - xhat * c1[:, None]) * rstd[:, None]
+        tl.store(DX + rows64 * stride_dx + cols[None, :], _round_to(dx, IO).to(IO), mask=mask)
+    if HAS_W:
+        tl.store(DW + pid * N + cols, dw, mask=col_ok)
+    if HAS_B:
+        tl.store(DB + pid * N + cols, db, mask=col_ok)
+
+
+def _launch_config(n_rows: int, d: int, x: torch.Tensor) -> tuple[int, int, int]:
+    """(BLOCK_M rows per tile, BLOCK_N >= d a power of two, num_warps) for ``(n_rows, d)``."""
+    block_n = triton.next_power_of_2(d)
+    if block_n * x.element_size() > 65536:
+        max_d = 65536 // x.element_size()
+        raise ValueError(f"hidden size {d} too large for the fused Triton norm (max {max_d})")
+    # Tiles of ~4096 elements: one row per program for d >= 4096, up to 16 rows for small d. The
+    # CPU interpreter pays per tile in Python, so it takes up to 64 rows (same code path).
+    max_rows = 16 if x.is_cuda else 64
+    block_m = max(1, min(4096 // block_n, max_rows, triton.next_power_of_2(n_rows)))
+    num_warps = min(max(block_m * block_n // 256, 1), 16)
+    return block_m, block_n, num_warps
+
+
+def _device(x: torch.Tensor):
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def _acc(x: torch.Tensor):
+    return tl.float64 if x.dtype == torch.float64 else tl.float32
+
+
+def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
+    """``(..., d)`` -> ``(rows, d)`` with unit column stride (copies only when needed)."""
+    t = t.reshape(-1, d)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _meta(x, weight, bias, after: bool) -> dict:
+    """The kernels' compile-time flags and launch sizes for ``x`` ``(rows, d)``: ``HAS_W``,
+    ``HAS_B``, ``AFTER``, ``ACC``, ``BLOCK_M``, ``BLOCK_N``, ``num_warps``."""
+    block_m, block_n, num_warps = _launch_config(x.shape[0], x.shape[1], x)
+    flags = {"HAS_W": weight is not None, "HAS_B": bias is not None, "AFTER": after}
+    return {**flags, "ACC": _acc(x), "BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps}
+
+
+def _programs(n_tiles: int, x: torch.Tensor) -> int:
+    """Backward programs: one per tile, at most 4 per streaming multiprocessor (1 on a CPU)."""
+    n_sm = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 1
+    return min(n_tiles, 4 * n_sm)
+
+
+def norm_fwd(x, weight, bias, eps: float, is_rms: bool, after: bool = False):
+    """Forward on ``x2d`` ``(rows, d)`` (``after``: ``cast=after_weight``). Returns ``y``
+    ``(rows, d)`` in x.dtype, ``mean`` (None for RMSNorm) and ``rstd``, both ``(rows,)`` fp32
+    (fp64 for float64 x)."""
+    n_rows, d = x.shape
+    stat_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = torch.empty_like(x)
+    rstd = torch.empty(n_rows, dtype=stat_dtype, device=x.device)
+    mean = None if is_rms else torch.empty(n_rows, dtype=stat_dtype, device=x.device)
+    if n_rows == 0:
+        return y, mean, rstd
+    meta = _meta(x, weight, bias, after)
+    with _device(x):
+        _norm_fwd[(triton.cdiv(n_rows, meta["BLOCK_M"]),)](
+            x,
+            y,
+            x if weight is None else weight,
+            x if bias is None else bias,
+            rstd if mean is None else mean,
+            rstd,
+            x.stride(0),
+            y.stride(0),
+            n_rows,
+            d,
+            eps,
+            IS_RMS=is_rms,
+            **meta,
+        )
+    return y, mean, rstd
+
+
+def norm_bwd(dy, x, weight, has_bias: bool, mean, rstd, is_rms: bool, after: bool = False):
+    """Backward on ``(rows, d)`` tensors. Returns ``dx`` (x.dtype) and the fp32 (fp64 for float64 x)
+    ``(d,)`` sums ``dw`` / ``db`` (None without weight / bias), not yet cast to the param dtype."""
+    n_rows, d = x.shape
+    dx = torch.empty_like(x)
+    acc_dtype = rstd.dtype
+    if n_rows == 0:
+        zeros = torch.zeros(d, dtype=acc_dtype, device=x.device)
+        return dx, (zeros if weight is not None else None), (zeros if has_bias else None)
+    meta = _meta(x, weight, x if has_bias else None, after)
+    n_tiles = triton.cdiv(n_rows, meta["BLOCK_M"])
+    programs = _programs(n_tiles, x)
+    partial_dw = (
+        torch.empty(programs, d, dtype=acc_dtype, device=x.device) if weight is not None else None
+    )
+    partial_db = torch.empty(programs, d, dtype=acc_dtype, device=x.device) if has_bias else None
+    with _device(x):
+        _norm_bwd[(programs,)](
+            x,
+            dy,
+            dx,
+            x if weight is None else weight,
+            rstd if mean is None else mean,
+            rstd,
+            rstd if partial_dw is None else partial_dw,
+            rstd if partial_db is None else partial_db,
+            x.stride(0),
+            dy.stride(0),
+            dx.stride(0),
+            n_rows,
+            d,
+            triton.cdiv(n_tiles, programs),
+            IS_RMS=is_rms,
+            **meta,
+        )
+    dw = None if partial_dw is None else partial_dw.sum(0)
+    db = None if partial_db is None else partial_db.sum(0)
+    return dx, dw, db
 
 
 class _TritonNormFn(torch.autograd.Function):
@@ -23,10 +328,10 @@ class _TritonNormFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps, is_rms, after):
         shape, d = x.shape, x.shape[-1]
-        x2d = tk._rows(x, d)
+        x2d = _rows(x, d)
         w = None if weight is None else weight.contiguous()
         b = None if bias is None else bias.contiguous()
-        y, mean, rstd = tk.norm_fwd(x2d, w, b, eps, is_rms, after)
+        y, mean, rstd = norm_fwd(x2d, w, b, eps, is_rms, after)
         ctx.save_for_backward(x2d, w, mean, rstd)
         ctx.is_rms, ctx.bias_dtype, ctx.after = is_rms, None if bias is None else bias.dtype, after
         return y.view(shape)
@@ -35,8 +340,8 @@ class _TritonNormFn(torch.autograd.Function):
     def backward(ctx, dy):
         refuse_double_backward("triton")
         x2d, w, mean, rstd = ctx.saved_tensors
-        dx, dw, db = tk.norm_bwd(
-            tk._rows(dy, x2d.shape[1]),
+        dx, dw, db = norm_bwd(
+            _rows(dy, x2d.shape[1]),
             x2d,
             w,
             ctx.bias_dtype is not None,
@@ -69,3 +374,219 @@ class TritonRMSNorm(NormBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         return _TritonNormFn.apply(x, self.gain(), None, self.eps, True, self.after)
+
+
+@triton.jit
+def _tanh(z):
+    e = tl.exp(-2.0 * tl.abs(z))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(z < 0, -t, t)
+
+
+@triton.jit
+def _dyt_fwd(
+    X,
+    Y,
+    A,
+    W,
+    B,
+    stride_x,
+    stride_y,
+    n_rows,
+    N,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    AFTER: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program computes BLOCK_M rows of Y (n_rows, N)."""
+    IO: tl.constexpr = Y.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    mask = (rows < n_rows)[:, None] & col_ok[None, :]
+    rows64 = rows[:, None].to(tl.int64)
+    x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(ACC)
+    t = _tanh(tl.load(A).to(ACC) * x)
+    if AFTER:
+        y = t
+        if HAS_W:
+            y = y * tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
+        if HAS_B:
+            y = y + tl.load(B + cols, mask=col_ok, other=0.0).to(ACC)[None, :]
+        y = _round_to(y, IO)
+    else:
+        y = _round_to(t, IO)
+        if HAS_W:
+            w = _round_to(tl.load(W + cols, mask=col_ok, other=0.0).to(ACC), IO)
+            y = _round_to(y * w[None, :], IO)
+        if HAS_B:
+            b = _round_to(tl.load(B + cols, mask=col_ok, other=0.0).to(ACC), IO)
+            y = _round_to(y + b[None, :], IO)
+    tl.store(Y + rows64 * stride_y + cols[None, :], y.to(IO), mask=mask)
+
+
+@triton.jit
+def _dyt_bwd(
+    X,
+    DY,
+    DX,
+    A,
+    W,
+    DA,
+    DW,
+    DB,
+    stride_x,
+    stride_dy,
+    stride_dx,
+    n_rows,
+    N,
+    tiles_per_program,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    AFTER: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """Program p handles row tiles p, p + P, ...; stores DX and its partial sums DA[p], DW[p, :],
+    DB[p, :] (ACC)."""
+    IO: tl.constexpr = DX.dtype.element_ty
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    a = tl.load(A).to(ACC)
+    if HAS_W:
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(ACC)
+        if not AFTER:
+            w = _round_to(w, IO)
+    da = tl.zeros((BLOCK_N,), dtype=ACC)
+    dw = tl.zeros((BLOCK_N,), dtype=ACC)
+    db = tl.zeros((BLOCK_N,), dtype=ACC)
+    for i in range(0, tiles_per_program):
+        rows = (pid + i * n_programs) * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask = (rows < n_rows)[:, None] & col_ok[None, :]
+        rows64 = rows[:, None].to(tl.int64)
+        x = tl.load(X + rows64 * stride_x + cols[None, :], mask=mask, other=0.0).to(ACC)
+        dy = tl.load(DY + rows64 * stride_dy + cols[None, :], mask=mask, other=0.0).to(ACC)
+        t = _tanh(a * x)
+        if HAS_W:
+            g = dy * w[None, :]
+            if AFTER:
+                dw += tl.sum(dy * t, axis=0)
+            else:
+                dw += tl.sum(dy * _round_to(t, IO), axis=0)
+        else:
+            g = dy
+        dt = g * (1.0 - t * t)
+        da += tl.sum(dt * x, axis=0)
+        if HAS_B:
+            db += tl.sum(dy, axis=0)
+        tl.store(DX + rows64 * stride_dx + cols[None, :], _round_to(a * dt, IO).to(IO), mask=mask)
+    tl.store(DA + pid, tl.sum(da, axis=0))
+    if HAS_W:
+        tl.store(DW + pid * N + cols, dw, mask=col_ok)
+    if HAS_B:
+        tl.store(DB + pid * N + cols, db, mask=col_ok)
+
+
+def dyt_fwd(x, alpha, weight, bias, after: bool) -> torch.Tensor:
+    """``x`` ``(rows, d)`` (unit column stride) -> ``y`` ``(rows, d)`` in x.dtype."""
+    y = torch.empty_like(x)
+    if x.shape[0] == 0:
+        return y
+    meta = _meta(x, weight, bias, after)
+    grid = (triton.cdiv(x.shape[0], meta["BLOCK_M"]),)
+    with _device(x):
+        _dyt_fwd[grid](
+            x,
+            y,
+            alpha,
+            x if weight is None else weight,
+            x if bias is None else bias,
+            x.stride(0),
+            y.stride(0),
+            x.shape[0],
+            x.shape[1],
+            **meta,
+        )
+    return y
+
+
+def dyt_bwd(dy, x, alpha, weight, has_bias: bool, after: bool):
+    """``(rows, d)`` tensors -> ``dx`` (x.dtype) and the fp32 (fp64 for float64 x) sums
+    ``dalpha`` ``(1,)``, ``dweight`` / ``dbias`` ``(d,)`` (None without weight / bias)."""
+    n_rows, d = x.shape
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    dx = torch.empty_like(x)
+    meta = _meta(x, weight, x if has_bias else None, after)
+    n_tiles = max(1, triton.cdiv(n_rows, meta["BLOCK_M"]))
+    programs = _programs(n_tiles, x)
+    da = torch.zeros(programs, dtype=acc, device=x.device)
+    dw = torch.zeros(programs, d, dtype=acc, device=x.device) if weight is not None else None
+    db = torch.zeros(programs, d, dtype=acc, device=x.device) if has_bias else None
+    if n_rows:
+        with _device(x):
+            _dyt_bwd[(programs,)](
+                x,
+                dy,
+                dx,
+                alpha,
+                x if weight is None else weight,
+                da,
+                da if dw is None else dw,
+                da if db is None else db,
+                x.stride(0),
+                dy.stride(0),
+                dx.stride(0),
+                n_rows,
+                d,
+                triton.cdiv(n_tiles, programs),
+                **meta,
+            )
+    return (
+        dx,
+        da.sum(0, keepdim=True),
+        None if dw is None else dw.sum(0),
+        None if db is None else db.sum(0),
+    )
+
+
+class _TritonDyTFn(torch.autograd.Function):
+    """``(x (..., d), alpha (1,), gain (d,)|None, bias (d,)|None, after) -> y (..., d)``."""
+
+    @staticmethod
+    def forward(ctx, x, alpha, weight, bias, after):
+        x2d = _rows(x, x.shape[-1])
+        w = None if weight is None else weight.contiguous()
+        b = None if bias is None else bias.contiguous()
+        ctx.save_for_backward(x2d, alpha, w)
+        ctx.after, ctx.bias_dtype = after, None if bias is None else bias.dtype
+        return dyt_fwd(x2d, alpha, w, b, after).view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        refuse_double_backward("triton")
+        x2d, alpha, w = ctx.saved_tensors
+        dy2d = _rows(dy, x2d.shape[1])
+        dx, da, dw, db = dyt_bwd(dy2d, x2d, alpha, w, ctx.bias_dtype is not None, ctx.after)
+        need = ctx.needs_input_grad
+        return (
+            dx.view(dy.shape) if need[0] else None,
+            da.to(alpha.dtype) if need[1] else None,
+            None if dw is None or not need[2] else dw.to(w.dtype),
+            None if db is None or not need[3] else db.to(ctx.bias_dtype),
+            None,
+        )
+
+
+class TritonDyT(ReferenceDyT):
+    """Fused Triton DyT; ``(..., d)`` in, same shape and dtype out; tanh always in fp32
+    (``config.NormConfig`` forbids ``upcast=false`` for triton)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        return _TritonDyTFn.apply(x, self.alpha, self.gain(), self.bias, self.after)

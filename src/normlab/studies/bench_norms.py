@@ -29,6 +29,12 @@ weight (+bias) and writes y; forward+backward adds reading x and dy and writing 
 (+dbias). A copy moves 2x the bytes of x. GB/s = bytes / time / 1e9; ``copy_frac`` is that over the
 copy's GB/s on the same device, the practical ceiling of a memory-bound kernel.
 
+Timing: synchronized samples (:func:`sample_ms`), settling a case into its steady state
+(:func:`settle`), cold-cache samples after a cache flush (:func:`cold_sample_ms`, keeping freed
+memory in the process: ``training.host_memory``). The verdict and text table
+(:func:`summarize`, :func:`format_norm_table`): RMSNorm's (and DyT's) fastest against LayerNorm's
+fastest per dtype and shape, and the aligned columns ``normlab-bench`` prints.
+
 Whole training steps: ``bench_step.py``.
 """
 
@@ -37,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import platform
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -46,10 +53,9 @@ import yaml
 from normlab.compose import find_conf_dir
 from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
 from normlab.norms import build_norm, resolve_norm
-from normlab.studies.bench_step import recompile_limit
-from normlab.studies.bench_tables import summarize
-from normlab.studies.timing import cold_sample_ms, make_flush, sample_ms, settle
+from normlab.studies.bench_step import count, recompile_limit
 from normlab.training.distributed import resolve_device
+from normlab.training.tracking import synchronize
 
 
 class BenchError(RuntimeError):
@@ -319,3 +325,180 @@ def bench_norms(
         "summary": summarize(rows),
         "skipped": skipped,
     }
+
+
+SETTLE_TOL = 1.1  # an untimed call within 10% of the case's fastest single call: steady state
+
+
+def sample_ms(fn: Callable[[], object], device: torch.device, inner: int = 1) -> float:
+    """Wall ms per call of ``fn``: ``inner`` calls between two synchronized clock reads."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - t0) * 1e3 / inner
+
+
+def settle(
+    fn: Callable[[], object], device: torch.device, calls: int, ref_ms: float = math.inf
+) -> tuple[int, float]:
+    """Untimed calls of ``fn`` before a warm sample: at least ``calls``, then more, up to
+    ``2 * calls``, while the last one took over ``SETTLE_TOL`` x the fastest single call seen
+    (``ref_ms`` or these). Returns ``(calls made, fastest of them in ms)``."""
+    n, best, last = 0, math.inf, math.inf
+    while n < calls or (n < 2 * calls and last > SETTLE_TOL * min(ref_ms, best)):
+        last = sample_ms(fn, device)
+        best, n = min(best, last), n + 1
+    return n, best
+
+
+def make_flush(device: torch.device, mb: int) -> Callable[[], object]:
+    """A cache flush: each call reads and writes every byte of one ``mb`` MiB buffer on
+    ``device``."""
+    buf = torch.zeros(mb * 2**20, dtype=torch.uint8, device=device)
+    return lambda: buf.add_(1)
+
+
+def cold_sample_ms(
+    fn: Callable[[], object], device: torch.device, flush: Callable[[], object]
+) -> float:
+    """Wall ms of one call of ``fn`` with cold caches: one untimed call (so its allocations reuse
+    memory instead of page-faulting fresh pages), ``flush()``, then the timed call; ``sample_ms``
+    synchronizes before reading the clock, so the flush is not timed."""
+    fn()
+    flush()
+    return sample_ms(fn, device, 1)
+
+
+#: The kinds each compared with LayerNorm, and their names in words (the norm table's other kinds).
+CHALLENGERS = {"rms": "RMSNorm", "dyt": "DyT"}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per (dtype, shape) and per kind of :data:`CHALLENGERS` present: its fastest implementation vs
+    the fastest LayerNorm, forward+backward (ms).
+
+    For kind K (``kind``): ``K_impl``, ``K_ms``, ``K_faster_pct`` = (layer_ms / K_ms - 1) * 100
+    (throughput gain); ``time_saved_pct`` = (1 - K_ms / layer_ms) * 100.
+    """
+    out = []
+    for dtype, shape in dict.fromkeys((r["dtype"], tuple(r["shape"])) for r in rows):
+        best = {}
+        for kind in ("layer", *CHALLENGERS):
+            group = [
+                r
+                for r in rows
+                if r["kind"] == kind and r["dtype"] == dtype and tuple(r["shape"]) == shape
+            ]
+            if group:
+                best[kind] = min(group, key=lambda r: r["fwdbwd_ms"])
+        for kind in CHALLENGERS:
+            if kind not in best or "layer" not in best:
+                continue
+            ms, layer = best[kind]["fwdbwd_ms"], best["layer"]["fwdbwd_ms"]
+            out.append(
+                {
+                    "dtype": dtype,
+                    "shape": list(shape),
+                    "kind": kind,
+                    f"{kind}_impl": best[kind]["impl"],
+                    f"{kind}_ms": ms,
+                    "layer_impl": best["layer"]["impl"],
+                    "layer_ms": layer,
+                    f"{kind}_faster_pct": (layer / ms - 1) * 100,
+                    "time_saved_pct": (1 - ms / layer) * 100,
+                }
+            )
+    return out
+
+
+def summary_line(s: dict) -> str:
+    """One entry of :func:`summarize` in words: "is N% faster than ... (M% less time)" when the
+    kind takes no more time than LayerNorm, else "is M% slower than ..." (M = K_ms / layer_ms -
+    1)."""
+    kind = s.get("kind", "rms")
+    ms = s[f"{kind}_ms"]
+    challenger = f"{CHALLENGERS[kind]} fastest ({s[f'{kind}_impl']}, {ms:.3f} ms)"
+    layer = f"LayerNorm fastest ({s['layer_impl']}, {s['layer_ms']:.3f} ms) fwd+bwd"
+    head = f"{s['dtype']} {'x'.join(map(str, s['shape']))}: {challenger}"
+    if ms <= s["layer_ms"]:
+        return (
+            f"{head} is {s[f'{kind}_faster_pct']:.0f}% faster than {layer} "
+            f"({s['time_saved_pct']:.0f}% less time)"
+        )
+    return f"{head} is {-s['time_saved_pct']:.0f}% slower than {layer}"
+
+
+def format_norm_table(result: dict) -> str:
+    """The norm benchmark as plain-text aligned columns, then one summary line per dtype and
+    shape."""
+    head = [
+        "kind",
+        "impl",
+        "dtype",
+        "shape",
+        "fwd ms",
+        "fwd GB/s",
+        "fwd %copy",
+        "f+b ms",
+        "f+b GB/s",
+        "f+b %copy",
+    ]
+    body = [
+        [
+            r["kind"],
+            r["impl"],
+            r["dtype"],
+            "x".join(map(str, r["shape"])),
+            f"{r['fwd_ms']:.3f}",
+            f"{r['fwd_gbps']:.1f}",
+            f"{100 * r['fwd_copy_frac']:.0f}%",
+            f"{r['fwdbwd_ms']:.3f}",
+            f"{r['fwdbwd_gbps']:.1f}",
+            f"{100 * r['fwdbwd_copy_frac']:.0f}%",
+        ]
+        for r in result["rows"]
+    ]
+    body += [
+        [
+            "copy",
+            "dst.copy_",
+            c["dtype"],
+            "x".join(map(str, c["shape"])),
+            f"{c['ms']:.3f}",
+            f"{c['gbps']:.1f}",
+            "100%",
+            "",
+            "",
+            "",
+        ]
+        for c in result["copy"]
+    ]
+    widths = [max(len(row[i]) for row in [head, *body]) for i in range(len(head))]
+    if result["cache"] == "warm":
+        regime = (
+            f"cache warm (>= {count(result['settle_calls'], 'untimed call')} of the case before "
+            "each sample)"
+        )
+    else:
+        regime = f"cache cold ({result['flush_mb']} MiB flush before each one-call sample)"
+    lines = [
+        f"normlab-bench on {result['device']} ({result['host']}, "
+        f"{count(result['threads'], 'thread')}, torch {result['torch']}), median of "
+        f"{count(result['repeats'], 'interleaved round')}, {regime}"
+    ]
+    lines += [
+        "  ".join(
+            c.rjust(w) if i > 3 else c.ljust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [head, *body]
+    ]
+    lines += [summary_line(s) for s in result["summary"]]
+    lines += [
+        f"skipped {s.get('kind', 'copy')}/{s.get('impl', '-')} {s['dtype']} {s['shape']}: "
+        f"{s['reason']}"
+        for s in result["skipped"]
+    ]
+    return "\n".join(lines)
