@@ -20,12 +20,14 @@ norm). ``norm.placement``, written out in ``Block.forward`` (f: attention or MLP
 
 (the MLP branch likewise with ``mlp_in`` / ``mlp_out``), and one that treats the branches apart:
 
-* ``hybrid`` (HybridNorm, Zhuo et al. 2025, arXiv:2503.04598): x = x + attn(x) where attention
-  normalizes q, k and v, each over d_model (position ``qk``); then x = mlp_out(x + mlp(x)).
+* ``hybrid`` (HybridNorm, Zhuo et al. 2025, arXiv:2503.04598, as its authors' code computes it):
+  h = x + attn(x) where attention normalizes q, k and v, each over head_dim per head (position
+  ``qk``); then z = mlp_in(h), x = z + mlp(z): the MLP's input norm also carries the stream
+  (the paper's "Post-Norm in the FFN"); final norm.
 
 ``norm.mix_ln`` (Mix-LN, Li et al. 2024, arXiv:2412.13795) makes the first floor(mix_ln * n_layer)
-blocks post and the rest pre (``NormConfig.placement_at``). A model whose *last* block is post,
-deepnorm or hybrid has **no final norm**, as in the original Transformer: the last block already
+blocks post and the rest pre (``NormConfig.placement_at``). A model whose *last* block is post
+or deepnorm has **no final norm**, as in the original Transformer: the last block already
 ends in a norm of the whole stream (``mlp_out``), and stacking another on it only multiplies two
 gains (and adds two biases) on the same normalized vector, a reparametrisation that weight decay
 then pulls on twice. So post-norm runs have 2 x d_model fewer parameters than pre-norm runs (the
@@ -65,9 +67,9 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, norm: NormConfig, block: int):
         super().__init__()
-        qkv_norm = norm.placement == Placement.hybrid  # HybridNorm: q, k and v over d_model
+        qkv_norm = norm.placement == Placement.hybrid  # HybridNorm: q, k and v per head
         self.n_head, self.dropout = cfg.n_head, cfg.dropout
-        self.qk = QKNorm.full if qkv_norm else norm.qk
+        self.qk = QKNorm.head if qkv_norm else norm.qk
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.linear_bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.linear_bias)
         self.proj.residual_proj = True
@@ -82,12 +84,12 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(C, dim=2)
         if self.qk == QKNorm.full:  # over d_model, before the split into heads
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.v_norm is not None:  # HybridNorm's QKV-norm
-            v = self.v_norm(v)
         # (B, T, C) -> (B, H, T, C/H)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.qk == QKNorm.head:  # over head_dim, each head on its own
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm is not None:  # HybridNorm's QKV-norm
+            v = self.v_norm(v)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
@@ -147,8 +149,8 @@ class Block(nn.Module):
             x = self.attn_out(self.alpha * x + drop(attn(x)))
             x = self.mlp_out(self.alpha * x + mlp(x))
         elif self.placement == Placement.hybrid:  # q, k and v normalized inside attn
-            x = x + drop(attn(x))
-            x = self.mlp_out(x + mlp(x))
+            x = self.mlp_in(x + drop(attn(x)))  # the stream itself goes through the norm
+            x = x + mlp(x)
         elif self.placement == Placement.peri:
             x = x + drop(self.attn_out(attn(self._in(self.attn_in, x))))
             x = x + self.mlp_out(mlp(self._in(self.mlp_in, x)))

@@ -127,23 +127,25 @@ def test_mix_ln_position_overrides_reach_the_post_blocks_norms():
 # --- HybridNorm -----------------------------------------------------------------------------------
 
 
-def test_hybrid_block_normalizes_q_k_and_v_in_attention_and_post_norms_the_mlp():
+def test_hybrid_block_normalizes_q_k_and_v_per_head_and_the_stream_before_the_mlp():
+    """HybridNorm as its authors' code (dense_model/olmo/model.py) computes it: use_query_norm,
+    use_key_norm, use_value_norm over head_dim; ffn_norm with ffn_residual_after_norm."""
     block = perturbed(gpt(placement=Placement.hybrid, kind=NormKind.rms)).blocks[0]
     a, x = block.attn, x_in()
     q, k, v = a.qkv(x).split(D, dim=2)
-    q, k, v = a.q_norm(q), a.k_norm(k), a.v_norm(v)  # each over d_model, before the heads
     q, k, v = (t.view(2, T, H, D // H).transpose(1, 2) for t in (q, k, v))
+    q, k, v = a.q_norm(q), a.k_norm(k), a.v_norm(v)  # each over head_dim, per head
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    h = x + a.proj(y.transpose(1, 2).reshape(2, T, D))
-    torch.testing.assert_close(block(x), block.mlp_out(h + block.mlp(h)), rtol=0, atol=0)
-    assert a.v_norm.weight.shape == (D,) and block.attn_in is None and block.attn_out is None
+    z = block.mlp_in(x + a.proj(y.transpose(1, 2).reshape(2, T, D)))
+    torch.testing.assert_close(block(x), z + block.mlp(z), rtol=0, atol=0)
+    assert a.v_norm.weight.shape == (D // H,)
+    assert block.attn_in is block.attn_out is block.mlp_out is None
 
 
-def test_hybrid_has_no_final_norm_and_names_its_value_norm():
+def test_hybrid_keeps_the_final_norm_and_names_its_value_norm():
     model = gpt(n_layer=1, placement=Placement.hybrid)
     names = [n for n, _, _ in named_norms(model)]
-    assert names == ["block0/qk_q", "block0/qk_k", "block0/qk_v", "block0/mlp_out"]
-    assert isinstance(model.final, torch.nn.Identity)
+    assert names == ["block0/qk_q", "block0/qk_k", "block0/qk_v", "block0/mlp_in", "final/norm"]
     assert "block0/qk_v" in diag_norm_names(1)
     rec = ActivationRecorder()
     with rec.hooks(model):
@@ -157,7 +159,7 @@ def test_hybrid_qk_position_override_covers_the_value_norm_too():
     a = model.blocks[2].attn
     assert type(a.q_norm) is type(a.k_norm) is type(a.v_norm) is rms
     layer = norm_class(NormKind.layer, NormImpl.reference)
-    assert type(model.blocks[2].mlp_out) is layer
+    assert type(model.blocks[2].mlp_in) is layer
 
 
 def test_hybrid_refuses_a_qk_norm_of_its_own_and_depth_scale():
@@ -165,10 +167,14 @@ def test_hybrid_refuses_a_qk_norm_of_its_own_and_depth_scale():
         NormConfig(placement=Placement.hybrid, qk="head")
     assert str(e.value) == (
         "norm.qk='head' is not allowed: norm.placement=hybrid normalizes q, k and v itself "
-        "(over d_model); use norm.qk=none"
+        "(per head); use norm.qk=none"
     )
-    with pytest.raises(ConfigError, match="norm.placement=hybrid has none"):
+    with pytest.raises(ConfigError) as e:
         NormConfig(placement=Placement.hybrid, depth_scale=True)
+    assert str(e.value) == (
+        "norm.depth_scale=true is not allowed: norm.placement=hybrid's mlp_in norm carries the "
+        "residual stream, so scaling it would scale the stream (use pre or peri)"
+    )
 
 
 def test_auto_honours_an_option_asked_for_the_hybrid_qkv_norms_only():

@@ -56,9 +56,9 @@ def test_each_placements_block_computes_its_formula(placement):
     elif placement == Placement.deepnorm:  # DeepNorm: alpha = (2N)^(1/4), N = 2 blocks
         h = block.attn_out(4**0.25 * x + a(x))
         want = block.mlp_out(4**0.25 * h + m(h))
-    elif placement == Placement.hybrid:  # HybridNorm: QKV-norm inside a (tests/norms/...designs)
-        h = x + a(x)
-        want = block.mlp_out(h + m(h))
+    elif placement == Placement.hybrid:  # HybridNorm: QKV-norm inside a (test_block_designs)
+        h = block.mlp_in(x + a(x))
+        want = h + m(h)
     else:  # reordered (OLMo-2)
         h = x + block.attn_out(a(x))
         want = h + block.mlp_out(m(h))
@@ -88,7 +88,8 @@ def test_every_placement_gives_other_logits_and_those_ending_in_a_stream_norm_la
         "block0/qk_q",
         "block0/qk_k",
         "block0/qk_v",
-        "block0/mlp_out",
+        "block0/mlp_in",
+        "final/norm",
     ]
 
 

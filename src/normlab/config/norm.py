@@ -246,7 +246,14 @@ class NormConfig:
             self.placement != Placement.hybrid or self.qk == QKNorm.none,
             "norm.qk",
             self.qk.name,
-            "norm.placement=hybrid normalizes q, k and v itself (over d_model); use norm.qk=none",
+            "norm.placement=hybrid normalizes q, k and v itself (per head); use norm.qk=none",
+        )
+        _require(
+            self.placement != Placement.hybrid or not self.depth_scale,
+            "norm.depth_scale",
+            True,
+            "norm.placement=hybrid's mlp_in norm carries the residual stream, so scaling it would "
+            "scale the stream (use pre or peri)",
         )
 
     @property
@@ -260,7 +267,7 @@ class NormConfig:
         """The positions this model has (in any block), in :data:`schedule.POSITIONS` order.
 
         The final norm exists unless the last block ends in a norm of the whole stream
-        (:data:`STREAM_NORMED`: post, hybrid, deepnorm); the last block always has ``placement``
+        (:data:`STREAM_NORMED`: post, deepnorm); the last block always has ``placement``
         (Mix-LN's post blocks come first)."""
         inner = set(PLACEMENT_POSITIONS[self.placement])
         inner |= set(PLACEMENT_POSITIONS[Placement.post]) if self.mix_ln is not None else set()

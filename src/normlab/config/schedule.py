@@ -7,9 +7,9 @@ Positions (every norm of the model has one; ``diag/`` keys and ``norm_cost`` use
 * ``attn_out`` / ``mlp_out``: the norm on the output side of the branch: on the branch before the
   residual add (peri, reordered), or on the sum after it (post);
 * ``qk``: the norms of queries and keys (``norm.qk=head|full``), one for q and one for k; with
-  ``norm.placement=hybrid`` (HybridNorm's QKV-norm) a third one for values;
+  ``norm.placement=hybrid`` (HybridNorm's QKV-norm, per head) a third one for values;
 * ``embedding``: after token + position embedding (``norm.embedding=true``);
-* ``final``: before the output head (unless the last block is post, hybrid or deepnorm).
+* ``final``: before the output head (unless the last block is post or deepnorm).
 
 Placement per block: the schedule switches kinds only. Mix-LN's post-then-pre blocks are the key
 ``norm.mix_ln`` (a fraction of ``model.n_layer``, so one value means the same design at every
