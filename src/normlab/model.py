@@ -14,13 +14,25 @@ norm). ``norm.placement``, written out in ``Block.forward`` (f: attention or MLP
 * ``post`` (Vaswani 2017):  x = attn_out(x + f(x));            logits = head(x)
 * ``peri`` (Peri-LN, Kim et al. 2025; Gemma 2/3): x = x + attn_out(f(attn_in(x)));  final norm
 * ``reordered`` (OLMo-2, arXiv:2501.00656):       x = x + attn_out(f(x));           final norm
+* ``deepnorm`` (DeepNorm, Wang et al. 2022, arXiv:2203.00555): x = attn_out(alpha x + f(x)), alpha
+  = (2N)^(1/4) for N = n_layer; the value rows of ``qkv``, the attention output projection and both
+  MLP weights are initialised as for post-norm and then times beta = (8N)^(-1/4) (q and k rows not)
 
-(the MLP branch likewise with ``mlp_in`` / ``mlp_out``). Post-norm has **no final norm**, as in the
-original Transformer: the last block already ends in a norm of the whole stream (``mlp_out``), and
-stacking another on it only multiplies two gains (and adds two biases) on the same normalized
-vector, a reparametrisation that weight decay then pulls on twice. So post-norm runs have
-2 x d_model fewer parameters than pre-norm runs (the final gain and bias, which draw no random
-numbers): every parameter they share starts equal for one seed.
+(the MLP branch likewise with ``mlp_in`` / ``mlp_out``), and one that treats the branches apart:
+
+* ``hybrid`` (HybridNorm, Zhuo et al. 2025, arXiv:2503.04598, as its authors' code computes it):
+  h = x + attn(x) where attention normalizes q, k and v, each over head_dim per head (position
+  ``qk``); then z = mlp_in(h), x = z + mlp(z): the MLP's input norm also carries the stream
+  (the paper's "Post-Norm in the FFN"); final norm.
+
+``norm.mix_ln`` (Mix-LN, Li et al. 2024, arXiv:2412.13795) makes the first floor(mix_ln * n_layer)
+blocks post and the rest pre (``NormConfig.placement_at``). A model whose *last* block is post
+or deepnorm has **no final norm**, as in the original Transformer: the last block already
+ends in a norm of the whole stream (``mlp_out``), and stacking another on it only multiplies two
+gains (and adds two biases) on the same normalized vector, a reparametrisation that weight decay
+then pulls on twice. So post-norm runs have 2 x d_model fewer parameters than pre-norm runs (the
+final gain and bias, which draw no random numbers): every parameter they share starts equal for
+one seed (DeepNorm's: after undoing beta).
 ``norm.qk``: ``head`` normalizes q and k over head_dim per head (nanochat, Qwen3), ``full`` over
 d_model before the split (OLMo-2). ``norm.embedding``: a norm after token + position embedding.
 ``norm.depth_scale`` (LayerNorm Scaling, Sun et al. 2025, "The Curse of Depth", arXiv:2502.05795):
@@ -55,14 +67,17 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, norm: NormConfig, block: int):
         super().__init__()
-        self.n_head, self.dropout, self.qk = cfg.n_head, cfg.dropout, norm.qk
+        qkv_norm = norm.placement == Placement.hybrid  # HybridNorm: q, k and v per head
+        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.qk = QKNorm.head if qkv_norm else norm.qk
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.linear_bias)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.linear_bias)
         self.proj.residual_proj = True
         size = cfg.d_model // cfg.n_head if self.qk == QKNorm.head else cfg.d_model
-        has_qk = self.qk != QKNorm.none  # the qk position: one norm on q, one on k
+        has_qk = self.qk != QKNorm.none  # the qk position: one norm on q, one on k (and one on v)
         self.q_norm = _norm(norm, "qk", block, size) if has_qk else None
         self.k_norm = _norm(norm, "qk", block, size) if has_qk else None
+        self.v_norm = _norm(norm, "qk", block, size) if qkv_norm else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
@@ -73,6 +88,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.qk == QKNorm.head:  # over head_dim, each head on its own
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm is not None:  # HybridNorm's QKV-norm
+            v = self.v_norm(v)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
@@ -98,18 +115,22 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, norm: NormConfig, index: int):
         super().__init__()
-        self.placement = norm.placement
+        self.placement = norm.placement_at(index, cfg.n_layer)  # Mix-LN: post in the first blocks
         self.attn = CausalSelfAttention(cfg, norm, index)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
-        # Every norm position a block can have; None where norm.placement puts no norm.
-        used, C = norm.used_positions(), cfg.d_model
+        # Every norm position a block can have; None where its placement puts no norm.
+        used, C = norm.block_positions(index, cfg.n_layer), cfg.d_model
         self.attn_in = _norm(norm, "attn_in", index, C) if "attn_in" in used else None
         self.attn_out = _norm(norm, "attn_out", index, C) if "attn_out" in used else None
         self.mlp_in = _norm(norm, "mlp_in", index, C) if "mlp_in" in used else None
         self.mlp_out = _norm(norm, "mlp_out", index, C) if "mlp_out" in used else None
         # LayerNorm Scaling (norm.depth_scale): the input norms' outputs times 1/sqrt(index + 1)
-        self.depth_scale = 1.0 / math.sqrt(index + 1) if norm.depth_scale else None
+        has_in = self.attn_in is not None
+        self.depth_scale = 1.0 / math.sqrt(index + 1) if norm.depth_scale and has_in else None
+        # DeepNorm: the stream times alpha = (2N)^(1/4) before each residual add, N = n_layer
+        deep = self.placement == Placement.deepnorm
+        self.alpha = (2 * cfg.n_layer) ** 0.25 if deep else None
 
     def _in(self, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """An input norm (attn_in, mlp_in) of ``x``, scaled by ``depth_scale`` when set."""
@@ -124,6 +145,12 @@ class Block(nn.Module):
         elif self.placement == Placement.post:
             x = self.attn_out(x + drop(attn(x)))
             x = self.mlp_out(x + mlp(x))
+        elif self.placement == Placement.deepnorm:
+            x = self.attn_out(self.alpha * x + drop(attn(x)))
+            x = self.mlp_out(self.alpha * x + mlp(x))
+        elif self.placement == Placement.hybrid:  # q, k and v normalized inside attn
+            x = self.mlp_in(x + drop(attn(x)))  # the stream itself goes through the norm
+            x = x + mlp(x)
         elif self.placement == Placement.peri:
             x = x + drop(self.attn_out(attn(self._in(self.attn_in, x))))
             x = x + self.mlp_out(mlp(self._in(self.mlp_in, x)))
@@ -165,6 +192,8 @@ class GPT(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017)
         self.apply(self._init_weights)
+        if norm.placement == Placement.deepnorm:
+            self._scale_branches((8 * cfg.n_layer) ** -0.25)
 
     def _init_weights(self, module: nn.Module) -> None:
         # Only Linear and Embedding draw random numbers, so variants whose norms differ (a bias or
@@ -180,6 +209,17 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def _scale_branches(self, beta: float) -> None:
+        """DeepNorm's initialisation (arXiv:2203.00555): the value rows of ``qkv``, the attention
+        output projection and both MLP weights times ``beta``, after their normal_ draw, so that
+        the RNG is consumed as for post-norm (q and k rows, embeddings and norms unscaled)."""
+        C = self.cfg.d_model
+        with torch.no_grad():
+            for block in self.blocks:
+                block.attn.qkv.weight[2 * C :].mul_(beta)  # rows [q; k; v]: v only
+                for linear in (block.attn.proj, block.mlp.fc, block.mlp.proj):
+                    linear.weight.mul_(beta)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count: the tied head once, position embeddings excluded by default."""

@@ -53,13 +53,19 @@ def test_each_placements_block_computes_its_formula(placement):
     elif placement == Placement.peri:  # Peri-LN
         h = x + block.attn_out(a(block.attn_in(x)))
         want = h + block.mlp_out(m(block.mlp_in(h)))
+    elif placement == Placement.deepnorm:  # DeepNorm: alpha = (2N)^(1/4), N = 2 blocks
+        h = block.attn_out(4**0.25 * x + a(x))
+        want = block.mlp_out(4**0.25 * h + m(h))
+    elif placement == Placement.hybrid:  # HybridNorm: QKV-norm inside a (test_block_designs)
+        h = block.mlp_in(x + a(x))
+        want = h + m(h)
     else:  # reordered (OLMo-2)
         h = x + block.attn_out(a(x))
         want = h + block.mlp_out(m(h))
     torch.testing.assert_close(block(x), want, rtol=0, atol=0)
 
 
-def test_every_placement_gives_other_logits_and_only_post_lacks_the_final_norm():
+def test_every_placement_gives_other_logits_and_those_ending_in_a_stream_norm_lack_a_final():
     idx = torch.randint(0, V, (2, T))
     logits = {p: perturbed(gpt(placement=p))(idx)[0] for p in Placement}
     for p in Placement:
@@ -77,6 +83,14 @@ def test_every_placement_gives_other_logits_and_only_post_lacks_the_final_norm()
         "final/norm",
     ]
     assert names[Placement.reordered] == ["block0/attn_out", "block0/mlp_out", "final/norm"]
+    assert names[Placement.deepnorm] == ["block0/attn_out", "block0/mlp_out"]
+    assert names[Placement.hybrid] == [
+        "block0/qk_q",
+        "block0/qk_k",
+        "block0/qk_v",
+        "block0/mlp_in",
+        "final/norm",
+    ]
 
 
 @pytest.mark.parametrize("qk", [QKNorm.head, QKNorm.full])
@@ -127,7 +141,7 @@ def test_the_embedding_norm_feeds_the_first_block_a_normalized_stream():
 @pytest.mark.parametrize(
     "override,shown",
     [
-        ("norm.placement=middle", ["middle", "pre", "post", "peri", "reordered"]),
+        ("norm.placement=middle", ["middle", "pre", "post", "peri", "reordered", "hybrid"]),
         ("norm.qk=heads", ["heads", "none", "head", "full"]),
         ("norm.embedding=maybe", ["maybe"]),
     ],

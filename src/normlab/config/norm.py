@@ -18,6 +18,7 @@ from normlab.config.norm_table import (
     DEFAULT_ALPHA_INIT,
     KINDS,
     PLACEMENT_POSITIONS,
+    STREAM_NORMED,
     WHERE_KEYS,
     NormCast,
     NormImpl,
@@ -89,9 +90,15 @@ class NormConfig:
     ``depth_scale`` (LayerNorm Scaling, arXiv:2502.05795): the output of each input norm of block
     l (1-based; ``attn_in``, ``mlp_in``, so pre or peri placement) is scaled by 1/sqrt(l), any kind.
 
-    Where the norms sit (``placement``, ``qk``, ``embedding``, ``depth_scale``, ``blocks``,
-    ``positions``): the other fields are the *base* norm; :meth:`at` derives the norm of one
-    position (and block): the base, then ``positions.<pos>`` (its non-null keys), then the
+    ``mix_ln`` (Mix-LN, Li et al. 2024, arXiv:2412.13795; null: none): the fraction alpha of blocks,
+    from the first, that are post-norm; the other blocks keep ``placement`` (which must be pre):
+    blocks ``0 .. floor(alpha * n_layer) - 1`` post, the rest pre (:meth:`placement_at`). A
+    fraction, not a block count, so that one override means the same design at every depth;
+    0 < alpha < 1, and :meth:`check` refuses one that makes no post block for ``n_layer``.
+
+    Where the norms sit (``placement``, ``qk``, ``embedding``, ``depth_scale``, ``mix_ln``,
+    ``blocks``, ``positions``): the other fields are the *base* norm; :meth:`at` derives the norm
+    of one position (and block): the base, then ``positions.<pos>`` (its non-null keys), then the
     ``blocks`` schedule entry covering the block (kind, and impl when given; it covers every norm
     of the block, its qk norms too). Grammar and position names: :mod:`normlab.config.schedule`.
     """
@@ -111,6 +118,7 @@ class NormConfig:
     qk: QKNorm = QKNorm.none  # QK-norm: none | head (over head_dim) | full (over d_model)
     embedding: bool = False  # a norm after token + position embedding
     depth_scale: bool = False  # LayerNorm Scaling: input norms of block l (1-based) x 1/sqrt(l)
+    mix_ln: float | None = None  # Mix-LN: the first floor(mix_ln * n_layer) blocks post-norm
     blocks: str | None = None  # block schedule, e.g. "0-2:rms/3:layer@torch"; null: none
     positions: NormPositions = field(default_factory=lambda: NormPositions())
 
@@ -198,6 +206,7 @@ class NormConfig:
             f"it scales the input norms (attn_in, mlp_in), and norm.placement="
             f"{self.placement.name} has none (use pre or peri)",
         )
+        self._check_designs()
         if not isinstance(self.positions, NormPositions):
             self.positions = _positions(self.positions)
         self.schedule  # noqa: B018  (parses, raising on a malformed schedule)
@@ -214,6 +223,39 @@ class NormConfig:
                 )
                 self.at(pos)
 
+    def _check_designs(self) -> None:
+        """Mix-LN's fraction and HybridNorm's own QKV-norm (one line each)."""
+        if self.mix_ln is not None:
+            _require(
+                isinstance(self.mix_ln, (int, float))
+                and not isinstance(self.mix_ln, bool)
+                and 0 < self.mix_ln < 1,
+                "norm.mix_ln",
+                self.mix_ln,
+                "must be a fraction of the blocks, 0 < mix_ln < 1 (e.g. 0.25; null: no Mix-LN; "
+                "1 is norm.placement=post)",
+            )
+            _require(
+                self.placement == Placement.pre,
+                "norm.mix_ln",
+                self.mix_ln,
+                f"Mix-LN puts post-norm blocks before pre-norm ones, so it needs "
+                f"norm.placement=pre (got {self.placement.name})",
+            )
+        _require(
+            self.placement != Placement.hybrid or self.qk == QKNorm.none,
+            "norm.qk",
+            self.qk.name,
+            "norm.placement=hybrid normalizes q, k and v itself (per head); use norm.qk=none",
+        )
+        _require(
+            self.placement != Placement.hybrid or not self.depth_scale,
+            "norm.depth_scale",
+            True,
+            "norm.placement=hybrid's mlp_in norm carries the residual stream, so scaling it would "
+            "scale the stream (use pre or peri)",
+        )
+
     @property
     def schedule(self) -> list[schedule.ScheduleEntry]:
         """``blocks`` parsed (sorted by first block); [] when null."""
@@ -222,20 +264,52 @@ class NormConfig:
         )
 
     def used_positions(self) -> tuple[str, ...]:
-        """The positions this model has, in :data:`schedule.POSITIONS` order."""
-        inner = PLACEMENT_POSITIONS[self.placement]
-        has = set(inner) | ({"qk"} if self.qk != QKNorm.none else set())
+        """The positions this model has (in any block), in :data:`schedule.POSITIONS` order.
+
+        The final norm exists unless the last block ends in a norm of the whole stream
+        (:data:`STREAM_NORMED`: post, deepnorm); the last block always has ``placement``
+        (Mix-LN's post blocks come first)."""
+        inner = set(PLACEMENT_POSITIONS[self.placement])
+        inner |= set(PLACEMENT_POSITIONS[Placement.post]) if self.mix_ln is not None else set()
+        has = inner | ({"qk"} if self.qk != QKNorm.none else set())
         has |= {"embedding"} if self.embedding else set()
-        has |= set() if self.placement == Placement.post else {"final"}
+        has |= set() if self.placement in STREAM_NORMED else {"final"}
         return tuple(p for p in schedule.POSITIONS if p in has)
+
+    def post_blocks(self, n_layer: int) -> int:
+        """How many blocks, from the first, Mix-LN makes post-norm: ``floor(mix_ln * n_layer)``
+        (0 without ``mix_ln``; the product rounded to 1e-9 first, so 0.3 x 10 gives 3)."""
+        if self.mix_ln is None:
+            return 0
+        return math.floor(round(self.mix_ln * n_layer, 9))
+
+    def placement_at(self, block: int, n_layer: int) -> Placement:
+        """The placement of block ``block`` (0-based) of ``n_layer``: post for Mix-LN's first
+        :meth:`post_blocks`, ``placement`` otherwise."""
+        return Placement.post if block < self.post_blocks(n_layer) else self.placement
+
+    def block_positions(self, block: int, n_layer: int) -> tuple[str, ...]:
+        """The norm positions block ``block`` has, in :data:`schedule.BLOCK_POSITIONS` order."""
+        has = set(PLACEMENT_POSITIONS[self.placement_at(block, n_layer)])
+        has |= {"qk"} if self.qk != QKNorm.none else set()
+        return tuple(p for p in schedule.BLOCK_POSITIONS if p in has)
 
     def check(self, n_layer: int) -> None:
         """Check the schedule against ``n_layer`` blocks and derive every norm once.
 
         Raises:
-            ConfigError: a block index out of range, or a derived norm that is not valid.
+            ConfigError: a block index out of range, a ``mix_ln`` that makes no post-norm block,
+                or a derived norm that is not valid.
         """
         schedule.check_block_range(self.blocks, self.schedule, n_layer)
+        if self.mix_ln is not None:
+            _require(
+                self.post_blocks(n_layer) >= 1,
+                "norm.mix_ln",
+                self.mix_ln,
+                f"floor({self.mix_ln} x model.n_layer={n_layer}) = 0 post-norm blocks; use at "
+                f"least {1 / n_layer:g} with {n_layer} blocks (or null for pre-norm)",
+            )
         self.derived()
 
     def derived(self) -> list[tuple[str, NormConfig]]:

@@ -62,6 +62,12 @@ class Placement(Enum):
     post = "post"  # Vaswani et al. 2017: attn_out(x + f(x))
     peri = "peri"  # Peri-LN / sandwich (Kim et al. 2025; Gemma 2/3): x + attn_out(f(attn_in(x)))
     reordered = "reordered"  # OLMo-2 (arXiv:2501.00656): x + attn_out(f(x))
+    # HybridNorm (arXiv:2503.04598): h = x + attn(x) with q, k and v normalized per head inside
+    # attention (position qk); then z = mlp_in(h), x = z + mlp(z): the norm carries the stream
+    hybrid = "hybrid"
+    # DeepNorm (arXiv:2203.00555): post-norm attn_out(alpha x + f(x)), alpha = (2N)^(1/4), and the
+    # value / output / MLP weights initialised x beta = (8N)^(-1/4) for N blocks
+    deepnorm = "deepnorm"
 
 
 class QKNorm(Enum):
@@ -252,7 +258,7 @@ AUTO: dict[str, tuple[NormImpl, ...]] = {
 
 #: The NormConfig keys that say where norms sit, not how one norm computes: a position override
 #: (``norm.positions.<pos>``) cannot set them.
-WHERE_KEYS = ("placement", "qk", "embedding", "depth_scale", "blocks", "positions")
+WHERE_KEYS = ("placement", "qk", "embedding", "depth_scale", "mix_ln", "blocks", "positions")
 
 #: Positions each placement has inside a block (``qk`` comes from ``norm.qk``).
 PLACEMENT_POSITIONS = {
@@ -260,4 +266,10 @@ PLACEMENT_POSITIONS = {
     Placement.post: ("attn_out", "mlp_out"),
     Placement.peri: ("attn_in", "attn_out", "mlp_in", "mlp_out"),
     Placement.reordered: ("attn_out", "mlp_out"),
+    Placement.hybrid: ("qk", "mlp_in"),  # qk: the q, k and v norms of the attention
+    Placement.deepnorm: ("attn_out", "mlp_out"),
 }
+
+#: Placements whose block ends in a norm of the whole residual stream (``mlp_out`` after the
+#: add): a model whose *last* block has one of these has no final norm (``normlab.model``).
+STREAM_NORMED = frozenset({Placement.post, Placement.deepnorm})

@@ -6,9 +6,15 @@ Positions (every norm of the model has one; ``diag/`` keys and ``norm_cost`` use
 * ``attn_in`` / ``mlp_in``: the norm on the input of the attention / MLP branch (pre, peri);
 * ``attn_out`` / ``mlp_out``: the norm on the output side of the branch: on the branch before the
   residual add (peri, reordered), or on the sum after it (post);
-* ``qk``: the norms of queries and keys (``norm.qk=head|full``), one for q and one for k;
+* ``qk``: the norms of queries and keys (``norm.qk=head|full``), one for q and one for k; with
+  ``norm.placement=hybrid`` (HybridNorm's QKV-norm, per head) a third one for values;
 * ``embedding``: after token + position embedding (``norm.embedding=true``);
-* ``final``: before the output head (every placement but post).
+* ``final``: before the output head (unless the last block is post or deepnorm).
+
+Placement per block: the schedule switches kinds only. Mix-LN's post-then-pre blocks are the key
+``norm.mix_ln`` (a fraction of ``model.n_layer``, so one value means the same design at every
+depth and sweeps as ``norm.mix_ln=null,0.25,0.5``), not schedule entries: block ranges would have
+to be rewritten for each depth, and placement names would share the entry's namespace with kinds.
 
 Block schedule grammar (``norm.blocks``; entries joined by ``/`` so that a Hydra multirun list,
 comma-separated, can hold schedules unquoted: ``norm.blocks=null,0:rms,0-1:rms``)::
@@ -111,9 +117,10 @@ def entry_for(entries: list[ScheduleEntry], block: int) -> ScheduleEntry | None:
     return next((e for e in entries if e.start <= block <= e.stop), None)
 
 
-#: A block's norm names in ``diag/`` keys, in execution order (pre and post both use a subset);
-#: the qk position has two norms, one on queries and one on keys.
-DIAG_BLOCK_NORMS = ("attn_in", "qk_q", "qk_k", "attn_out", "mlp_in", "mlp_out")
+#: A block's norm names in ``diag/`` keys, in execution order (each placement uses a subset);
+#: the qk position has two norms, one on queries and one on keys, and under HybridNorm
+#: (``norm.placement=hybrid``) a third on values.
+DIAG_BLOCK_NORMS = ("attn_in", "qk_q", "qk_k", "qk_v", "attn_out", "mlp_in", "mlp_out")
 
 
 def diag_norm_names(n_layer: int) -> list[str]:
@@ -131,17 +138,21 @@ def norm_tag(norm: dict, impl: bool = False, path_safe: bool = False) -> str:
     """A short name for the norm design of a plain ``norm`` config (as in summary.json).
 
     ``kind[schedule]`` (the schedule only when set), the implementation when ``impl``, the
-    placement, then ``qkhead``/``qkfull``, ``emb``, ``ds`` (``depth_scale``) and each position
-    override as ``pos:kind`` or ``pos:key=value``; joined by ``-``. Examples: ``layer-pre``,
-    ``rms-peri-qkhead``, ``layer[0-1:rms]-pre``, ``layer-cpp-post-emb-final:rms``. ``path_safe``
-    replaces ``/`` (the schedule's separator) by ``+`` for a directory name.
+    placement (``mixln<alpha>`` in its place with ``mix_ln``: ``rms-mixln0.25``), then
+    ``qkhead``/``qkfull``, ``emb``, ``ds`` (``depth_scale``) and each position override as
+    ``pos:kind`` or ``pos:key=value``; joined by ``-``. Examples: ``layer-pre``,
+    ``rms-peri-qkhead``, ``layer[0-1:rms]-pre``, ``layer-cpp-post-emb-final:rms``,
+    ``layer-deepnorm``, ``rms-hybrid``. ``path_safe`` replaces ``/`` (the schedule's separator)
+    by ``+`` for a directory name.
     """
     kind = _value(norm.get("kind"))
     blocks = norm.get("blocks")
     parts = [kind + (f"[{blocks}]" if blocks else "")]
     if impl:
         parts.append(_value(norm.get("impl")))
-    parts.append(_value(norm.get("placement", "pre")))
+    mix_ln = norm.get("mix_ln")
+    placement = _value(norm.get("placement", "pre"))
+    parts.append(placement if mix_ln is None else f"mixln{float(mix_ln):g}")
     qk = _value(norm.get("qk", "none"))
     if qk != "none":
         parts.append(f"qk{qk}")

@@ -10,7 +10,8 @@ Every value is logged under ``diag/`` (units: activations as they are, gradient 
 * ``diag/<norm>_out_rms`` / ``_mean``: each norm's output, where ``<norm>`` is its position
   name (:func:`named_norms`, :func:`normlab.config.schedule.diag_norm_names`):
   ``block{i}/attn_in``, ``block{i}/attn_out``, ``block{i}/mlp_in``, ``block{i}/mlp_out``,
-  ``block{i}/qk_q`` and ``qk_k`` (QK-norm), ``embedding/norm``, ``final/norm``;
+  ``block{i}/qk_q`` and ``qk_k`` (QK-norm), ``qk_v`` (HybridNorm), ``embedding/norm``,
+  ``final/norm``;
   ``diag/final/resid_rms`` etc. for the stream entering the final norm (the head under post-norm);
 * ``diag/<norm>_zero_rows``: rows (vectors of d_model) that
   the norm turned into exact zeros from a non-zero input: its statistic overflowed
@@ -52,7 +53,7 @@ ZERO_ROWS_SUFFIX = "_zero_rows"
 def named_norms(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
     """Every norm of a :class:`normlab.model.GPT` in depth order, as ``(diag name, qualified
     module name, module)``: ``("block0/attn_in", "blocks.0.attn_in", ...)``, the QK-norms as
-    ``block{i}/qk_q`` / ``qk_k`` (``blocks.{i}.attn.q_norm``), ``embedding/norm`` and
+    ``block{i}/qk_q`` / ``qk_k`` / ``qk_v`` (``blocks.{i}.attn.q_norm``), ``embedding/norm`` and
     ``final/norm``; the placement decides which exist (post-norm has no final norm)."""
     out = []
     if getattr(model, "embedding", None) is not None:
