@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from normlab.compose import to_train_config
+from normlab.training.diagnostics import ActivationRecorder
 from normlab.training.metrics import (
     NAMES,
     SPIKE_WINDOW,
@@ -15,6 +18,10 @@ from normlab.training.metrics import (
     MetricsBuffer,
     SpikeCounter,
 )
+from normlab.training.setup import build_run
+from normlab.training.step import train_step
+
+from ..conftest import TINY
 
 
 def smooth_curve(n: int = 1000, noise: float = 0.02, seed: int = 0) -> np.ndarray:
@@ -103,3 +110,30 @@ def test_a_counter_resumed_from_its_state_counts_as_the_uninterrupted_one():
 def test_the_rule_parameters_are_validated(kwargs):
     with pytest.raises(ValueError, match="spike (window|k)="):
         SpikeCounter(**kwargs)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_global_and_block_grad_norms_are_taken_before_clipping_and_after_unscaling(
+    compose_cfg, precision
+):
+    """Clipping to 1e-3 and an fp16 loss scale of 1024: a norm taken after clipping would read
+    1e-3, one taken before unscaling 1024 times too much. Both must equal the norm of the plain
+    gradient of the step's loss (a power-of-2 scale is exact, so fp16 agrees to rounding)."""
+    overrides = [*TINY, "logger=none", "optim.grad_clip=1e-3", f"precision={precision}"]
+    run = build_run(to_train_config(compose_cfg([*overrides, "precision.init_scale=1024"])))
+    ref = copy.deepcopy(run.model)
+    x, y = run.sampler.train_batch(0, 0)
+    with run.autocast():
+        _, loss = ref(x, y)
+    loss.backward()
+    hand = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in ref.parameters()))
+    blocks = [
+        math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in b.parameters()))
+        for b in ref.blocks
+    ]
+    diag = ActivationRecorder()
+    _, grad_norm = train_step(run, 0, 1e-3, diag)
+    assert hand > 1.0  # far above the clip: clipping changed the gradients
+    assert grad_norm.item() == pytest.approx(hand, rel=1e-4)
+    for i, expected in enumerate(blocks):
+        assert diag.stats[f"diag/block{i}/grad_norm"] == pytest.approx(expected, rel=1e-4)

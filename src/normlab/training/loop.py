@@ -57,9 +57,12 @@ __all__ = ["RunOptions", "train"]
 log = logging.getLogger(__name__)
 
 
-def train(cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None, downstream: Any = None
+) -> dict[str, Any]:
     """Train one model as ``cfg`` says; write ``metrics.jsonl``, ``summary.json`` and checkpoints
-    in ``run_dir``.
+    in ``run_dir``. ``downstream``: the :class:`normlab.evals.DownstreamEval` of ``cfg.eval_tasks``
+    (required with them, refused without), scored at every evaluation.
 
     Returns the summary (also written to ``run_dir/summary.json``): ``status`` is ``completed``;
     ``diverged`` (a non-finite loss or gradient norm, a loss above ``max_loss`` or above
@@ -73,7 +76,7 @@ def train(cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None) -> di
     """
     opts = opts or RunOptions()
     try:
-        run = build_run(cfg, run_dir, opts)
+        run = build_run(cfg, run_dir, opts, downstream)
         record, metrics, timer, out = open_run(run, run_dir, opts)
         try:
             train_loop(run, record, metrics, timer, out)

@@ -13,7 +13,9 @@ completed run, else null), ``train_time_s`` (the training steps' wall time, the 
 "bpb"}}`` of the held-out corpora; null unless completed) and ``last_val_loss``; the stability
 record: ``loss_spikes`` (the count of ``metrics.SpikeCounter``'s rule), ``loss_spike_steps`` (the
 first step of each, at most 100) and ``max_grad_norm`` (the largest finite global gradient norm
-before clipping, after fp16 unscaling; null before the first step).
+before clipping, after fp16 unscaling; null before the first step); ``final_downstream``: ``{task:
+{"n", "chance", "acc", "acc_ci", "acc_norm", "acc_norm_ci", "bpb", ...}}`` of the ``eval_tasks`` at
+the last evaluation (``normlab-eval``'s fields; empty without tasks, null unless completed).
 
 The time budget's clock, ``Progress.train_time_s``: the sum of the training steps' wall times as
 the step timer measures them (``tracking.StepTimer``: from before the step's first forward to
@@ -178,6 +180,7 @@ class RunRecord:
             loss_spikes=metrics.spikes.count,
             loss_spike_steps=metrics.spikes.steps,
             max_grad_norm=metrics.max_grad_norm,
+            final_downstream=_downstream(run) if completed else None,
             wall_time_s=p.wall_time_s(),
             step_times_ms=timer.measured_ms,
             # MFU per device
@@ -250,6 +253,12 @@ def kernels_record(model, device, compiled: bool) -> dict[str, dict[str, str]]:
         key = pos if out.get(pos, entry) == entry else f"{pos} (block {block})"
         out.setdefault(key, entry)
     return out
+
+
+def _downstream(run: Run) -> dict[str, dict[str, Any]]:
+    """``{task: TaskResult as a dict}`` of the last evaluation (``eval_tasks``; empty without)."""
+    results = run.downstream.results if run.downstream is not None else []
+    return {r.task: r.as_dict() for r in results}
 
 
 def _data_record(data) -> dict[str, Any]:
