@@ -11,8 +11,9 @@ Keys of the outcome (besides status, step times, MFU): ``steps_completed`` and `
 completed run, else null), ``train_time_s`` (the training steps' wall time, the clock of
 ``max_time_s``), ``final_val_loss`` / ``final_val_bpb`` / ``final_eval`` (``{name: {"loss",
 "bpb"}}`` of the held-out corpora; null unless completed) and ``last_val_loss``; the stability
-record: ``loss_spikes`` (the count of ``metrics.SpikeCounter``'s rule), ``loss_spike_steps`` (the
-first step of each, at most 100) and ``max_grad_norm`` (the largest finite global gradient norm
+record: ``loss_spikes`` (the count of ``metrics.SpikeCounter``'s rule, whose parameters are
+``loss_spike_rule``: ``{"window", "k"}``), ``loss_spike_steps`` (the first step of each, at most
+100) and ``max_grad_norm`` (the largest finite global gradient norm
 before clipping, after fp16 unscaling; null before the first step); ``final_downstream``: ``{task:
 {"n", "chance", "acc", "acc_ci", "acc_norm", "acc_norm_ci", "bpb", ...}}`` of the ``eval_tasks`` at
 the last evaluation (``normlab-eval``'s fields; empty without tasks, null unless completed).
@@ -179,6 +180,7 @@ class RunRecord:
             skipped_steps=metrics.skipped_steps,
             loss_spikes=metrics.spikes.count,
             loss_spike_steps=metrics.spikes.steps,
+            loss_spike_rule={"window": metrics.spikes.window, "k": metrics.spikes.k},
             max_grad_norm=metrics.max_grad_norm,
             final_downstream=_downstream(run) if completed else None,
             wall_time_s=p.wall_time_s(),
