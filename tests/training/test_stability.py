@@ -137,3 +137,22 @@ def test_global_and_block_grad_norms_are_taken_before_clipping_and_after_unscali
     assert grad_norm.item() == pytest.approx(hand, rel=1e-4)
     for i, expected in enumerate(blocks):
         assert diag.stats[f"diag/block{i}/grad_norm"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_a_run_without_diag_interval_registers_no_hook(compose_cfg, tmp_path, monkeypatch):
+    """The off path is the plain step: a run without ``diag_interval`` never enters the recorder's
+    hooks (they would raise here) and no module holds a hook at any step."""
+    from torch import nn
+
+    from normlab.training.loop import train
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a hook was registered on a run without diag_interval")
+
+    monkeypatch.setattr(ActivationRecorder, "hooks", refuse)
+    monkeypatch.setattr(nn.Module, "register_forward_hook", refuse)
+    monkeypatch.setattr(nn.Module, "register_forward_pre_hook", refuse)
+    cfg = to_train_config(compose_cfg([*TINY, "logger=none", "max_steps=3"]))
+    assert cfg.diag_interval is None
+    summary = train(cfg, tmp_path)
+    assert summary["status"] == "completed" and summary["loss_spikes"] == 0
