@@ -89,8 +89,9 @@ def tail_stats(x: torch.Tensor, size: int = TAIL_SAMPLE) -> tuple[float, float, 
     ``size`` of them, beyond that over the evenly strided subsample of :func:`sample_stride`
     (deterministic: no random number is drawn, training stays bit for bit the same). Everything is
     computed in fp32 (torch's pairwise sums: a relative error near 1e-6 at 2^20 elements); p99
-    interpolates linearly as ``torch.quantile`` does (:func:`quantile_top`); kurtosis is ``E[(x - mu)^4] / var^2`` with the
-    population variance (3 for a Gaussian, 1.8 for a uniform), nan for a constant tensor.
+    interpolates linearly as ``torch.quantile`` does (:func:`quantile_top`); kurtosis is
+    ``E[(x - mu)^4] / var^2`` with the population variance (3 for a Gaussian, 1.8 for a uniform),
+    nan for a constant tensor.
     """
     x = x.detach().reshape(-1, x.shape[-1] if x.dim() else 1)
     absmax = x.abs().max().float().item()
