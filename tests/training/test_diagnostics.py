@@ -16,6 +16,8 @@ from normlab.training.diagnostics import (
     first_nonfinite,
     gain_stats,
     norm_statistics_finite,
+    sample_stride,
+    tail_stats,
     zero_rows,
 )
 
@@ -245,3 +247,70 @@ def test_norm_cost_counts_time_once_nested_norms_inside_attention_and_norm_wrapp
     assert timer.ms[("attention", "fwd")] == pytest.approx(3.0)
     assert timer.ms[("norm", "fwd")] == pytest.approx(5.0)
     assert timer.ms[("mlp", "fwd")] == pytest.approx(1.0)
+
+
+# --- outliers: abs-max, p99 and kurtosis of the sublayers' outputs -------------------------------
+
+
+def gaussian(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_kurtosis_of_a_gaussian_tensor_is_near_3():
+    # 2^20 samples: the sample kurtosis has a standard error of sqrt(24 / n) ~ 0.005, so 0.05 is
+    # ten standard errors: a wrong formula (excess kurtosis 0, sample variance, no centring) misses
+    absmax, p99, kurt = tail_stats(gaussian(1024, 1024) * 3.0 + 1.0)
+    assert kurt == pytest.approx(3.0, abs=0.05)
+    # |x| of N(1, 9): P(|x| <= q) = 0.99 at q = 8.12 (solved: Phi((q-1)/3) - Phi((-q-1)/3) = 0.99);
+    # the sample p99 of 2^20 values has a standard error of about 0.011
+    assert p99 == pytest.approx(8.12, abs=0.1)
+    assert absmax > p99
+
+
+def test_kurtosis_of_heavy_tailed_tensors_is_far_above_3():
+    student = torch.distributions.StudentT(5.0).sample((1 << 18,))  # kurtosis 9 in theory
+    assert tail_stats(student)[2] > 5.0
+    x = gaussian(1 << 16)
+    x[:: 1 << 13] = 50.0  # 8 outliers of 50 sigma among 65536: kurtosis ~ 8 * 50^4 / 65536 ~ 760
+    assert tail_stats(x)[2] > 300.0
+
+
+def test_abs_max_is_exact_over_every_element_even_when_the_rest_is_subsampled():
+    x = gaussian(4, 512, 768)  # 1.57M elements: p99 and kurtosis on a strided subsample
+    x[1, 2, 3] = -123.456  # an element no stride of 2 or 3 would reach
+    absmax, _, _ = tail_stats(x)
+    assert absmax == x.abs().max().item() == pytest.approx(123.456)
+
+
+def test_the_subsample_visits_every_feature_so_an_outlier_feature_is_seen():
+    x = gaussian(4, 512, 768)
+    x[..., 7] *= 30.0  # one outlier feature (an odd one: a stride of 2 would skip it entirely)
+    stride = sample_stride(x.numel(), 768)
+    assert stride > 1 and math.gcd(stride, 768) == 1
+    full = tail_stats(x, size=x.numel())[2]
+    assert full > 300.0  # about 670 in theory: (767 * 3 + 3 * 30^4) / 768 / ((767 + 900) / 768)^2
+    # the subsample holds about 400 of the feature's 2048 values: the same order, not the same
+    # digits; a stride of 2 would see none of them and give about 3
+    assert 0.5 * full < tail_stats(x)[2] < 2 * full
+    assert tail_stats(x.reshape(-1)[::2])[2] == pytest.approx(3.0, abs=0.1)
+
+
+def test_sublayer_outputs_get_abs_max_p99_and_kurtosis_on_a_diagnosed_pass():
+    model = two_layer()
+    idx = torch.arange(16).view(2, 8) % 32
+    rec = ActivationRecorder()
+    with rec.hooks(model):
+        model(idx)
+    b0 = model.blocks[0]
+    x0 = model.tok_emb(idx) + model.pos_emb(torch.arange(8))
+    attn = b0.attn(b0.attn_in(x0))
+    x1 = b0(x0)
+    mlp = b0.mlp(b0.mlp_in(x0 + attn))
+    for name, t in (("attn", attn), ("mlp", mlp), ("resid", x0)):
+        stats = [rec.stats[f"diag/block0/{name}{s}"] for s in ("_absmax", "_p99", "_kurtosis")]
+        assert stats == pytest.approx(list(tail_stats(t)), rel=1e-5), name
+        assert stats[0] == pytest.approx(t.abs().max().item(), rel=1e-6)
+    assert rec.stats["diag/block1/resid_absmax"] == pytest.approx(x1.abs().max().item(), rel=1e-6)
+    for i in (0, 1):
+        assert {f"diag/block{i}/{b}_kurtosis" for b in ("attn", "mlp", "resid")} <= set(rec.stats)
+    assert "diag/final/resid_kurtosis" in rec.stats

@@ -61,6 +61,7 @@ def test_a_tiny_run_writes_metrics_and_summary(compose_cfg, tmp_path):
         "train/loss",
         "train/lr",
         "train/grad_norm",
+        "train/spikes",
         "perf/step_time_ms",
         "perf/tokens_per_s",
         "perf/train_time_s",
@@ -99,6 +100,11 @@ def test_a_tiny_run_writes_metrics_and_summary(compose_cfg, tmp_path):
     )
     assert len(summary["step_times_ms"]) == 5  # 6 steps minus 1 warm-up step
     assert summary["config"]["norm"]["kind"] == "rms"
+    # the stability record: no spike in 6 steps (never judged: no full window), the largest
+    # pre-clip gradient norm of the logged ones
+    assert summary["loss_spikes"] == 0 and summary["loss_spike_steps"] == []
+    assert summary["max_grad_norm"] == max(r["train/grad_norm"] for r in rows[1:])
+    assert all(r["train/spikes"] == 0 for r in rows[1:])
 
 
 def test_gradient_accumulation_consumes_every_micro_batch(compose_cfg, tmp_path):

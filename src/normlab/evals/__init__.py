@@ -8,11 +8,32 @@ files and scored by per-choice log-likelihood with a run's own model and tokeniz
   interval, bits per byte.
 - :mod:`normlab.evals.suite`: tasks prepared once, scored on demand (``normlab-eval``, or in a
   training loop).
+
+Importing the package imports no torch: the names of ``scoring`` and ``suite`` load on first use,
+so a command checks task names (:func:`check_tasks`) and the install before torch is imported.
 """
 
-from normlab.evals.scoring import TaskResult, wilson_interval
-from normlab.evals.suite import DownstreamEval, PreparedTask, metric_row, prepare_suite, score_suite
+import importlib
+
 from normlab.evals.tasks import DEFAULT_TASKS, INSTALL, LOADERS, Item, check_tasks, load_task
+
+#: The names that need torch, and their module.
+_LAZY = {
+    "TaskResult": "scoring",
+    "wilson_interval": "scoring",
+    "DownstreamEval": "suite",
+    "PreparedTask": "suite",
+    "metric_row": "suite",
+    "prepare_suite": "suite",
+    "score_suite": "suite",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"normlab.evals.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'normlab.evals' has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_TASKS",

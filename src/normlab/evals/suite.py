@@ -74,7 +74,9 @@ def metric_row(results: list[TaskResult]) -> dict[str, float]:
 @dataclass
 class DownstreamEval:
     """Downstream evaluation inside a training loop: the first ``limit`` items of each task in
-    ``names``, ``batch_size`` windows per forward pass.
+    ``names``, ``batch_size`` windows per forward pass. :meth:`prepare` tokenizes them once (at run
+    start, or at the first call); each call scores them and keeps the results in ``results``
+    (``summary.json``'s ``final_downstream``).
 
     Raises:
         ConfigError: when built: an unknown or repeated task, ``limit`` or ``batch_size`` < 1, the
@@ -84,6 +86,7 @@ class DownstreamEval:
     names: tuple[str, ...]
     limit: int | None = None
     batch_size: int = 16
+    results: list[TaskResult] = field(default_factory=list, init=False, repr=False)
     _suite: list[PreparedTask] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -94,10 +97,19 @@ class DownstreamEval:
             raise ConfigError(f"downstream batch_size={self.batch_size}: must be >= 1")
         package_dir()
 
+    @property
+    def prepared(self) -> bool:
+        return self._suite is not None
+
+    def prepare(self, tokenizer, context_length: int) -> None:
+        """Read and tokenize the items for a model of ``context_length`` positions (once)."""
+        if self._suite is None:
+            self._suite = prepare_suite(self.names, self.limit, tokenizer, context_length)
+
     def __call__(self, model, tokenizer, device: torch.device, autocast=None) -> dict[str, float]:
         """:func:`metric_row` of ``model`` (a GPT: ``model.cfg.context_length`` positions) on the
-        tasks, tokenized with ``tokenizer`` at the first call and kept for the later ones."""
-        if self._suite is None:
-            length = model.cfg.context_length
-            self._suite = prepare_suite(self.names, self.limit, tokenizer, length)
-        return metric_row(score_suite(model, self._suite, device, self.batch_size, autocast))
+        tasks, tokenized with ``tokenizer`` at the first call unless :meth:`prepare` was called
+        (then ``tokenizer`` may be None)."""
+        self.prepare(tokenizer, model.cfg.context_length)
+        self.results = score_suite(model, self._suite, device, self.batch_size, autocast)
+        return metric_row(self.results)

@@ -53,6 +53,7 @@ from normlab.report.series import (
     BETWEEN_LIMIT,
     aggregate,
     between_runs_problem,
+    num,
     paired_curve,
     series,
     timing_check,
@@ -139,6 +140,10 @@ class Report:
     #: the margin asked in effective compute (``--margin-compute``: a fraction), else None; the
     #: nats margin :attr:`margin` is then converted from it with :attr:`slope`
     margin_compute: float | None = None
+    #: loss spikes, largest activations and gradient norms (:func:`stability`), else None
+    stability: dict[str, Any] | None = None
+    #: downstream tasks paired like held-out corpora (:func:`downstream_comparisons`)
+    downstream: dict[str, Any] = field(default_factory=dict)
 
     def included(self, label: str) -> list[Run]:
         """The runs of variant ``label`` that count in the statistics (completed, not set aside)."""
@@ -331,6 +336,8 @@ def build_report(
         for c, h in zip(rep.comparisons, family, strict=True):
             c["holm"] = h
     _qualify(rep, target)
+    rep.stability = stability(rep)
+    rep.downstream = downstream_comparisons({lab: rep.included(lab) for lab in labels}, base, alpha)
     _speed_and_compute(rep, by_seed)
     return rep
 
@@ -1198,3 +1205,123 @@ def plan_study(rep: Report) -> dict[str, Any]:
         "run_s": run_s,
         "rows": rows,
     }
+
+
+# --- stability: loss spikes, largest activations, gradient norms ---------------------------------
+
+#: ``summary.json`` keys of the run's stability record (``normlab.training.record``).
+SPIKES_KEY, MAX_GRAD_KEY = "loss_spikes", "max_grad_norm"
+#: Suffixes of the ``diag/`` outlier statistics (``normlab.training.diagnostics.tail_stats``).
+ABSMAX_SUFFIX, KURTOSIS_SUFFIX = "_absmax", "_kurtosis"
+
+
+def largest_diag(run: Run, suffix: str) -> tuple[float, str | None]:
+    """The largest finite value of the ``diag/...<suffix>`` keys over every diagnosed row of
+    ``run`` and the sublayer that had it (``block1/mlp``); ``(nan, None)`` when none."""
+    best, where = NAN, None
+    for row in run.metrics:
+        for k, v in row.items():
+            if k.startswith("diag/") and k.endswith(suffix) and math.isfinite(x := num(v)):
+                if not best >= x:  # nan compares False: the first value wins
+                    best, where = x, k.removeprefix("diag/").removesuffix(suffix)
+    return best, where
+
+
+def _largest(runs: list[Run], suffix: str) -> dict[str, Any]:
+    found = [largest_diag(r, suffix) for r in runs]
+    found = [f for f in found if f[1] is not None]
+    if not found:
+        return {"value": NAN, "where": None, "runs": 0}
+    value, where = max(found, key=lambda f: f[0])
+    return {"value": value, "where": where, "runs": len(found)}
+
+
+def _spike_counts(rep: Report, label: str) -> dict[Any, float]:
+    """Seed -> the loss-spike count of each included run of ``label`` that recorded one."""
+    out = {}
+    for r in rep.included(label):
+        v = (r.summary or {}).get(SPIKES_KEY)
+        if r.seed is not None and isinstance(v, (int, float)):
+            out[r.seed] = float(v)
+    return out
+
+
+def stability(rep: Report) -> dict[str, Any] | None:
+    """The stability comparison of the included runs, or None when no run recorded any of it.
+
+    Per variant: ``spikes`` (``describe`` of the runs' loss-spike counts, their ``total`` and the
+    runs with at least one, ``spiky``), ``absmax`` / ``kurtosis`` (the largest ``diag/`` abs-max
+    and kurtosis over its runs' diagnosed steps, with the sublayer, :func:`largest_diag`) and
+    ``grad_norm`` (the largest pre-clip global gradient norm over its runs). Per other variant,
+    ``diff``: the paired spike-count difference variant − baseline by seed with its 1−alpha
+    Student t interval (``paired_difference``'s ``n``, ``mean``, ``ci``). ``all_zero``: no run
+    counted a spike (the report then shows counts, no interval). ``rules``: the distinct spike
+    rules (``summary.json``'s ``loss_spike_rule``: ``{"window", "k"}``) of the runs.
+    """
+    counts = {lab: _spike_counts(rep, lab) for lab in rep.labels}
+    has_diag = any(
+        largest_diag(r, ABSMAX_SUFFIX)[1] for lab in rep.labels for r in rep.included(lab)
+    )
+    if not any(counts.values()) and not has_diag:
+        return None
+    variants, diffs = {}, {}
+    for lab in rep.labels:
+        runs, c = rep.included(lab), list(counts[lab].values())
+        grads = [g for r in runs if math.isfinite(g := r.summary_float(MAX_GRAD_KEY))]
+        variants[lab] = {
+            "spikes": {**describe(c), "total": sum(c), "spiky": sum(x > 0 for x in c)},
+            "absmax": _largest(runs, ABSMAX_SUFFIX),
+            "kurtosis": _largest(runs, KURTOSIS_SUFFIX),
+            "grad_norm": max(grads) if grads else NAN,
+        }
+        if lab != rep.baseline:
+            seeds, d = _paired(counts[rep.baseline], counts[lab])
+            pd = paired_difference(d, 0.5, rep.alpha, "spikes")
+            diffs[lab] = {"seeds": seeds, "n": pd["n"], "mean": pd["mean"], "ci": pd["ci"]}
+    every = [x for c in counts.values() for x in c.values()]
+    rules = {
+        json.dumps(rule, sort_keys=True)
+        for lab in rep.labels
+        for r in rep.included(lab)
+        if (rule := (r.summary or {}).get("loss_spike_rule"))
+    }
+    return {
+        "variants": variants,
+        "diff": diffs,
+        "all_zero": bool(every) and not any(every),
+        "rules": [json.loads(x) for x in sorted(rules)],
+    }
+
+
+# --- downstream tasks (eval_tasks, normlab.evals) -------------------------------------------------
+
+#: The equivalence margin of a downstream accuracy (a fraction: one accuracy point) and of a
+#: downstream bits per byte (bits/byte), for the paired TOST of :func:`downstream_comparisons`.
+DOWNSTREAM_MARGIN = 0.01
+
+
+def downstream_keys(runs: list[Run]) -> list[str]:
+    """The ``downstream/<task>/acc`` and ``downstream/<task>/bpb`` keys the runs logged, sorted."""
+    keys = {
+        k
+        for r in runs
+        for row in r.metrics
+        for k in row
+        if k.startswith("downstream/") and k.endswith(("/acc", "/bpb")) and k.count("/") == 2
+    }
+    return sorted(keys)
+
+
+def downstream_comparisons(
+    included: dict[str, list[Run]], baseline: str, alpha: float
+) -> dict[str, Any]:
+    """``{key: metric_comparison}`` of each downstream key (:func:`downstream_keys`): the final
+    value per variant and the paired difference variant − baseline by seed, TOST at
+    :data:`DOWNSTREAM_MARGIN` (accuracy: a positive difference is the variant right more often;
+    bpb: a positive one is the variant worse), exactly as a held-out corpus's loss is paired."""
+    every = [r for runs in included.values() for r in runs]
+    out = {}
+    for key in downstream_keys(every):
+        unit = "bits/byte" if key.endswith("/bpb") else "accuracy"
+        out[key] = metric_comparison(included, baseline, key, DOWNSTREAM_MARGIN, alpha, unit)
+    return out

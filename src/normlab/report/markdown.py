@@ -983,7 +983,8 @@ def render_markdown(rep: Report) -> str:
     lines += render_outcome(rep)
     lines += [*_verdict(rep), *_paired_table(rep), *_family(rep), *render_tuned(rep)]
     lines += render_bpb(rep)
-    lines += [*render_heldout(rep), *render_speed(rep), *_ratio(rep), *render_target(rep)]
+    lines += [*render_heldout(rep), *render_downstream(rep)]
+    lines += [*render_speed(rep), *_ratio(rep), *render_target(rep)]
     lines += _excluded(rep)
     lines += [
         "",
@@ -997,5 +998,105 @@ def render_markdown(rep: Report) -> str:
         "",
         *_figures(rep),
     ]
-    lines += render_swept(rep) + render_diagnostics(rep)
+    lines += render_swept(rep) + render_stability(rep) + render_diagnostics(rep)
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# --- stability and downstream tasks --------------------------------------------------------------
+
+
+def _spike_rule(rules: list[dict[str, Any]]) -> str:
+    """The spike rule in words, with the parameters the runs recorded."""
+    if not rules:
+        return "the runs recorded no spike rule"
+    each = "; ".join(f"window {r.get('window')} steps, k = {r.get('k')}" for r in rules)
+    return (
+        "a training loss above the median of the window of losses before it plus k × 1.4826 × "
+        f"their median absolute deviation, counted once per excursion, the first window not "
+        f"judged ({each}{': the runs differ in rule' if len(rules) > 1 else ''})"
+    )
+
+
+def _stability_rows(st: dict[str, Any]) -> list[list[Any]]:
+    rows = []
+    for lab, v in st["variants"].items():
+        sp, am, ku = v["spikes"], v["absmax"], v["kurtosis"]
+        rows.append(
+            [
+                f"`{lab}`",
+                sp["n"],
+                fmt(sp["mean"], ".2f") if sp["n"] else "n/a",
+                f"{sp['spiky']} of {sp['n']}",
+                fmt(am["value"], ".4g") + (f" (`{am['where']}`)" if am["where"] else ""),
+                fmt(ku["value"], ".4g") + (f" (`{ku['where']}`)" if ku["where"] else ""),
+                fmt(v["grad_norm"], ".4g"),
+            ]
+        )
+    return rows
+
+
+def render_stability(rep: Report) -> list[str]:
+    """``## Stability``: loss spikes per variant (and the paired difference of the counts), the
+    largest activation and kurtosis, the largest pre-clip gradient norm; nothing without data."""
+    st = rep.stability
+    if not st:
+        return []
+    header = [
+        "variant",
+        "runs",
+        "spikes per run",
+        "runs with a spike",
+        "largest abs-max (where)",
+        "largest kurtosis (where)",
+        "largest grad norm",
+    ]
+    out = [
+        "",
+        "## Stability (loss spikes, largest activations, gradient norms)",
+        "",
+        f"Loss spike: {_spike_rule(st['rules'])}. Largest abs-max and kurtosis: over every "
+        "diagnosed step (`diag_interval`) and sublayer (attention and MLP outputs, the residual "
+        "stream entering each block and the final norm) of the variant's included runs; n/a "
+        "without diagnostics. Gradient norm: the largest global norm before clipping.",
+        "",
+        *table(header, _stability_rows(st)),
+    ]
+    if st["all_zero"]:
+        return out + ["", "No run counted a spike: there is no difference to estimate."]
+    rows = [
+        [f"`{lab}`", d["n"], fmt(d["mean"], "+.2f"), fmt_ci(d["ci"], "+.2f")]
+        for lab, d in st["diff"].items()
+        if d["n"]
+    ]
+    if rows:
+        head = ["variant", "n", f"spikes − `{rep.baseline}` (per run)", _conf(rep)]
+        out += ["", "Paired by seed:", "", *table(head, rows)]
+    return out
+
+
+def render_downstream(rep: Report) -> list[str]:
+    """``## Downstream tasks``: per ``downstream/<task>/<metric>`` the final value per variant and
+    the paired difference with its CI and TOST verdict; nothing without ``eval_tasks`` runs."""
+    if not rep.downstream:
+        return []
+    conf = _conf(rep)
+    out = [
+        "",
+        "## Downstream tasks (`eval_tasks`)",
+        "",
+        "Scored at every evaluation on the first `eval_task_items` items of each task (the same "
+        "items for every run; `normlab.evals`); final values. Accuracy is a fraction (higher "
+        "is better: a positive difference is the variant right more often); bpb in bits per byte "
+        f"(lower is better). Paired by seed, variant − `{rep.baseline}`, TOST at "
+        f"±{next(iter(rep.downstream.values()))['margin']:g}.",
+    ]
+    for key, comp in rep.downstream.items():
+        out += [
+            "",
+            f"### `{key}`",
+            "",
+            *table(["variant", "n", "mean", "std"], _variant_rows(comp)),
+            "",
+            *table(["variant", "n", "mean diff", conf, "verdict"], _comparison_rows(comp)),
+        ]
+    return out

@@ -21,6 +21,7 @@ import torch
 
 from normlab.compose import compose
 from normlab.training import step as training_step
+from normlab.training.diagnostics import ActivationRecorder, gain_stats
 from normlab.training.setup import build_run
 from normlab.training.tracking import synchronize
 
@@ -56,9 +57,13 @@ class StepSetup:
         """One training step (``train_step``, the function ``train`` calls) at the schedule's
         learning rate, device synchronized at both ends; wall ms."""
         lr = training_step.lr_at(self.step, self.cfg.max_steps, self.cfg.optim)
+        every = self.cfg.diag_interval  # a diagnosed step as the loop runs it: hooks, gains
+        diag = ActivationRecorder() if every and (self.step + 1) % every == 0 else None
         synchronize(self.run.device)
         t0 = time.perf_counter()
-        training_step.train_step(self.run, self.step, lr)
+        training_step.train_step(self.run, self.step, lr, diag)
+        if diag is not None:
+            gain_stats(self.run.model)
         synchronize(self.run.device)
         self.step += 1
         return (time.perf_counter() - t0) * 1e3

@@ -99,7 +99,9 @@ def eval_row(run) -> dict[str, float | None]:
     """One evaluation of ``run`` (a :class:`~normlab.training.setup.Run`): ``{metric key: value}``.
 
     ``val/bpb`` (and a corpus's ``bpb``) is None for shards prepared before bytes were recorded.
-    One host sync per corpus (:func:`evaluate`).
+    One host sync per corpus (:func:`evaluate`). With ``eval_tasks`` the downstream tasks add
+    ``downstream/<task>/acc`` and ``acc_norm`` (fractions; ``bpb`` for lambada), the keys of
+    ``normlab.evals.metric_row``, scored with the unwrapped model (every rank scores every item).
     """
     n, ctx = run.cfg.eval_batches, run.autocast
     loss = evaluate(run.eval_fwd, run.sampler, n, ctx)
@@ -108,6 +110,8 @@ def eval_row(run) -> dict[str, float | None]:
         loss_key, bpb_key = eval_keys(s.name)
         loss = evaluate(run.eval_fwd, s.sampler, n, ctx)
         row.update({loss_key: loss, bpb_key: s.data.bits_per_byte(loss)})
+    if run.downstream is not None:
+        row.update(run.downstream(run.model, None, run.device, run.autocast))
     return row
 
 

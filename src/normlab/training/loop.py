@@ -45,7 +45,7 @@ from normlab.training import step as training_step
 from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
 from normlab.training.diagnostics import ActivationRecorder, gain_stats
 from normlab.training.evaluation import TextSamples, eval_row
-from normlab.training.metrics import NAMES, Limits, MetricsBuffer
+from normlab.training.metrics import NAMES, Limits, MetricsBuffer, SpikeCounter
 from normlab.training.record import RunRecord, start_record, write_summary
 from normlab.training.resume import rng_state
 from normlab.training.setup import Run, build_run, describe_error, free_memory
@@ -57,9 +57,12 @@ __all__ = ["RunOptions", "train"]
 log = logging.getLogger(__name__)
 
 
-def train(cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None, downstream: Any = None
+) -> dict[str, Any]:
     """Train one model as ``cfg`` says; write ``metrics.jsonl``, ``summary.json`` and checkpoints
-    in ``run_dir``.
+    in ``run_dir``. ``downstream``: the :class:`normlab.evals.DownstreamEval` of ``cfg.eval_tasks``
+    (required with them, refused without), scored at every evaluation.
 
     Returns the summary (also written to ``run_dir/summary.json``): ``status`` is ``completed``;
     ``diverged`` (a non-finite loss or gradient norm, a loss above ``max_loss`` or above
@@ -73,7 +76,7 @@ def train(cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None) -> di
     """
     opts = opts or RunOptions()
     try:
-        run = build_run(cfg, run_dir, opts)
+        run = build_run(cfg, run_dir, opts, downstream)
         record, metrics, timer, out = open_run(run, run_dir, opts)
         try:
             train_loop(run, record, metrics, timer, out)
@@ -226,6 +229,8 @@ class Outputs:
             "last_finite_loss": metrics.last_finite_loss,
             "first_loss": metrics.first_loss,
             "skipped_steps": metrics.skipped_steps,
+            "spikes": metrics.spikes.state(),
+            "max_grad_norm": metrics.max_grad_norm,
             "step_times_ms": list(timer.measured_ms),
             "wall_time_s": p.wall_time_s(),
         }
@@ -277,6 +282,8 @@ def open_run(
         first_loss=state.get("first_loss"),
         last_finite_loss=state.get("last_finite_loss"),
         skipped_steps=state.get("skipped_steps", 0),
+        spikes=SpikeCounter.from_state(state.get("spikes")),
+        max_grad_norm=state.get("max_grad_norm"),
     )
     timer = StepTimer(run.device, cfg.timing_warmup_steps, state.get("step_times_ms", []))
     bar = tqdm(

@@ -6,11 +6,19 @@ Every row of ``metrics.jsonl`` (and of wandb) holds ``step`` and the keys of :da
 step 0 (the evaluation before the first step) holds only ``step``, ``perf/train_time_s`` (0) and
 the ``val/`` keys. Diagnostic rows add ``diag/...`` keys (``diagnostics.py``). Runs written
 before the rename used the names in :data:`OLD_NAMES`.
+
+Loss spikes (:class:`SpikeCounter`, ``train/spikes`` in every row, ``loss_spikes`` in
+``summary.json``): a step's training loss counts as a spike when it lies above the median of the
+:data:`SPIKE_WINDOW` finite losses of the steps before it plus :data:`SPIKE_K` times their scaled
+MAD (``1.4826 * median(|loss - median|)``, the standard deviation for Gaussian noise); one
+excursion above that line counts once, however many steps it lasts (it ends at the first step back
+at or below the line); the first :data:`SPIKE_WINDOW` steps are never judged (no full window).
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +31,7 @@ NAMES = {
     "loss": "train/loss",  # mean training loss over the step's micro-batches (nats/token)
     "lr": "train/lr",  # learning rate of the step
     "grad_norm": "train/grad_norm",  # global gradient L2 norm before clipping (after unscaling)
+    "spikes": "train/spikes",  # loss spikes so far in the run (SpikeCounter's rule; cumulative)
     "step_time_ms": "perf/step_time_ms",  # wall time of the optimizer step (ms)
     "tokens_per_s": "perf/tokens_per_s",  # tokens of the step / its wall time
     "train_time_s": "perf/train_time_s",  # training-step wall time of the run so far (s)
@@ -42,6 +51,92 @@ DIAG_PREFIX = "diag/"
 def eval_keys(name: str) -> tuple[str, str]:
     """``(loss key, bpb key)`` of the held-out corpus ``name``: ``val/<name>/loss``, ``.../bpb``."""
     return f"val/{name}/loss", f"val/{name}/bpb"
+
+
+#: Steps of the rolling window of the spike rule (the losses of the steps before the one judged).
+SPIKE_WINDOW = 50
+#: How many scaled MADs above the window's median a loss must be to count as a spike.
+SPIKE_K = 6.0
+#: The MAD of Gaussian noise times this is its standard deviation (1 / Phi^-1(3/4)).
+MAD_SCALE = 1.4826
+#: At most this many spike steps are kept for ``summary.json``'s ``loss_spike_steps``.
+MAX_SPIKE_STEPS = 100
+
+
+@dataclass
+class SpikeCounter:
+    """Online loss-spike count with the rule of the module docstring, over the losses fed to
+    :meth:`update` in step order (nats/token; a non-finite loss is neither judged nor kept).
+
+    ``window`` (>= 3 losses) and ``k`` (a finite number > 0) are the rule's parameters; ``count``
+    the spikes so far, ``steps`` the first step of each (the first :data:`MAX_SPIKE_STEPS`).
+    Cost per step: a median of ``window`` floats, twice (microseconds beside a training step).
+    :meth:`state` and :meth:`from_state` carry it through a checkpoint.
+
+    Raises:
+        ValueError: ``window`` < 3 or ``k`` not a finite number > 0.
+    """
+
+    window: int = SPIKE_WINDOW
+    k: float = SPIKE_K
+    count: int = 0
+    steps: list[int] = field(default_factory=list)
+    in_spike: bool = False
+    recent: deque = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 3:
+            raise ValueError(f"spike window={self.window!r}: must be an integer >= 3 (steps)")
+        if not (isinstance(self.k, (int, float)) and math.isfinite(self.k) and self.k > 0):
+            raise ValueError(f"spike k={self.k!r}: must be a finite number > 0 (scaled MADs)")
+        self.recent = deque(self.recent, maxlen=self.window)
+
+    def threshold(self) -> float | None:
+        """The line a loss must exceed to be a spike (None until the window is full)."""
+        if len(self.recent) < self.window:
+            return None
+        values = sorted(self.recent)
+        med = _median_sorted(values)
+        mad = _median_sorted(sorted(abs(v - med) for v in values))
+        return med + self.k * MAD_SCALE * mad
+
+    def update(self, step: int, loss: float) -> bool:
+        """Judge ``loss`` of ``step`` against the steps before it, then keep it; True when it
+        starts a new excursion (counted)."""
+        if not math.isfinite(loss):
+            return False
+        line = self.threshold()
+        above = line is not None and loss > line
+        new = above and not self.in_spike
+        if new:
+            self.count += 1
+            if len(self.steps) < MAX_SPIKE_STEPS:
+                self.steps.append(step)
+        self.in_spike = above
+        self.recent.append(loss)
+        return new
+
+    def state(self) -> dict:
+        """What a checkpoint keeps (plain Python values)."""
+        return {
+            "window": self.window,
+            "k": self.k,
+            "count": self.count,
+            "steps": list(self.steps),
+            "in_spike": self.in_spike,
+            "recent": list(self.recent),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> SpikeCounter:
+        """The counter of a checkpoint's :meth:`state` (a new one for None: older checkpoints)."""
+        return cls(**state) if state else cls()
+
+
+def _median_sorted(values: list[float]) -> float:
+    n = len(values)
+    mid = n // 2
+    return values[mid] if n % 2 else 0.5 * (values[mid - 1] + values[mid])
 
 
 @dataclass
@@ -93,6 +188,8 @@ class MetricsBuffer:
     one transfer (the host sync), and checks every step in order, so divergence is found at the
     step it happened however many steps a flush covers. ``skipped_steps`` counts the steps whose
     gradient norm was non-finite with an fp16 grad scaler: the scaler skipped their optimizer step.
+    ``spikes`` counts loss spikes (:class:`SpikeCounter`); ``max_grad_norm`` is the largest finite
+    global gradient norm before clipping so far (None before the first step).
     """
 
     grad_accum: int
@@ -101,6 +198,8 @@ class MetricsBuffer:
     first_loss: float | None = None  # the run's first training loss (kept in checkpoints)
     last_finite_loss: float | None = None
     skipped_steps: int = 0
+    spikes: SpikeCounter = field(default_factory=SpikeCounter)
+    max_grad_norm: float | None = None
     _pending: list[tuple[int, float, float, dict[str, float]]] = field(default_factory=list)
     _values: list[torch.Tensor] = field(default_factory=list)
 
@@ -142,9 +241,17 @@ class MetricsBuffer:
                 self.first_loss = loss
             if why is not None:
                 return out, Divergence(step, why, self.last_finite_loss)
+            self._track(step, loss, grad)
+            out[-1][NAMES["spikes"]] = self.spikes.count
             self.last_finite_loss = loss
             self.skipped_steps += self.limits.scaler_enabled and not math.isfinite(grad)
         return out, None
+
+    def _track(self, step: int, loss: float, grad: float) -> None:
+        """The run's stability record: the spike count and the largest finite gradient norm."""
+        self.spikes.update(step, loss)
+        if math.isfinite(grad) and (self.max_grad_norm is None or grad > self.max_grad_norm):
+            self.max_grad_norm = grad
 
     def _row(
         self, step: int, loss: float, grad: float, lr: float, ms: float, extra: dict[str, float]

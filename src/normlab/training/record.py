@@ -10,7 +10,13 @@ Keys of the outcome (besides status, step times, MFU): ``steps_completed`` and `
 (the same count: optimizer steps done), ``stopped_by`` (``max_steps`` or ``max_time_s`` for a
 completed run, else null), ``train_time_s`` (the training steps' wall time, the clock of
 ``max_time_s``), ``final_val_loss`` / ``final_val_bpb`` / ``final_eval`` (``{name: {"loss",
-"bpb"}}`` of the held-out corpora; null unless completed) and ``last_val_loss``.
+"bpb"}}`` of the held-out corpora; null unless completed) and ``last_val_loss``; the stability
+record: ``loss_spikes`` (the count of ``metrics.SpikeCounter``'s rule, whose parameters are
+``loss_spike_rule``: ``{"window", "k"}``), ``loss_spike_steps`` (the first step of each, at most
+100) and ``max_grad_norm`` (the largest finite global gradient norm
+before clipping, after fp16 unscaling; null before the first step); ``final_downstream``: ``{task:
+{"n", "chance", "acc", "acc_ci", "acc_norm", "acc_norm_ci", "bpb", ...}}`` of the ``eval_tasks`` at
+the last evaluation (``normlab-eval``'s fields; empty without tasks, null unless completed).
 
 The time budget's clock, ``Progress.train_time_s``: the sum of the training steps' wall times as
 the step timer measures them (``tracking.StepTimer``: from before the step's first forward to
@@ -172,6 +178,11 @@ class RunRecord:
             final_val_loss=p.val_loss if completed else None,
             last_val_loss=p.val_loss,
             skipped_steps=metrics.skipped_steps,
+            loss_spikes=metrics.spikes.count,
+            loss_spike_steps=metrics.spikes.steps,
+            loss_spike_rule={"window": metrics.spikes.window, "k": metrics.spikes.k},
+            max_grad_norm=metrics.max_grad_norm,
+            final_downstream=_downstream(run) if completed else None,
             wall_time_s=p.wall_time_s(),
             step_times_ms=timer.measured_ms,
             # MFU per device
@@ -244,6 +255,12 @@ def kernels_record(model, device, compiled: bool) -> dict[str, dict[str, str]]:
         key = pos if out.get(pos, entry) == entry else f"{pos} (block {block})"
         out.setdefault(key, entry)
     return out
+
+
+def _downstream(run: Run) -> dict[str, dict[str, Any]]:
+    """``{task: TaskResult as a dict}`` of the last evaluation (``eval_tasks``; empty without)."""
+    results = run.downstream.results if run.downstream is not None else []
+    return {r.task: r.as_dict() for r in results}
 
 
 def _data_record(data) -> dict[str, Any]:

@@ -27,10 +27,11 @@ log = logging.getLogger(__name__)
 
 #: Config keys that may differ between a checkpoint and the run that resumes from it: they change
 #: what is displayed or logged, or when a run is judged to have failed or done, never a number the
-#: run computes at a step. Every other key is hashed. ``eval_data``, ``sample_*``: evaluation and
-#: sampling draw no random number and leave the weights alone (a resumed run may add a held-out
-#: corpus; rows before it lack its keys). ``max_time_s``: where a run ends, not what its steps
-#: compute (the schedule is over ``max_steps``); raising it continues a run it stopped.
+#: run computes at a step. Every other key is hashed. ``eval_data``, ``eval_tasks``,
+#: ``eval_task_items``, ``sample_*``: evaluation and sampling draw no random number and leave the
+#: weights alone (a resumed run may add a held-out corpus or a task; rows before it lack its keys).
+#: ``max_time_s``: where a run ends, not what its steps compute (the schedule is over
+#: ``max_steps``); raising it continues a run it stopped.
 RESUME_MAY_DIFFER = (
     "progress",
     "debug",
@@ -42,6 +43,8 @@ RESUME_MAY_DIFFER = (
     "divergence_factor",
     "max_skipped_fraction",
     "eval_data",
+    "eval_tasks",
+    "eval_task_items",
     "max_time_s",
     "sample_interval",
     "sample_tokens",

@@ -67,7 +67,9 @@ class Run:
     DistributedDataParallel with several processes, else ``model``; ``fwd`` is ``ddp`` or
     ``torch.compile(ddp)``; ``eval_fwd`` what validation calls. ``state`` is the loop state of the
     checkpoint resumed from (``step``, ``val_loss``, ...; empty for a new run). ``evals``: the
-    held-out corpora (``eval_data``), scored at every evaluation.
+    held-out corpora (``eval_data``), scored at every evaluation. ``downstream``: the downstream
+    tasks of ``eval_tasks`` (a :class:`normlab.evals.DownstreamEval`, tokenized at build time),
+    scored at every evaluation too; None without ``eval_tasks``.
     """
 
     cfg: TrainConfig
@@ -86,6 +88,7 @@ class Run:
     forced_diff: list[str] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)
     evals: list[EvalSet] = field(default_factory=list)  # one per eval_data corpus
+    downstream: Any = None  # normlab.evals.DownstreamEval of eval_tasks (training cannot import it)
 
     @property
     def start(self) -> int:
@@ -194,10 +197,43 @@ def _check_grad_accum(cfg: TrainConfig) -> None:
         )
 
 
-def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | None = None) -> Run:
+def _check_downstream(cfg: TrainConfig, downstream: Any) -> None:
+    """``eval_tasks`` and the evaluator built for them agree (``commands/train.py`` builds it:
+    ``normlab.evals`` sits above ``training``, which cannot import it)."""
+    names = tuple(getattr(downstream, "names", ()))
+    if tuple(cfg.eval_tasks) != names or (
+        downstream is not None and downstream.limit != cfg.eval_task_items
+    ):
+        raise ConfigError(
+            f"eval_tasks={list(cfg.eval_tasks)} needs a normlab.evals.DownstreamEval of those "
+            f"tasks and eval_task_items={cfg.eval_task_items} passed as train(downstream=...) "
+            f"(the train command builds it); got {downstream!r}"
+        )
+
+
+def _load_state(resume: Loaded, model: GPT, optimizer, scaler) -> dict[str, Any]:
+    """Load a checkpoint's weights, optimizer and scaler state; the rest of its state (the loop's),
+    with the checkpoint's tensors freed."""
+    state = resume.state
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if state["scaler"]:  # empty when saved without a scaler (fp32/bf16)
+        scaler.load_state_dict(state["scaler"])
+    resume.state = None  # free the loaded tensors
+    return {k: v for k, v in state.items() if k not in ("model", "optimizer", "scaler")}
+
+
+def build_run(
+    cfg: TrainConfig,
+    run_dir: Path | None = None,
+    opts: RunOptions | None = None,
+    downstream: Any = None,
+) -> Run:
     """Check ``cfg`` for this machine, then build everything one training run needs.
 
     ``run_dir`` None (benchmarks, studies): no checkpoint is looked for and no space checked.
+    ``downstream``: a :class:`normlab.evals.DownstreamEval` of ``cfg.eval_tasks`` (None without
+    them); its items are tokenized here, with the run's tokenizer, before anything is written.
 
     Raises:
         ConfigError, DataError: one line naming the bad value, before anything is built or written.
@@ -205,6 +241,7 @@ def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | 
     opts = opts or RunOptions()
     # --- every refusing check: nothing below them is built or written if one fails
     _check_grad_accum(cfg)
+    _check_downstream(cfg, downstream)
     eval_cfgs = eval_data_configs(list(cfg.eval_data), cfg.data, opts.conf_dir)
     device = resolve_device(cfg.device)
     norm_cfg = resolve_norm(cfg.norm, device.type)
@@ -218,6 +255,8 @@ def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | 
         raise ConfigError(
             f"model.vocab_size={vocab} is smaller than the tokenizer's {data.vocab_size}"
         )
+    if downstream is not None:  # reads the package's files: a refusal comes before the build
+        downstream.prepare(data.load_tokenizer(), cfg.model.context_length)
     cfg = dataclasses.replace(
         cfg, norm=norm_cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab)
     )
@@ -236,14 +275,7 @@ def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | 
     model = build_model(cfg, device)
     optimizer = make_optimizer(model, cfg.optim, device)
     scaler = grad_scaler(cfg.precision, device)
-    state = resume.state if resume else {}
-    if resume:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        if state["scaler"]:  # empty when saved without a scaler (fp32/bf16)
-            scaler.load_state_dict(state["scaler"])
-        state = {k: v for k, v in state.items() if k not in ("model", "optimizer", "scaler")}
-        resume.state = None  # free the loaded tensors
+    state = _load_state(resume, model, optimizer, scaler) if resume else {}
     ddp = distributed.wrap(model, device)  # the model itself in a single process
     fwd = torch.compile(ddp) if cfg.compile else ddp
     eval_fwd = fwd if ddp is model else torch.compile(model) if cfg.compile else model
@@ -265,6 +297,7 @@ def build_run(cfg: TrainConfig, run_dir: Path | None = None, opts: RunOptions | 
         forced_diff=forced,
         state=state,
         evals=evals,
+        downstream=downstream,
     )
 
 
