@@ -33,6 +33,9 @@ gains (and adds two biases) on the same normalized vector, a reparametrisation t
 then pulls on twice. So post-norm runs have 2 x d_model fewer parameters than pre-norm runs (the
 final gain and bias, which draw no random numbers): every parameter they share starts equal for
 one seed (DeepNorm's: after undoing beta).
+``model.embedding_scale`` (DyT's LLM recipe, Zhu et al. 2025, section 7): the embedding (token +
+position) times one learnable scalar, initialised at sqrt(d_model) (``true``) or a given number;
+off by default (no parameter). It draws no random number, so pairing holds.
 ``norm.qk``: ``head`` normalizes q and k over head_dim per head (nanochat, Qwen3), ``full`` over
 d_model before the split (OLMo-2). ``norm.embedding``: a norm after token + position embedding.
 ``norm.depth_scale`` (LayerNorm Scaling, Sun et al. 2025, "The Curse of Depth", arXiv:2502.05795):
@@ -50,6 +53,9 @@ from torch import nn
 
 from normlab.config import ConfigError, ModelConfig, NormConfig, Placement, QKNorm
 from normlab.norms import build_norm
+
+#: Added to the seed of each norm gate's generator (``GPT._init_gates``), away from small seeds.
+GATE_SEED_OFFSET = 0x6A7E
 
 
 def _norm(norm: NormConfig, position: str, block: int | None, size: int) -> nn.Module:
@@ -184,6 +190,9 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context_length, cfg.d_model)
+        # model.embedding_scale (DyT's LLM recipe): one learnable scalar, no random draw
+        scale = cfg.resolved_embedding_scale
+        self.emb_scale = None if scale is None else nn.Parameter(torch.full((1,), scale))
         self.drop = nn.Dropout(cfg.dropout)
         used, C = norm.used_positions(), cfg.d_model
         self.embedding = _norm(norm, "embedding", None, C) if "embedding" in used else None
@@ -194,6 +203,7 @@ class GPT(nn.Module):
         self.apply(self._init_weights)
         if norm.placement == Placement.deepnorm:
             self._scale_branches((8 * cfg.n_layer) ** -0.25)
+        self._init_gates()
 
     def _init_weights(self, module: nn.Module) -> None:
         # Only Linear and Embedding draw random numbers, so variants whose norms differ (a bias or
@@ -221,6 +231,16 @@ class GPT(nn.Module):
                 for linear in (block.attn.proj, block.mlp.fc, block.mlp.proj):
                     linear.weight.mul_(beta)
 
+    def _init_gates(self) -> None:
+        """Re-draw the gate of each norm that has one (GatedNorm's ``reset_gate``), in module
+        order, each from its own CPU generator seeded by the run seed (``torch.initial_seed()``,
+        which reading does not advance) and the norm's index: the global RNG, which every Linear
+        and Embedding draws from, is left untouched, so shared parameters stay paired."""
+        gated = [m for m in self.modules() if hasattr(m, "reset_gate")]
+        for index, norm in enumerate(gated):
+            seed = (torch.initial_seed() * 1_000_003 + GATE_SEED_OFFSET + index) % 2**63
+            norm.reset_gate(torch.Generator().manual_seed(seed))
+
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count: the tied head once, position embeddings excluded by default."""
         n = sum(p.numel() for p in self.parameters())
@@ -241,6 +261,7 @@ class GPT(nn.Module):
             )
         pos = torch.arange(T, device=idx.device)
         x = self.tok_emb(idx) + self.pos_emb(pos)  # (B, T, C)
+        x = x if self.emb_scale is None else x * self.emb_scale  # model.embedding_scale
         x = self.drop(x if self.embedding is None else self.embedding(x))
         for block in self.blocks:
             x = block(x)

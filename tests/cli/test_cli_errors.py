@@ -32,7 +32,7 @@ def cli_with(code: str, args: list[str], cwd: Path) -> subprocess.CompletedProce
 
 RSM = (
     "norm=rsm: no option 'rsm' in group norm; did you mean norm=rms? "
-    "(options: derf, dyt, layer, rms)"
+    "(options: derf, dyt, gated, layer, rms)"
 )
 MISSPELLED = [
     (
@@ -63,7 +63,7 @@ MISSPELLED = [
     ),
     (
         ["norm.kind=rsm"],
-        "norm.kind=rsm is not allowed (allowed: layer, rms, dyt, derf); "
+        "norm.kind=rsm is not allowed (allowed: layer, rms, dyt, derf, gated); "
         "did you mean norm.kind=rms?",
     ),
     (
@@ -132,7 +132,8 @@ def test_help_lists_every_key_with_its_default_and_one_line_meaning(tmp_path):
     assert "evaluate every N optimizer steps" in listed["eval_interval"]  # conf/train.yaml
     assert "transformer blocks" in listed["model.n_layer"]  # conf/model/gpt2_small.yaml
     assert "null: $OMP_NUM_THREADS" in listed["threads"]  # config.py's comment
-    assert listed["norm"].split()[1:] == ["derf,", "dyt,", "layer*,", "rms"]  # the default marked
+    norms = ["derf,", "dyt,", "gated,", "layer*,", "rms"]
+    assert listed["norm"].split()[1:] == norms  # the default marked
 
 
 #: Keys whose meaning is still missing in config.py and conf/ (a new key must come with one).

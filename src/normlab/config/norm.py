@@ -16,6 +16,7 @@ from normlab.config import schedule
 from normlab.config.base import DEFAULT_EPS, ConfigError, _as_enum, _require
 from normlab.config.norm_table import (
     DEFAULT_ALPHA_INIT,
+    DEFAULT_GATE_RANK,
     KINDS,
     PLACEMENT_POSITIONS,
     STREAM_NORMED,
@@ -42,6 +43,7 @@ class NormOverride:
     bias: Any = None  # this position's norm.bias (null: the base norm's)
     upcast: Any = None  # this position's norm.upcast (null: the base norm's)
     alpha_init: Any = None  # this position's norm.alpha_init (null: the base norm's)
+    gate_rank: Any = None  # this position's norm.gate_rank (null: the base norm's)
     zero_centered: Any = None  # this position's norm.zero_centered (null: the base norm's)
     cast: Any = None  # this position's norm.cast (null: the base norm's)
 
@@ -66,7 +68,7 @@ def _kinds_reading(option: str) -> list[str]:
 
 
 #: The option fields a kind may or may not read (``Kind.options``): null unless the kind reads it.
-KIND_OPTIONS = ("alpha_init",)
+KIND_OPTIONS = ("alpha_init", "gate_rank")
 
 
 @dataclass
@@ -80,8 +82,10 @@ class NormConfig:
     low-precision failures.
 
     ``alpha_init`` (DyT only; null: :data:`DEFAULT_ALPHA_INIT`): the initial value of DyT's scalar
-    alpha. ``zero_centered``: the weight is stored as w, initialised at 0, and applied as
-    ``1 + w`` with the addition in fp32 (Gemma). ``cast``: :class:`NormCast`.
+    alpha. ``gate_rank`` (GatedNorm only; null: :data:`DEFAULT_GATE_RANK`): the rank r of its
+    gate's W_down (r, d) and W_up (d, r), an integer >= 1 (the paper: 16 to 128).
+    ``zero_centered``: the weight is stored as w, initialised at 0, and applied as ``1 + w`` with
+    the addition in fp32 (Gemma). ``cast``: :class:`NormCast`.
 
     Which implementation computes which of these options is the norm table's (``Impl``):
     ``norms.resolve_norm`` refuses an explicit ``impl`` that does not honour one, and resolves
@@ -112,6 +116,7 @@ class NormConfig:
     upcast: bool = True
     # what each norm computes
     alpha_init: float | None = None
+    gate_rank: int | None = None  # GatedNorm's gate rank r (null: 16); only with norm.kind=gated
     zero_centered: bool = False
     cast: NormCast = NormCast.before_weight
     # where the norms sit
@@ -143,7 +148,7 @@ class NormConfig:
         """eps, alpha_init, zero_centered and cast against the kind (one line each)."""
         name = self.kind.name
         _require(
-            self.eps is None or KINDS[self.kind].statistic,
+            self.eps is None or KINDS[self.kind].takes_eps,
             "norm.eps",
             self.eps,
             f"norm.kind={name} has no statistic, so no eps (use norm.eps=null)",
@@ -169,6 +174,8 @@ class NormConfig:
                 self.alpha_init,
                 f"must be a finite number > 0 (or null for the default {DEFAULT_ALPHA_INIT})",
             )
+        if self.gate_rank is not None:
+            self._check_gate_rank()
         _require(
             self.affine or not self.zero_centered,
             "norm.zero_centered",
@@ -180,6 +187,32 @@ class NormConfig:
                 f"norm.cast={self.cast.name} is not allowed: it needs norm.upcast=true (with "
                 "upcast=false nothing is computed in fp32; allowed: before_weight)"
             )
+
+    def _check_gate_rank(self) -> None:
+        """gate_rank: read by this kind, an integer >= 1 (one line each)."""
+        _require(
+            "gate_rank" in KINDS[self.kind].options,
+            "norm.gate_rank",
+            self.gate_rank,
+            f"only norm.kind={'|'.join(_kinds_reading('gate_rank'))} has a gate "
+            f"(use norm.gate_rank=null with norm.kind={self.kind.name})",
+        )
+        _require(
+            isinstance(self.gate_rank, int)
+            and not isinstance(self.gate_rank, bool)
+            and self.gate_rank >= 1,
+            "norm.gate_rank",
+            self.gate_rank,
+            f"must be an integer >= 1 (or null for the default {DEFAULT_GATE_RANK})",
+        )
+
+    @property
+    def resolved_gate_rank(self) -> int | None:
+        """GatedNorm's gate rank: ``gate_rank`` or :data:`DEFAULT_GATE_RANK`; None for the other
+        kinds."""
+        if "gate_rank" not in KINDS[self.kind].options:
+            return None
+        return DEFAULT_GATE_RANK if self.gate_rank is None else int(self.gate_rank)
 
     @property
     def resolved_alpha_init(self) -> float | None:
@@ -367,7 +400,7 @@ class NormConfig:
                 raw["impl"] = NormImpl[entry.impl]
         spec = KINDS[raw["kind"]]
         for key in ("eps", *KIND_OPTIONS):  # inherited values the derived kind has no use for
-            takes = spec.statistic if key == "eps" else key in spec.options
+            takes = spec.takes_eps if key == "eps" else key in spec.options
             if key not in own and not takes:
                 raw[key] = None
         try:

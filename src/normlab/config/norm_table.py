@@ -24,13 +24,15 @@ from enum import Enum
 
 class NormKind(Enum):
     """Which normalization: LayerNorm (Ba et al. 2016), RMSNorm (Zhang & Sennrich 2019), DyT
-    (Dynamic Tanh, Zhu et al. 2025: ``weight * tanh(alpha x) + bias``, no statistic) or Derf
-    (Dynamic erf, Chen et al. 2025: ``weight * erf(alpha x + s) + bias``, no statistic)."""
+    (Dynamic Tanh, Zhu et al. 2025: ``weight * tanh(alpha x) + bias``, no statistic), Derf
+    (Dynamic erf, Chen et al. 2025: ``weight * erf(alpha x + s) + bias``, no statistic) or
+    GatedNorm (Qiu et al. 2026: RMSNorm times an elementwise low-rank sigmoid gate)."""
 
     layer = "layer"
     rms = "rms"
     dyt = "dyt"
     derf = "derf"
+    gated = "gated"
 
 
 class NormCast(Enum):
@@ -86,6 +88,8 @@ AUTOGRAD_MODES = (BACKWARD, DOUBLE_BACKWARD, JVP)
 #: The initial alpha of DyT and Derf: DyT's paper (Zhu et al. 2025, arXiv:2503.10622, section 7
 #: and its code) initialises alpha at 0.5.
 DEFAULT_ALPHA_INIT = 0.5
+#: GatedNorm's gate rank r: the paper's (Qiu et al. 2026, arXiv:2601.22966, section 3.4: r = 16).
+DEFAULT_GATE_RANK = 16
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,9 @@ class Kind:
     ``extra_params``: names of the kind's parameters besides ``weight`` / ``bias``, passed to the
     oracle after eps in this order (DyT: ``alpha``). ``options``: ``NormConfig`` fields only this
     kind reads (the others refuse a non-null value), passed to the class as keywords with their
-    resolved value (``resolved_<name>``; DyT: ``alpha_init``). The :class:`Impl` says which
+    resolved value (``resolved_<name>``; DyT: ``alpha_init``). ``eps``: the kind has an eps inside
+    a square root without being a statistic kind (GatedNorm: an RMSNorm whose output a gate then
+    scales elementwise); None: as ``statistic`` (:attr:`takes_eps`). The :class:`Impl` says which
     ``cast`` / ``zero_centered`` / ``upcast`` it honours.
     """
 
@@ -115,6 +121,12 @@ class Kind:
     source: str = ""  # the paper, for docs and messages
     extra_params: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
+    eps: bool | None = None
+
+    @property
+    def takes_eps(self) -> bool:
+        """True when ``norm.eps`` means something for this kind (``eps``, else ``statistic``)."""
+        return self.statistic if self.eps is None else self.eps
 
 
 @dataclass(frozen=True)
@@ -216,6 +228,19 @@ KINDS: dict[NormKind, Kind] = {
         source="Chen et al. 2025, arXiv:2512.10938",
         extra_params=("alpha", "shift"),
         options=("alpha_init",),
+    ),
+    NormKind.gated: Kind(
+        impls={
+            NormImpl.reference: "normlab.norms.gated:ReferenceGatedNorm",
+            NormImpl.compiled: "normlab.norms.gated:CompiledGatedNorm",
+        },
+        oracle="normlab.norms.gated:gated_oracle",
+        statistic=False,  # the gate scales each element: not a row statistic's properties
+        bias=False,
+        source="Qiu et al. 2026, arXiv:2601.22966",
+        extra_params=("gate_down", "gate_up"),
+        options=("gate_rank",),
+        eps=True,  # its RMSNorm's
     ),
 }
 

@@ -55,7 +55,13 @@ class WandbMode(Enum):
 
 @dataclass
 class ModelConfig:
-    """GPT shape. ``context_length`` is the number of positions (tokens per training sequence)."""
+    """GPT shape. ``context_length`` is the number of positions (tokens per training sequence).
+
+    ``embedding_scale`` (DyT's LLM recipe, Zhu et al. 2025, arXiv:2503.10622, section 7): a
+    learnable scalar multiplying the embedding (token + position) before the first block; ``false``
+    (default): none, no parameter; ``true``: initialised at ``sqrt(d_model)``, as the paper's
+    LLaMA code does; a number > 0: initialised there. :attr:`resolved_embedding_scale`.
+    """
 
     name: str = "gpt2_small"
     n_layer: int = 12
@@ -65,6 +71,7 @@ class ModelConfig:
     vocab_size: int | None = None  # null: taken from the tokenizer (256 for bytes)
     dropout: float = 0.0
     linear_bias: bool = True
+    embedding_scale: bool | int | float = False  # embedding x learnable scalar: false|true|init
 
     def __post_init__(self) -> None:
         _require(self.n_layer >= 1, "model.n_layer", self.n_layer, "must be >= 1")
@@ -86,6 +93,25 @@ class ModelConfig:
             "must be null (from the tokenizer) or >= 2",
         )
         _require(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "must be in [0, 1)")
+        scale = self.embedding_scale
+        _require(
+            isinstance(scale, bool)
+            or (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0),
+            "model.embedding_scale",
+            scale,
+            "false (none), true (a learnable scalar initialised at sqrt(d_model)) or a finite "
+            "number > 0 (its initial value)",
+        )
+
+    @property
+    def resolved_embedding_scale(self) -> float | None:
+        """The embedding scalar's initial value: None (``false``: no scalar), ``sqrt(d_model)``
+        (``true``) or the number given."""
+        if self.embedding_scale is False:
+            return None
+        if self.embedding_scale is True:
+            return math.sqrt(self.d_model)
+        return float(self.embedding_scale)
 
 
 @dataclass

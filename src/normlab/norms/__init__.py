@@ -141,16 +141,17 @@ def _refusal(cfg: NormConfig, shown: str, device_type: str) -> str | None:
 
 def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
     """Return ``cfg`` with ``impl=auto`` replaced by a concrete implementation (:func:`auto_impl`)
-    and eps filled in (statistic kinds; the others have none and keep ``eps=None``). Every norm
-    the model derives from it (positions, block schedule) is checked against its implementation
-    here, once: the kind has it, it honours the options as set, it runs on the device.
+    and eps filled in (the kinds with an eps, ``Kind.takes_eps``; the others keep ``eps=None``).
+    Every norm the model derives from it (positions, block schedule) is checked against its
+    implementation here, once: the kind has it, it honours the options as set, it runs on the
+    device.
 
     Raises:
         ConfigError: one line naming the value and the allowed ones (prefixed by where, for a
             derived norm), never a silent fallback.
     """
     impl = auto_impl(cfg.kind, device_type, cfg) if cfg.impl == NormImpl.auto else cfg.impl
-    eps = cfg.resolved_eps if KINDS[cfg.kind].statistic else None  # eps only where it means one
+    eps = cfg.resolved_eps if KINDS[cfg.kind].takes_eps else None  # eps only where it means one
     resolved = dataclasses.replace(cfg, impl=impl, eps=eps)
     arrow = f" (-> {impl.name})" if impl != cfg.impl else ""
     for (where, asked), (_, norm) in zip(cfg.derived(), resolved.derived(), strict=True):
