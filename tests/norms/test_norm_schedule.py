@@ -258,3 +258,45 @@ def test_resume_and_sample_rebuild_the_model_with_its_placement_qk_and_schedule(
     assert m.embedding is not None and m.blocks[0].attn.q_norm.weight.shape == (m.cfg.d_model,)
     saved = json.loads((tmp_path / "summary.json").read_text())["config"]["norm"]
     assert saved["blocks"] == "1:rms" and saved["positions"]["final"]["kind"] == "rms"
+
+
+#: A value other than the default for every NormConfig field (a new field must be given one here,
+#: so that whether the design tag shows it is decided, and TAG_KEYS follows).
+_OTHER_VALUE = {
+    "kind": "rms",
+    "impl": "cpp",
+    "eps": 1e-6,
+    "placement": "peri",
+    "affine": False,
+    "bias": False,
+    "upcast": False,
+    "alpha_init": 0.8,
+    "gate_rank": 32,
+    "zero_centered": True,
+    "cast": "after_weight",
+    "qk": "head",
+    "embedding": True,
+    "depth_scale": True,
+    "mix_ln": 0.25,
+    "blocks": "0:rms",
+    "positions": {"final": {"kind": "rms"}},
+}
+
+
+def test_tag_keys_are_exactly_the_norm_keys_that_change_the_design_tag():
+    from normlab.config.schedule import TAG_KEYS
+
+    base = to_plain(NormConfig())
+    assert set(_OTHER_VALUE) == set(base), "give every NormConfig field a value in _OTHER_VALUE"
+    for key, value in _OTHER_VALUE.items():
+        changed = norm_tag({**base, key: value}, impl=True) != norm_tag(base, impl=True)
+        assert changed == (key in TAG_KEYS), key
+
+
+def test_a_swept_key_the_design_tag_shows_is_not_repeated_in_the_run_label(cfg_tiny):
+    from normlab.training.tracking import variant_label
+
+    cfg = cfg_tiny("norm=rms", "norm.impl=reference", "norm.depth_scale=true")
+    assert variant_label(cfg, ("norm.depth_scale=true",)) == "rms-reference-pre-ds-fp32 seed=0"
+    cfg = cfg_tiny("norm=rms", "norm.impl=reference", "norm.mix_ln=0.5")
+    assert variant_label(cfg, ("norm.mix_ln=0.5",)) == "rms-reference-mixln0.5-fp32 seed=0"

@@ -134,6 +134,13 @@ def _value(v: object) -> str:
     return v.name if hasattr(v, "name") and not isinstance(v, str) else str(v)
 
 
+#: The ``norm`` keys that :func:`norm_tag` shows (``impl`` when asked): a swept one is named by the
+#: tag, so a run label need not repeat it (``training.tracking.variant_label``).
+TAG_KEYS = (
+    "kind", "blocks", "impl", "placement", "mix_ln", "qk", "embedding", "depth_scale", "positions"
+)  # fmt: skip
+
+
 def norm_tag(norm: dict, impl: bool = False, path_safe: bool = False) -> str:
     """A short name for the norm design of a plain ``norm`` config (as in summary.json).
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from normlab.config import LoggerKind, TrainConfig, to_plain
-from normlab.config.schedule import norm_tag
+from normlab.config.schedule import TAG_KEYS, norm_tag
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +95,9 @@ def variant_label(cfg: TrainConfig, swept: tuple[str, ...] | list[str] = ()) -> 
     a sweep job that the design does not show, and the seed, e.g.
     ``rms-cpp-pre-fp32 optim.lr=0.001 seed=1``."""
     tag = f"{norm_tag(to_plain(cfg.norm), impl=True)}-{cfg.precision.dtype.name}"
-    shown = {"norm", "precision", "precision.dtype", "seed"} | {f"norm.{k}" for k in _TAGGED}
+    shown = {"norm", "precision", "precision.dtype", "seed"} | {f"norm.{k}" for k in TAG_KEYS}
     extra = [s for s in swept if s.split("=", 1)[0].lstrip("+").split(".positions")[0] not in shown]
     return " ".join([tag, *extra, f"seed={cfg.seed}"])
-
-
-#: The norm keys that :func:`~normlab.config.schedule.norm_tag` shows (a swept one is not repeated).
-_TAGGED = ("kind", "impl", "placement", "qk", "embedding", "blocks", "positions")
 
 
 def run_names(cfg: TrainConfig) -> tuple[str, str]:
