@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from normlab.commands import bench, gpu_check
+from normlab.config.norm_table import KINDS
 from normlab.norms import available_impls
-from normlab.norms.table import KINDS
 from normlab.training import peak
 
 ROOT = Path(__file__).resolve().parents[2]

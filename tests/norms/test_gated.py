@@ -11,8 +11,8 @@ import torch
 
 import normlab.norms as norms
 from normlab.config import ConfigError, ModelConfig, NormConfig, NormImpl, NormKind, OptimConfig
+from normlab.config.norm_table import KINDS
 from normlab.model import GPT
-from normlab.norms.table import KINDS
 from normlab.training.setup import make_optimizer
 
 GATED = NormKind.gated

@@ -1,4 +1,4 @@
-"""The norm contract, parametrized from the norm table (``normlab.norms.table``).
+"""The norm contract, parametrized from the norm table (``normlab.config.norm_table``).
 
 Every kind x every implementation that runs on this CPU (triton under ``TRITON_INTERPRET=1``) is
 checked against the kind's float64 oracle (forward and backward, fp32 and bf16), by float64
@@ -34,10 +34,8 @@ from torch.func import jvp
 
 import normlab.norms as norms
 from normlab.config import ConfigError, NormCast, NormConfig, NormImpl, NormKind
-from normlab.norms import table
-from normlab.norms.preflight import TOLERANCES, preflight
-from normlab.norms.reference import NormBase
-from normlab.norms.table import (
+from normlab.config import norm_table as table
+from normlab.config.norm_table import (
     AUTOGRAD_MODES,
     BACKWARD,
     DOUBLE_BACKWARD,
@@ -47,6 +45,8 @@ from normlab.norms.table import (
     Impl,
     Kind,
 )
+from normlab.norms.preflight import TOLERANCES, preflight
+from normlab.norms.reference import NormBase
 
 #: Where the ``device``-marked tests run (module docstring).
 DEVICE_NAME = os.environ.get("NORMLAB_TEST_DEVICE", "cpu")

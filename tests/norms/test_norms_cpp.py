@@ -17,9 +17,9 @@ import torch
 
 import normlab.norms as norms
 from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
+from normlab.config.norm_table import KINDS
 from normlab.norms import build_norm, cpp_impl, resolve_norm
 from normlab.norms.reference import layer_norm_ref, rms_norm_ref
-from normlab.norms.table import KINDS
 
 CPP_KINDS = [k for k, spec in KINDS.items() if NormImpl.cpp in spec.impls]  # the norm table's
 

@@ -33,8 +33,8 @@ import torch
 
 import normlab.norms as norms
 from normlab.config import DEFAULT_EPS, NormCast, NormConfig, NormImpl, NormKind
+from normlab.config.norm_table import IMPLS, KINDS
 from normlab.norms import build_norm, resolve_norm
-from normlab.norms.table import IMPLS, KINDS
 
 LOW_PRECISION_TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
 HIDDEN = [768, 1000, 1536, 4097]

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
+from normlab.config.norm_table import KINDS
 from normlab.norms import available_impls, resolve_norm
 from normlab.norms.preflight import TOLERANCES, preflight
 from normlab.norms.reference import NormBase
-from normlab.norms.table import KINDS
 from normlab.norms.torch_impl import TorchLayerNorm, TorchRMSNorm
 
 CPU = torch.device("cpu")

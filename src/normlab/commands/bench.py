@@ -23,9 +23,9 @@ import torch
 from normlab.commands.train import auto_threads
 from normlab.compose import compose_cli
 from normlab.config import ConfigError, NormImpl, NormKind
+from normlab.config.norm_table import KINDS
 from normlab.data.tokens import DataError
 from normlab.norms import available_impls
-from normlab.norms.table import KINDS
 from normlab.studies.bench_norms import (
     CACHE_REGIMES,
     DTYPES,

@@ -1,6 +1,7 @@
 """The norm factory: every norm in the model is resolved and built here, from the norm table.
 
-The table (:mod:`normlab.config.norm_table`, re-exported by :mod:`normlab.norms.table`) says
+The table (:mod:`normlab.config.norm_table`, torch-free; mapped to code here: :func:`norm_class`,
+:func:`oracle`, :func:`table_entry` import the ``"module:attr"`` strings it names) says
 which implementations each kind has, where each runs and which options each honours;
 ``available_impls``, ``auto``, the error messages that list allowed values and the classes built
 all derive from it.
@@ -9,15 +10,17 @@ all derive from it.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from enum import Enum
 
 from torch import nn
 
 from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
-from normlab.norms.table import AUTO, IMPLS, KINDS, Impl, norm_class, oracle
+from normlab.config.norm_table import AUTO, IMPLS, KINDS, Impl
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +31,54 @@ __all__ = [
     "norm_class",
     "oracle",
     "resolve_norm",
+    "table_entry",
     "triton_usable",
     "unavailable_reason",
 ]
 
 
+def load(target: str):
+    """The object a ``"module:attr"`` string names (importing the module)."""
+    module, attr = target.split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def norm_class(kind: NormKind, impl: NormImpl) -> type[nn.Module]:
+    """The module class the table names for ``(kind, impl)``; ``impl`` must be concrete.
+
+    Raises:
+        ConfigError: ``impl`` is auto, or the kind has no such implementation.
+    """
+    try:
+        target = KINDS[kind].impls[impl]
+    except KeyError:
+        allowed = ", ".join(i.name for i in KINDS[kind].impls)
+        raise ConfigError(
+            f"norm.impl={impl.name!r} is not a concrete norm.kind={kind.name} implementation; "
+            f"allowed: {allowed}"
+        ) from None
+    return load(target)
+
+
+def oracle(kind: NormKind) -> Callable:
+    """The kind's float64 oracle ``(x, weight, bias, eps, *extra_params) -> y`` (float64), from
+    the table; ``weight`` is the applied gain."""
+    return load(KINDS[kind].oracle)
+
+
+def table_entry(cls: type) -> tuple[NormKind | None, NormImpl | None]:
+    """The ``(kind, impl)`` whose table entry names ``cls`` (``"module:Class"``), or
+    ``(None, None)`` for a class the table does not list (a subclass in a test)."""
+    target = f"{cls.__module__}:{cls.__qualname__}"
+    for kind, spec in KINDS.items():
+        for impl, named in spec.impls.items():
+            if named == target:
+                return kind, impl
+    return None, None
+
+
 def unavailable_reason(impl: NormImpl, device_type: str) -> str | None:
-    """Why ``impl`` cannot run on ``device_type`` (its :class:`~normlab.norms.table.Impl` entry:
+    """Why ``impl`` cannot run on ``device_type`` (its ``Impl`` entry in the norm table:
     devices, interpreter variable, packages), or None when it can. The compiler an ``Impl`` with
     ``compiler=True`` needs is checked when its kernels are first built."""
     spec: Impl = IMPLS[impl]

@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from normlab.config import NormImpl, NormKind
-from normlab.norms.table import IMPLS, table_entry
+from normlab.config.norm_table import IMPLS
+from normlab.norms import table_entry
 
 #: The first PyTorch (major, minor) whose eager ``F.rms_norm`` may dispatch to QuACK on CUDA.
 QUACK_TORCH = (2, 10)

@@ -27,7 +27,8 @@ import torch.autograd.forward_ad as fwAD
 from torch import nn
 
 from normlab.config import NormCast
-from normlab.norms.table import IMPLS, JVP, KINDS, table_entry
+from normlab.config.norm_table import IMPLS, JVP, KINDS
+from normlab.norms import table_entry
 
 
 def _affine(y_hat, weight, bias, dtype, after: bool = False):

@@ -1,6 +1,6 @@
 """``norm.impl=triton``: fused Triton kernels, forward and backward, their launchers, autograd
 functions and modules, for LayerNorm, RMSNorm and DyT. Imported only when ``norm.impl=triton`` is
-chosen (see ``norms.table.KINDS``). Kernels launch on ``x.device``: CUDA, or CPU tensors when
+chosen (see ``config.norm_table.KINDS``). Kernels launch on ``x.device``: CUDA, or CPU tensors when
 ``TRITON_INTERPRET=1`` was set before this module loaded.
 
 LayerNorm and RMSNorm share one kernel pair and one autograd function (:class:`_TritonNormFn`,

@@ -41,9 +41,9 @@ import torch
 from torch import nn
 
 from normlab.config import NormConfig, NormImpl
+from normlab.config.norm_table import IMPLS, KINDS
 from normlab.norms import available_impls, build_norm, resolve_norm
 from normlab.norms import oracle as norm_oracle
-from normlab.norms.table import IMPLS, KINDS
 from normlab.studies.common import md_table
 from normlab.training.diagnostics import first_nonfinite, norm_statistics_finite
 
