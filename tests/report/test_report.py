@@ -286,6 +286,37 @@ def test_refuses_runs_that_differ_in_a_key_not_swept(tmp_path):
         build_report(tmp_path)
 
 
+def test_a_swept_design_explains_the_keys_its_file_sets_and_labels_the_variants(tmp_path):
+    # design=<name> (conf/design/, package _global_) may set norm.* and model.* alike
+    for seed in (0, 1):
+        write_run(tmp_path, "rms", seed, 3.0, overrides=["design=rms", f"seed={seed}"])
+        write_run(
+            tmp_path,
+            "rms",
+            seed,
+            3.01,
+            overrides=["design=deepnorm", f"seed={seed}"],
+            edits={"norm.placement": "deepnorm", "model.n_layer": 4},
+            name=f"deepnorm-seed{seed}",
+        )
+    rep = build_report(tmp_path, baseline="design=rms")
+    assert rep.baseline == "design=rms"
+    assert [c["label"] for c in rep.comparisons] == ["design=deepnorm"]
+
+
+def test_the_global_groups_are_the_conf_groups_whose_files_are_global():
+    from normlab.config.base import find_conf_dir
+    from normlab.report.runs import GLOBAL_GROUPS
+
+    conf = find_conf_dir()
+    found = {
+        f.parent.name
+        for f in conf.glob("*/*.yaml")
+        if f.read_text().lstrip().startswith("# @package _global_")
+    }
+    assert found == set(GLOBAL_GROUPS)
+
+
 def test_refuses_a_difference_inside_a_variant_even_under_its_group(tmp_path):
     make_sweep(tmp_path)
     write_run(

@@ -385,10 +385,20 @@ def _same(va: Any, vb: Any) -> bool:
     return va == vb or nan
 
 
+#: Config groups whose files are ``# @package _global_`` (conf/experiment/, conf/design/): a file
+#: of one may set any key, so a differing override of one explains every key, as ``norm=rms``
+#: explains ``norm.*`` (a test keeps this list equal to the conf dir's).
+GLOBAL_GROUPS = ("design", "experiment")
+
+
 def differences(a: Run, b: Run) -> list[str]:
     """Config keys where ``a`` and ``b`` differ that no differing override explains, as
-    ``"key (va vs vb)"``; ``seed`` and :data:`INERT_KEYS` are skipped."""
+    ``"key (va vs vb)"``; ``seed`` and :data:`INERT_KEYS` are skipped. An override of a key, or of
+    a group, explains the key and every key under it; one of a :data:`GLOBAL_GROUPS` group
+    (``design=deepnorm``) explains every key."""
     swept = {override_key(o) for o in set(a.overrides) ^ set(b.overrides)}
+    if swept & set(GLOBAL_GROUPS):
+        return []
     out = []
     for k in sorted(set(a.config) | set(b.config)):
         if k == "seed" or is_inert(k) or any(k == s or k.startswith(s + ".") for s in swept):
