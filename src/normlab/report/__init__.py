@@ -14,6 +14,8 @@ importing only those before it:
 - ``compare``: :func:`build_report`, the verdict and all its qualifiers (the compute-equivalent
   verdict, context, bpb and held-out corpora, time to target, the tuned comparison, the
   interleaved speed verdict, a swept value) and the planner (``plan_study``);
+- ``ladder``: :func:`build_ladder`, one comparison across model sizes (a report per size, the
+  fitted loss-compute law per variant, the trend of the compute multiplier with size);
 - ``markdown``: ``report.md``; ``plots``: every figure; ``wandb_log``: the report to wandb.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from normlab.report.compare import Report, build_report
+from normlab.report.ladder import Ladder, build_ladder, is_ladder
 from normlab.report.markdown import EMA_BETA, render_markdown
 from normlab.report.plots import write_figures
 from normlab.report.runs import INERT_KEYS, METRIC_RENAMES, ReportError, Run, load_runs
@@ -39,12 +42,15 @@ from normlab.report.wandb_log import log_report_to_wandb, report_tables, wandb_s
 __all__ = [
     "INERT_KEYS",
     "METRIC_RENAMES",
+    "Ladder",
     "Report",
     "ReportError",
     "Run",
+    "build_ladder",
     "build_report",
     "describe",
     "holm",
+    "is_ladder",
     "load_runs",
     "log_report_to_wandb",
     "paired_difference",
