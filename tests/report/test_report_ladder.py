@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from normlab.commands.report import main
 from normlab.report import ReportError, build_ladder, load_runs
 from normlab.report.ladder import (
     TARGET_PARAMS,
@@ -157,3 +158,40 @@ def test_a_sweep_over_sizes_is_a_ladder_and_one_over_sizes_only_is_not(tmp_path)
     for size in SIZES[:2]:
         ladder_run(tmp_path / "b", "layer", size, 0, 1.0, rng)
     assert not is_ladder(load_runs([tmp_path / "b"]))
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+def test_normlab_report_on_a_sweep_over_sizes_writes_the_ladder_report(tmp_path, capsys):
+    sweep = ladder_sweep(tmp_path / "sweep", [1.0, 1.05, 1.1, 1.2], seeds=2)
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "(a ladder of 4 model sizes)" in out and "norm=rms: trend k ~ N^-" in out
+    assert "at 124M parameters (an extrapolation, 150x beyond the largest size)" in out
+    md = (sweep / "report" / "report.md").read_text()
+    for section in (
+        "## Sizes",
+        "## `norm=rms` vs `norm=layer` at each size",
+        "## Trend of the multiplier with size",
+        "## Final validation loss against training compute",
+    ):
+        assert section in md
+    assert "**k shrinks with size**" in md and "**An extrapolation**, 150x beyond" in md
+    assert "| `norm=layer` | E + A (C/C0)^-alpha |" in md
+    for shape in ("2x48", "3x64", "3x96", "4x128"):  # each size's own report, linked
+        assert f"[{shape}]({shape}/report.md)" in md
+        assert (
+            "## Compute-equivalent verdict" in (sweep / "report" / shape / "report.md").read_text()
+        )
+    for fig in ("ladder_loss.png", "ladder_multiplier.png"):
+        assert (sweep / "report" / fig).stat().st_size > 10_000 and f"]({fig})" in md
+
+
+def test_a_ladder_refuses_the_options_of_one_comparison_and_plan(tmp_path, capsys):
+    sweep = ladder_sweep(tmp_path / "sweep", [1.0] * 4, seeds=2)
+    assert main([str(sweep), "--wandb"]) == 2
+    assert "--wandb: these runs are a ladder" in capsys.readouterr().err
+    assert main([str(sweep), "--plan", "0.01"]) == 1
+    assert "plan on one size's run dirs" in capsys.readouterr().err
+    assert not (sweep / "report").exists()

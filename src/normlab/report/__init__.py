@@ -25,8 +25,8 @@ from pathlib import Path
 
 from normlab.report.compare import Report, build_report
 from normlab.report.ladder import Ladder, build_ladder, is_ladder
-from normlab.report.markdown import EMA_BETA, render_markdown
-from normlab.report.plots import write_figures
+from normlab.report.markdown import EMA_BETA, render_ladder, render_markdown
+from normlab.report.plots import write_figures, write_ladder_figures
 from normlab.report.runs import INERT_KEYS, METRIC_RENAMES, ReportError, Run, load_runs
 from normlab.report.stats import (
     describe,
@@ -61,6 +61,7 @@ __all__ = [
     "t_interval",
     "tost_power",
     "wandb_settings",
+    "write_ladder",
     "write_report",
 ]
 
@@ -76,4 +77,22 @@ def write_report(rep: Report, out_dir: str | Path) -> Path:
     rep.figures = write_figures(rep, out, EMA_BETA)
     path = out / "report.md"
     path.write_text(render_markdown(rep))
+    return path
+
+
+def write_ladder(lad: Ladder, out_dir: str | Path) -> Path:
+    """Write a ladder's report into ``out_dir`` (created): each size's full report in
+    ``<shape>/`` (:func:`write_report`), the ladder's figures and its ``report.md``; returns the
+    ladder's ``report.md`` path.
+
+    Raises:
+        OSError: ``out_dir`` cannot be created or written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for size in lad.sizes:
+        write_report(size["report"], out / size["shape"])
+    lad.figures = write_ladder_figures(lad, out)
+    path = out / "report.md"
+    path.write_text(render_ladder(lad))
     return path
