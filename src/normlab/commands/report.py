@@ -21,7 +21,7 @@ from normlab.report import (
     write_report,
 )
 from normlab.report.compare import DEFAULT_MARGIN, plan_study
-from normlab.report.markdown import compute_headline, fmt_ci, render_plan
+from normlab.report.markdown import best_text, compute_headline, fmt_ci, render_plan
 from normlab.report.wandb_log import MODES
 
 
@@ -276,6 +276,8 @@ def _print_summary(rep) -> None:
             )
         if not c["ratio"]["comparable"]:
             print("  warning: step times not comparable (see the report's step-time section)")
+    if best_text(rep):
+        print(f"  {best_text(rep).replace('**', '')}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from normlab.report.compare import (
     NOT_COMPARABLE_MARK,
     SPLIT_SEEDS,
     Report,
+    best_design,
     margin_in_compute,
     not_comparable,
     swept_points,
@@ -567,7 +568,31 @@ def _family(rep: Report) -> list[str]:
         "adjusted values, the plain ones hold for one comparison read alone.",
         "",
         *table(head, rows),
+        "",
+        best_text(rep),
     ]
+
+
+def best_text(rep: Report) -> str:
+    """Whether the family shows a best design (:func:`~normlab.report.compare.best_design`): the
+    leader named best only when its lead over the runner-up is tested; else "no variant is
+    shown best". Empty for a single comparison."""
+    b = best_design(rep)
+    if b is None:
+        return ""
+    conf = f"{100 * (1 - rep.alpha):g}% CI"
+    test = (
+        f"`{b['runner_up']}` − `{b['leader']}` = {fmt(b['mean'], '+.4f')} nats/token over "
+        f"n = {b['n']} paired seeds, {conf} {fmt_ci(b['ci'])}, two-sided paired t-test "
+        f"p = {fmt(b['p'], '.3g')}, Holm-adjusted over the family's {b['family']} tests "
+        f"p = {fmt(b['p_holm'], '.3g')}"
+    )
+    if b["shown"]:
+        return f"**Best design: `{b['leader']}`**, ahead of the runner-up ({test} < {rep.alpha:g})."
+    return (
+        f"**No variant is shown best:** the lowest mean final loss, `{b['leader']}`, is not "
+        f"shown ahead of the runner-up `{b['runner_up']}` ({test}; needs < {rep.alpha:g})."
+    )
 
 
 def _comparable(ratio: dict[str, Any]) -> str:
