@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The model-size ladder on a CPU, end to end: the 16-run sweep of experiment=ladder_cpu (LayerNorm
-# vs RMSNorm at 4 sizes x 2 seeds, one run after another on one thread), then the ladder report
+# The model-size ladder on a CPU, end to end: the 20-run sweep of experiment=ladder_cpu (LayerNorm
+# vs RMSNorm at 5 sizes x 2 seeds, one run after another on one thread), then the ladder report
 # (normlab-report on a sweep over model sizes: a report per size, the loss-compute law per kind,
 # the trend of the compute multiplier with size and its value at 124M parameters).
 #   bash scripts/ladder_cpu.sh [extra train overrides...]
