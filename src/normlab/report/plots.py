@@ -445,8 +445,8 @@ def plot_ladder_loss(lad: Ladder, path: Path) -> Path | None:
 def plot_ladder_multiplier(lad: Ladder, path: Path) -> Path | None:
     """The compute-equivalent multiplier k against parameters N (log-log): per variant and size
     k with its interval, the fitted trend (:func:`multiplier_trend`) drawn to 124M parameters,
-    dashed beyond the largest size, and the extrapolated k there with its interval (linear k
-    axis: k stays near 1)."""
+    dashed beyond the largest size, and the extrapolated k there with its interval (log k axis
+    over the measured multipliers, wider intervals clipped: :func:`_k_axis`)."""
     if not lad.trends:
         return None
     fig, ax = _axes((7.5, 5))
@@ -492,11 +492,23 @@ def plot_ladder_multiplier(lad: Ladder, path: Path) -> Path | None:
                 label=f"{at['params'] / 1e6:.0f}M parameters: extrapolated",
             )
     ax.set_xscale("log")
+    ks = [r["k"] for t in lad.trends.values() for r in t["sizes"]]
+    _k_axis(ax, ks + [t["at_target"]["k"] for t in lad.trends.values()])
     conf = f"{100 * (1 - lad.alpha):g}% CI"
-    title = f"Compute multiplier vs parameters (bars: {conf}; dashed: extrapolation)"
+    title = f"Compute multiplier vs parameters (bars: {conf}, clipped; dashed: extrapolation)"
     return _finish(
         fig, ax, path, title, "parameters N", "multiplier k (> 1: the variant gives more compute)"
     )
+
+
+def _k_axis(ax: Any, ks: list[float]) -> None:
+    """A log k axis over the multipliers ``ks`` (and 1) widened 3x each way: an interval
+    of two seeds can span decades and would flatten every point to the axis if drawn whole."""
+    ks = [k for k in ks if math.isfinite(k) and k > 0] + [1.0]
+    ax.set_yscale("log")
+    ax.set_ylim(min(ks) / 3, max(ks) * 3)
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda v, _: f"{v:g}"))
 
 
 def write_ladder_figures(lad: Ladder, out_dir: Path) -> dict[str, Path | None]:
