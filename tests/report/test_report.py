@@ -23,11 +23,14 @@ from normlab.commands.report import main
 from normlab.report import (
     ReportError,
     build_report,
+    compare,
     describe,
     log_report_to_wandb,
     paired_difference,
     ratio_interval,
+    render_markdown,
     report_tables,
+    stats,
     t_interval,
 )
 
@@ -510,3 +513,60 @@ def test_one_comparison_is_no_family_and_the_default_margin_is_named_a_screen(tm
     assert main([str(tmp_path), "--margin", "0.005"]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
     assert "- Equivalence margin: ±0.005 nats/token; alpha = 0.05\n" in md
+
+
+def three_variants(root: Path, rms: tuple, rmsb: tuple) -> Path:
+    """``norm=layer`` (LAYER) and two RMSNorm variants, each LAYER plus its per-seed offsets."""
+    for seed, loss in LAYER.items():
+        write_run(root, "layer", seed, loss)
+        write_run(root, "rms", seed, loss + rms[seed])
+        write_run(
+            root,
+            "rms",
+            seed,
+            loss + rmsb[seed],
+            name=f"rmsb-seed{seed}",
+            edits={"norm.eps": 1e-3},
+            overrides=["norm=rms", "norm.eps=1e-3", f"seed={seed}", "model=tiny"],
+        )
+    return root
+
+
+def test_two_tied_variants_of_three_show_no_best_design(tmp_path, capsys):
+    """Both RMSNorm variants beat the baseline clearly, by the same amount up to noise: the
+    leader's lead over the runner-up (runner − leader = [0.005, -0.005, 0.0], mean 0) is not
+    detectable, so no variant is named best."""
+    three_variants(tmp_path, (-0.10, -0.11, -0.105), (-0.105, -0.105, -0.105))
+    rep = build_report(tmp_path)
+    assert all(c["holm"]["detectable"] for c in rep.comparisons)  # each beats the baseline
+    b = compare.best_design(rep)
+    assert {b["leader"], b["runner_up"]} == {"norm=rms", "norm.eps=1e-3,norm=rms"}
+    assert not b["shown"] and b["p"] > 0.5 and b["family"] == 3
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "**No variant is shown best:** the lowest mean final loss" in md
+    assert "Best design" not in md
+    assert "No variant is shown best: the lowest mean" in capsys.readouterr().out
+
+
+def test_a_leader_tested_ahead_of_the_runner_up_is_named_best(tmp_path):
+    """``norm=rms`` beats the other RMSNorm variant by [0.09, 0.08, 0.1] (t = 0.09 / (0.01 /
+    sqrt 3), two-sided p = 0.0041 with 2 degrees of freedom); Holm over the 3 tests (the two
+    against the baseline, p = 0.0027 and 0.074, and this one): max(3 x 0.0027, 2 x 0.0041) =
+    0.0082 < 0.05: shown best."""
+    three_variants(tmp_path, (-0.10, -0.11, -0.12), (-0.01, -0.03, -0.02))
+    rep = build_report(tmp_path)
+    b = compare.best_design(rep)
+    assert (b["leader"], b["runner_up"]) == ("norm=rms", "norm.eps=1e-3,norm=rms")
+    t = 0.09 / (0.01 / math.sqrt(3))
+    assert b["mean"] == pytest.approx(0.09) and b["p"] == pytest.approx(2 * (1 - t2_cdf(t)))
+    others = [c["holm"]["p_diff"] for c in rep.comparisons]
+    assert b["p_holm"] == pytest.approx(stats.holm([*others, b["p"]])[-1])
+    assert b["shown"]
+    md = render_markdown(rep)
+    assert "**Best design: `norm=rms`**, ahead of the runner-up (`norm.eps=1e-3,norm=rms` − " in md
+
+
+def test_one_comparison_names_no_best_design(tmp_path):
+    rep = build_report(make_sweep(tmp_path))
+    assert compare.best_design(rep) is None and "shown best" not in render_markdown(rep)

@@ -1,4 +1,6 @@
-"""The ``normlab-report`` command: a sweep dir, or any run dirs -> report.md and figures."""
+"""The ``normlab-report`` command: a sweep dir, or any run dirs -> report.md and figures; a sweep
+over model sizes (:func:`~normlab.report.is_ladder`) -> the ladder report, with each size's report
+below it."""
 
 from __future__ import annotations
 
@@ -9,20 +11,27 @@ from pathlib import Path
 
 from normlab.report import (
     ReportError,
+    build_ladder,
     build_report,
+    is_ladder,
+    load_runs,
     log_report_to_wandb,
     wandb_settings,
+    write_ladder,
     write_report,
 )
 from normlab.report.compare import DEFAULT_MARGIN, plan_study
-from normlab.report.markdown import compute_headline, render_plan
+from normlab.report.markdown import best_text, compute_headline, fmt_ci, render_plan
 from normlab.report.wandb_log import MODES
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="normlab-report",
-        description="Compare the variants of a normlab sweep, or of any run dirs, paired by seed.",
+        description="Compare the variants of a normlab sweep, or of any run dirs, paired by seed. "
+        "Runs of several model sizes with the same variants at each (a ladder: "
+        "experiment=ladder_cpu) get the ladder report: a report per size, the loss-compute law "
+        "per variant, and the trend of the compute multiplier with size.",
     )
     p.add_argument(
         "paths",
@@ -150,6 +159,10 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def _plan(args: argparse.Namespace) -> int:
     """``--plan``: build the pilot's report in memory, print the plan, write nothing."""
     try:
+        if is_ladder(load_runs(args.paths)):
+            raise ReportError(
+                "--plan: these runs are a ladder (several model sizes); plan on one size's run dirs"
+            )
         rep = build_report(args.paths, args.plan, args.alpha, args.baseline, args.target)
     except ReportError as e:
         print(f"normlab-report: error: {e}", file=sys.stderr)
@@ -175,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
     out = args.out or (args.paths[0] / "report" if len(args.paths) == 1 else Path("report"))
     try:
+        if is_ladder(load_runs(args.paths)):
+            return _ladder(args, margin, out)
         rep = build_report(
             args.paths, margin, args.alpha, args.baseline, args.target, args.margin_compute
         )
@@ -194,6 +209,47 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     return 0
+
+
+def _ladder(args: argparse.Namespace, margin: float, out: Path) -> int:
+    """The ladder report: build, write (each size's report in ``out/<shape>/``), print its
+    headlines; 2 for an option a ladder does not take, 1 on a refusal (one line), else 0."""
+    if args.wandb or args.target is not None:
+        flag = "--wandb" if args.wandb else "--target"
+        print(
+            f"normlab-report: error: {flag}: these runs are a ladder (several model sizes), "
+            "which takes neither --wandb nor --target; report one size's run dirs for those",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        lad = build_ladder(args.paths, margin, args.alpha, args.baseline, args.margin_compute)
+        path = write_ladder(lad, out)
+    except (ReportError, OSError) as e:
+        print(f"normlab-report: error: {e}", file=sys.stderr)
+        return 1
+    print(f"normlab-report: wrote {path} (a ladder of {len(lad.sizes)} model sizes)")
+    _print_ladder(lad)
+    return 0
+
+
+def _print_ladder(lad) -> None:
+    """Per variant: each size's compute-equivalent headline, the trend and the 124M value;
+    per variant, the fitted loss-compute law."""
+    for lab in lad.labels[1:]:
+        for s in lad.sizes:
+            c = next(c for c in s["report"].comparisons if c["label"] == lab)
+            print(f"  {s['shape']}: {compute_headline(s['report'], c)}")
+        t, at = lad.trends[lab], lad.trends[lab]["at_target"]
+        print(
+            f"  {lab}: trend k ~ N^{t['slope']:+.4f} {fmt_ci(t['slope_ci'])} over {t['n']} "
+            f"sizes; at {at['params'] / 1e6:.0f}M parameters (an extrapolation, "
+            f"{at['beyond']:.3g}x beyond the largest size): k = {at['k']:.3f} "
+            f"{fmt_ci(at['ci'], '.3f')}"
+        )
+    for lab, law in lad.laws.items():
+        ci = fmt_ci(law["alpha_ci"], ".4f")
+        print(f"  {lab}: L = {law['form']}, alpha = {law['alpha']:.4f} {ci} ({law['n']} runs)")
 
 
 def _print_summary(rep) -> None:
@@ -220,6 +276,8 @@ def _print_summary(rep) -> None:
             )
         if not c["ratio"]["comparable"]:
             print("  warning: step times not comparable (see the report's step-time section)")
+    if best_text(rep):
+        print(f"  {best_text(rep).replace('**', '')}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ importing only those before it:
 - ``compare``: :func:`build_report`, the verdict and all its qualifiers (the compute-equivalent
   verdict, context, bpb and held-out corpora, time to target, the tuned comparison, the
   interleaved speed verdict, a swept value) and the planner (``plan_study``);
+- ``ladder``: :func:`build_ladder`, one comparison across model sizes (a report per size, the
+  fitted loss-compute law per variant, the trend of the compute multiplier with size);
 - ``markdown``: ``report.md``; ``plots``: every figure; ``wandb_log``: the report to wandb.
 """
 
@@ -22,8 +24,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from normlab.report.compare import Report, build_report
-from normlab.report.markdown import EMA_BETA, render_markdown
-from normlab.report.plots import write_figures
+from normlab.report.ladder import Ladder, build_ladder, is_ladder
+from normlab.report.markdown import EMA_BETA, render_ladder, render_markdown
+from normlab.report.plots import write_figures, write_ladder_figures
 from normlab.report.runs import INERT_KEYS, METRIC_RENAMES, ReportError, Run, load_runs
 from normlab.report.stats import (
     describe,
@@ -39,12 +42,15 @@ from normlab.report.wandb_log import log_report_to_wandb, report_tables, wandb_s
 __all__ = [
     "INERT_KEYS",
     "METRIC_RENAMES",
+    "Ladder",
     "Report",
     "ReportError",
     "Run",
+    "build_ladder",
     "build_report",
     "describe",
     "holm",
+    "is_ladder",
     "load_runs",
     "log_report_to_wandb",
     "paired_difference",
@@ -55,6 +61,7 @@ __all__ = [
     "t_interval",
     "tost_power",
     "wandb_settings",
+    "write_ladder",
     "write_report",
 ]
 
@@ -70,4 +77,22 @@ def write_report(rep: Report, out_dir: str | Path) -> Path:
     rep.figures = write_figures(rep, out, EMA_BETA)
     path = out / "report.md"
     path.write_text(render_markdown(rep))
+    return path
+
+
+def write_ladder(lad: Ladder, out_dir: str | Path) -> Path:
+    """Write a ladder's report into ``out_dir`` (created): each size's full report in
+    ``<shape>/`` (:func:`write_report`), the ladder's figures and its ``report.md``; returns the
+    ladder's ``report.md`` path.
+
+    Raises:
+        OSError: ``out_dir`` cannot be created or written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for size in lad.sizes:
+        write_report(size["report"], out / size["shape"])
+    lad.figures = write_ladder_figures(lad, out)
+    path = out / "report.md"
+    path.write_text(render_ladder(lad))
     return path

@@ -64,8 +64,10 @@ from normlab.report.stats import (
     compute_multiplier,
     describe,
     end_slope,
+    holm,
     holm_verdicts,
     nats_for_compute,
+    p_two_sided,
     paired_difference,
     ratio_interval,
     seeds_needed,
@@ -1325,3 +1327,48 @@ def downstream_comparisons(
         unit = "bits/byte" if key.endswith("/bpb") else "accuracy"
         out[key] = metric_comparison(included, baseline, key, DOWNSTREAM_MARGIN, alpha, unit)
     return out
+
+
+# --- a best design: only when its lead over the runner-up is tested -----------------------------
+
+
+def best_design(rep: Report) -> dict[str, Any] | None:
+    """Whether one design of a family (more than one variant against the baseline) is shown
+    best. The two with the lowest mean final validation loss, the baseline among the candidates,
+    are the leader and the runner-up; the leader is shown best only if the paired difference
+    runner-up − leader (nats/token, over the seeds both completed) is detectable: its two-sided
+    paired t-test p-value (two-sided, since the leader was picked by the same data), Holm-adjusted
+    together with the family's tests of each variant against the baseline, is below alpha.
+
+    Returns:
+        None for a single comparison; else ``leader``, ``runner_up``, the paired difference's
+        ``n``, ``mean``, ``ci`` (1−alpha), ``p`` and ``p_holm`` (over ``family`` tests), and
+        ``shown`` (True: the leader is the best design).
+    """
+    if len(rep.comparisons) < 2:
+        return None
+    ranked = sorted(
+        (v for v in rep.variants if math.isfinite(v["mean"])), key=lambda v: (v["mean"], v["label"])
+    )
+    if len(ranked) < 2:
+        return None
+    leader, runner = ranked[0]["label"], ranked[1]["label"]
+    _, diffs = _paired(
+        {s: r.final_val_loss for s, r in _by_seed(rep, leader).items()},
+        {s: r.final_val_loss for s, r in _by_seed(rep, runner).items()},
+    )
+    pd = paired_difference(diffs, rep.margin, rep.alpha)
+    p = p_two_sided(pd)
+    family = [c["holm"]["p_diff"] for c in rep.comparisons if c.get("holm")] + [p]
+    p_holm = holm(family)[-1]
+    return {
+        "leader": leader,
+        "runner_up": runner,
+        "n": pd["n"],
+        "mean": pd["mean"],
+        "ci": pd["ci"],
+        "p": p,
+        "p_holm": p_holm,
+        "family": sum(math.isfinite(x) for x in family),
+        "shown": bool(math.isfinite(p_holm) and p_holm < rep.alpha),
+    }

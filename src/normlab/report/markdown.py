@@ -22,10 +22,12 @@ from normlab.report.compare import (
     NOT_COMPARABLE_MARK,
     SPLIT_SEEDS,
     Report,
+    best_design,
     margin_in_compute,
     not_comparable,
     swept_points,
 )
+from normlab.report.ladder import Ladder
 from normlab.report.runs import INERT_KEYS, Run
 from normlab.report.series import (
     BETWEEN_LIMIT,
@@ -204,6 +206,187 @@ def render_plan(plan: dict[str, Any], baseline: str) -> list[str]:
             f"{fmt(r['hours_upper'], '.2f')} h (seeds x {plan['variants']} variants x one run)"
         )
     return out
+
+
+# --- the ladder report (one comparison across model sizes) ---------------------------------------
+
+
+def si(x: float) -> str:
+    """``826112`` -> ``"826k"``, ``1.24e8`` -> ``"124M"``, ``9.5e12`` -> ``"9.5T"``."""
+    if _missing(x):
+        return "n/a"
+    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _ladder_header(lad: Ladder) -> list[str]:
+    links = ", ".join(f"[{s['shape']}]({s['shape']}/report.md)" for s in lad.sizes)
+    variants = ", ".join(f"`{lab}`" for lab in lad.labels[1:])
+    return [
+        "# normlab ladder report",
+        "",
+        f"- Sources: {', '.join(f'`{s}`' for s in lad.sources)}",
+        "- The question: quality across model sizes (of the four: equal steps, equal wall-clock, "
+        f"each kind at its own best learning rate, model size). `{lad.baseline}` against "
+        f"{variants} at {len(lad.sizes)} sizes, paired by seed within each size; each size's "
+        f"full report: {links}.",
+        f"- Margin at each size: ±{lad.sizes[0]['report'].margin:.4g} nats/token; "
+        f"alpha = {lad.alpha:g}.",
+        "- N: `summary.json`'s `params` (`model.num_params`: every weight but the position "
+        "embedding; the token embedding, tied with the head, counted once). Training compute C "
+        "= (6 N + 12 L d T) FLOPs per token (`GPT.flops_per_token`: Kaplan et al. 2020) x the "
+        "tokens trained on.",
+    ]
+
+
+def _ladder_sizes(lad: Ladder) -> list[str]:
+    rows = []
+    for s in lad.sizes:
+        runs = s["report"].runs
+        done = sum(r.excluded is None for r in runs)
+        rows.append(
+            [
+                s["shape"],
+                si(s["params"]),
+                si(s["tokens"]),
+                fmt(s["tokens"] / s["params"], ".3g"),
+                fmt(s["compute"], ".3g"),
+                f"{done}/{len(runs)}",
+            ]
+        )
+    head = ["size (layers x width)", "N", "tokens", "tokens / N", "C (FLOPs)", "runs completed"]
+    return ["", "## Sizes", "", *table(head, rows)]
+
+
+def _ladder_pairs(lad: Ladder, label: str) -> list[str]:
+    """Per size: the paired loss difference and the compute-equivalent multiplier of ``label``."""
+    conf = f"{100 * (1 - lad.alpha):g}% CI"
+    rows = []
+    for s in lad.sizes:
+        c = next(c for c in s["report"].comparisons if c["label"] == label)
+        k = c["compute"]
+        speed = k["source"] + ("" if k["comparable"] else " (**not comparable**)")
+        rows.append(
+            [
+                s["shape"],
+                si(s["params"]),
+                c["n"],
+                fmt(c["mean"], "+.4f"),
+                fmt_ci(c["ci"]),
+                c["verdict"],
+                fmt(k["k"], ".3f"),
+                fmt_ci(k["ci"], ".3f"),
+                f"{fmt(k['step_mult'], '.3f')} x {fmt(k['speed'], '.3f')}",
+                speed,
+            ]
+        )
+    head = ["size", "N", "n", "loss diff", conf, "verdict", "k", f"k {conf}", "steps x speed"]
+    return [
+        "",
+        f"## `{label}` vs `{lad.baseline}` at each size",
+        "",
+        "Loss diff: final validation loss, variant − baseline (nats/token), paired by seed, with "
+        "its Student t interval and the size's TOST verdict. k: the compute-equivalent multiplier "
+        "(steps of the baseline one step of the variant is worth, read on the paired validation "
+        "curves, times the step-time ratio baseline / variant; above 1 the variant gives more "
+        "effective compute), geometric mean over seeds with its interval on log k. Speed: "
+        "`interleaved` from a step benchmark, `sequential` from the runs' own step times, which a "
+        "loaded machine makes noisy.",
+        "",
+        *table([*head, "speed from"], rows),
+    ]
+
+
+def _trend_word(t: dict[str, Any]) -> str:
+    """What a multiplier trend's slope interval shows."""
+    lo, hi = t["slope_ci"]
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "no interval with fewer than 3 sizes."
+    if lo <= 0 <= hi:
+        return "**no trend shown**: the interval holds 0."
+    return f"**k {'grows' if lo > 0 else 'shrinks'} with size**."
+
+
+def _ladder_trend(lad: Ladder, label: str) -> list[str]:
+    """The slope of ln k on ln N and the value at 124M parameters, labelled an extrapolation."""
+    t = lad.trends[label]
+    conf = f"{100 * (1 - lad.alpha):g}%"
+    if t["n"] < 2 or _missing(t["slope"]):
+        return ["", f"- `{label}`: fewer than 2 sizes with a multiplier: no trend."]
+    how = (
+        "weighted by 1/se² of each size's ln k"
+        if t["weighted"]
+        else "unweighted: a size has no interval"
+    )
+    at = t["at_target"]
+    return [
+        "",
+        f"- `{label}`: k ∝ N^b with b = {t['slope']:+.4f}, {conf} CI {fmt_ci(t['slope_ci'])} "
+        f"(least squares of ln k on ln N over {t['n']} sizes, {how}; Student t with "
+        f"{t['n'] - 2} degree(s) of freedom): {_trend_word(t)}",
+        f"- `{label}` at {si(at['params'])} parameters (GPT-2 small): k = {fmt(at['k'], '.3f')}, "
+        f"{conf} interval {fmt_ci(at['ci'], '.3f')}. **An extrapolation**, "
+        f"{fmt(at['beyond'], '.3g')}x beyond the largest size: it holds only if ln k stays a "
+        "straight line in ln N that far, which these sizes cannot test; the interval is the "
+        "fitted line's, not a new run's seed noise.",
+    ]
+
+
+def _ladder_laws(lad: Ladder) -> list[str]:
+    rows = []
+    for lab, law in lad.laws.items():
+        se = law["se"]
+        rows.append(
+            [
+                f"`{lab}`",
+                law["form"],
+                f"{fmt(law['E'])} ± {fmt(se['E'])}" if not _missing(law["E"]) else "—",
+                f"{fmt(law['A'])} ± {fmt(se['A'])}",
+                f"{fmt(law['alpha'])} ± {fmt(se['alpha'])}",
+                fmt_ci(law["alpha_ci"], ".4f"),
+                law["n"],
+                law["dof"],
+                law["why"] or "3 parameters, a degree of freedom left, E inside its bounds",
+            ]
+        )
+    c0 = ", ".join(f"`{lab}` {law['c0']:.3g}" for lab, law in lad.laws.items())
+    head = ["variant", "law", "E", "A", "alpha", f"alpha {100 * (1 - lad.alpha):g}% CI"]
+    return [
+        "",
+        "## Final validation loss against training compute",
+        "",
+        "One point per completed run; L in nats/token, C in FLOPs, C0 the geometric mean of a "
+        f"variant's C ({c0} FLOPs), so A is the reducible loss there and E the irreducible one. "
+        "Fitted by least squares (`scipy.optimize.curve_fit`, E bounded to [0, lowest loss)); "
+        "± one standard error from the fit's covariance, scaled by the residual variance. The "
+        "simplest form the data support: E + A (C/C0)^-alpha when there are at least 4 points "
+        "and E is identified, else A (C/C0)^-alpha (a straight line on log-log axes), with the "
+        "reason.",
+        "",
+        *table([*head, "points", "dof", "why this form"], rows),
+    ]
+
+
+LADDER_FIGURES = {
+    "ladder_loss": "Final validation loss vs training compute (log-log), fitted laws",
+    "ladder_multiplier": "Compute-equivalent multiplier vs parameters, trend and the 124M point",
+}
+
+
+def render_ladder(lad: Ladder) -> str:
+    """The ladder report (``report.md`` of a sweep over model sizes) as Markdown."""
+    lines = [*_ladder_header(lad), *_ladder_sizes(lad)]
+    for lab in lad.labels[1:]:
+        lines += _ladder_pairs(lad, lab)
+    if lad.trends:
+        lines += ["", "## Trend of the multiplier with size"]
+        for lab in lad.labels[1:]:
+            lines += _ladder_trend(lad, lab)
+    lines += [*_ladder_laws(lad), "", "## Figures", ""]
+    lines += figure_lines(lad.figures, LADDER_FIGURES)
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def _skipped(rep: Report) -> str:
@@ -385,7 +568,31 @@ def _family(rep: Report) -> list[str]:
         "adjusted values, the plain ones hold for one comparison read alone.",
         "",
         *table(head, rows),
+        "",
+        best_text(rep),
     ]
+
+
+def best_text(rep: Report) -> str:
+    """Whether the family shows a best design (:func:`~normlab.report.compare.best_design`): the
+    leader named best only when its lead over the runner-up is tested; else "no variant is
+    shown best". Empty for a single comparison."""
+    b = best_design(rep)
+    if b is None:
+        return ""
+    conf = f"{100 * (1 - rep.alpha):g}% CI"
+    test = (
+        f"`{b['runner_up']}` − `{b['leader']}` = {fmt(b['mean'], '+.4f')} nats/token over "
+        f"n = {b['n']} paired seeds, {conf} {fmt_ci(b['ci'])}, two-sided paired t-test "
+        f"p = {fmt(b['p'], '.3g')}, Holm-adjusted over the family's {b['family']} tests "
+        f"p = {fmt(b['p_holm'], '.3g')}"
+    )
+    if b["shown"]:
+        return f"**Best design: `{b['leader']}`**, ahead of the runner-up ({test} < {rep.alpha:g})."
+    return (
+        f"**No variant is shown best:** the lowest mean final loss, `{b['leader']}`, is not "
+        f"shown ahead of the runner-up `{b['runner_up']}` ({test}; needs < {rep.alpha:g})."
+    )
 
 
 def _comparable(ratio: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from normlab.report.compare import (
     NOT_COMPARABLE_MARK,
@@ -28,6 +29,7 @@ from normlab.report.compare import (
     swept_points,
     time_curves,
 )
+from normlab.report.ladder import Ladder, law_value, trend_value
 from normlab.report.runs import Run
 from normlab.report.series import (
     Diag,
@@ -403,6 +405,119 @@ def plot_swept_value(
         ax.set_xscale("log")
     title = f"Final validation loss vs {key} (mean over seeds, bar: min–max)"
     return _finish(fig, ax, path, title, key, "final validation loss (nats/token)")
+
+
+# --- the ladder ----------------------------------------------------------------------------------
+
+
+def plot_ladder_loss(lad: Ladder, path: Path) -> Path | None:
+    """Final validation loss (nats/token) against training compute (FLOPs), log-log: one colour
+    per variant, a dot per completed run, the variant's fitted law (:func:`fit_power_law`) over
+    the computes of its runs."""
+    pts = {
+        lab: [p for p in ps if p["compute"] > 0 and p["loss"] > 0] for lab, ps in lad.points.items()
+    }
+    if not any(pts.values()):
+        return None
+    fig, ax = _axes((7.5, 5))
+    for i, (lab, ps) in enumerate(pts.items()):
+        c, loss = np.array([p["compute"] for p in ps]), np.array([p["loss"] for p in ps])
+        ax.plot(c, loss, "o", ms=4, color=f"C{i % 10}", alpha=0.8, label=f"{lab} (runs)")
+        law = lad.laws[lab]
+        grid = np.geomspace(c.min(), c.max(), 100)
+        ax.plot(
+            grid,
+            law_value(law, grid),
+            "-",
+            color=f"C{i % 10}",
+            label=f"{lab}: {law['form']}, alpha = {law['alpha']:.3f}",
+        )
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda v, _: f"{v:g}"))
+    title = "Final validation loss vs training compute (dots: runs; lines: fitted laws)"
+    return _finish(
+        fig, ax, path, title, "training compute C (FLOPs)", "final validation loss (nats/token)"
+    )
+
+
+def plot_ladder_multiplier(lad: Ladder, path: Path) -> Path | None:
+    """The compute-equivalent multiplier k against parameters N (log-log): per variant and size
+    k with its interval, the fitted trend (:func:`multiplier_trend`) drawn to 124M parameters,
+    dashed beyond the largest size, and the extrapolated k there with its interval (log k axis
+    over the measured multipliers, wider intervals clipped: :func:`_k_axis`)."""
+    if not lad.trends:
+        return None
+    fig, ax = _axes((7.5, 5))
+    ax.axhline(1.0, color="0.5", lw=1, ls=":")
+    for i, (lab, t) in enumerate(lad.trends.items()):
+        color = f"C{(i + 1) % 10}"
+        rows = [r for r in t["sizes"] if r["k"] > 0]
+        n = np.array([r["params"] for r in rows])
+        k = np.array([r["k"] for r in rows])
+        lo = np.array([r["ci"][0] if math.isfinite(r["ci"][0]) else r["k"] for r in rows])
+        hi = np.array([r["ci"][1] if math.isfinite(r["ci"][1]) else r["k"] for r in rows])
+        ax.errorbar(
+            n,
+            k,
+            yerr=[k - lo, hi - k],
+            fmt="o",
+            capsize=3,
+            color=color,
+            label=f"{lab} vs {lad.baseline}",
+        )
+        if not math.isfinite(t["slope"]):
+            continue
+        at = t["at_target"]
+        inside = np.geomspace(n.min(), n.max(), 50)
+        beyond = np.geomspace(n.max(), at["params"], 50)
+        ax.plot(
+            inside,
+            trend_value(t, inside),
+            "-",
+            color=color,
+            label=f"trend: k ∝ N^{t['slope']:+.3f}",
+        )
+        ax.plot(beyond, trend_value(t, beyond), "--", color=color)
+        if all(map(math.isfinite, at["ci"])):
+            ax.errorbar(
+                [at["params"]],
+                [at["k"]],
+                yerr=[[at["k"] - at["ci"][0]], [at["ci"][1] - at["k"]]],
+                fmt="s",
+                mfc="none",
+                capsize=4,
+                color=color,
+                label=f"{at['params'] / 1e6:.0f}M parameters: extrapolated",
+            )
+    ax.set_xscale("log")
+    ks = [r["k"] for t in lad.trends.values() for r in t["sizes"]]
+    _k_axis(ax, ks + [t["at_target"]["k"] for t in lad.trends.values()])
+    conf = f"{100 * (1 - lad.alpha):g}% CI"
+    title = f"Compute multiplier vs parameters (bars: {conf}, clipped; dashed: extrapolation)"
+    return _finish(
+        fig, ax, path, title, "parameters N", "multiplier k (> 1: the variant gives more compute)"
+    )
+
+
+def _k_axis(ax: Any, ks: list[float]) -> None:
+    """A log k axis over the multipliers ``ks`` (and 1) widened 3x each way: an interval
+    of two seeds can span decades and would flatten every point to the axis if drawn whole."""
+    ks = [k for k in ks if math.isfinite(k) and k > 0] + [1.0]
+    ax.set_yscale("log")
+    ax.set_ylim(min(ks) / 3, max(ks) * 3)
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def write_ladder_figures(lad: Ladder, out_dir: Path) -> dict[str, Path | None]:
+    """Write the ladder's figures into ``out_dir``: ``ladder_loss.png`` and
+    ``ladder_multiplier.png``; returns name -> path, or None for a figure without data."""
+    return {
+        "ladder_loss": plot_ladder_loss(lad, out_dir / "ladder_loss.png"),
+        "ladder_multiplier": plot_ladder_multiplier(lad, out_dir / "ladder_multiplier.png"),
+    }
 
 
 # --- every figure --------------------------------------------------------------------------------

@@ -118,7 +118,7 @@ def holm_verdicts(
     family), ``equivalent`` and ``detectable`` iff the adjusted p < alpha, and the ``verdict``
     text of :func:`verdict_text` (whose CI, unadjusted, it quotes)."""
     p_tost = [max(c["p_lower"], c["p_upper"]) if c["n"] >= 2 else NAN for c in comparisons]
-    p_diff = [_p_two_sided(c) for c in comparisons]
+    p_diff = [p_two_sided(c) for c in comparisons]
     out = []
     for c, pt, pd, at, ad in zip(
         comparisons, p_tost, p_diff, holm(p_tost), holm(p_diff), strict=True
@@ -130,7 +130,7 @@ def holm_verdicts(
     return out
 
 
-def _p_two_sided(c: dict[str, Any]) -> float:
+def p_two_sided(c: dict[str, Any]) -> float:
     """The two-sided paired t-test p-value of H0 mean = 0 for a :func:`paired_difference`
     result (nan when n < 2; 0 or 1 when the std is 0)."""
     if c["n"] < 2:
