@@ -385,10 +385,10 @@ def _same(va: Any, vb: Any) -> bool:
     return va == vb or nan
 
 
-#: Config groups whose files are ``# @package _global_`` (conf/experiment/, conf/design/): a file
+#: Config groups whose files are ``# @package _global_`` (experiment/, design/, ladder/): a file
 #: of one may set any key, so a differing override of one explains every key, as ``norm=rms``
 #: explains ``norm.*`` (a test keeps this list equal to the conf dir's).
-GLOBAL_GROUPS = ("design", "experiment")
+GLOBAL_GROUPS = ("design", "experiment", "ladder")
 
 
 def differences(a: Run, b: Run) -> list[str]:
