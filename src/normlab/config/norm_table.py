@@ -103,7 +103,8 @@ class Kind:
     the paper's formula, ``weight`` being the applied gain (``1 + w`` when zero-centred).
     ``statistic``: the output is the input scaled by a per-row statistic (mean / mean square) with
     eps inside a square root, so ``norm.eps`` means something, and scale invariance, the eps
-    placement and fp16 overflow of the statistic apply; the other kinds refuse a non-null eps.
+    placement and fp16 overflow of the statistic apply; the other kinds refuse a non-null eps
+    unless ``eps`` says they have one.
     ``bias``: the kind takes a bias, and ``norm.bias: null`` turns it on; the others refuse one.
     ``extra_params``: names of the kind's parameters besides ``weight`` / ``bias``, passed to the
     oracle after eps in this order (DyT: ``alpha``). ``options``: ``NormConfig`` fields only this
