@@ -59,7 +59,8 @@ MISSPELLED = [
     (
         ["model=tinyy"],
         "model=tinyy: no option 'tinyy' in group model; did you mean model=tiny? "
-        "(options: gpt2_small, small, tiny)",
+        "(options: gpt2_small, ladder_10x640, ladder_2x32, ladder_2x48, ladder_3x64, ladder_3x96, "
+        "ladder_4x128, ladder_4x256, ladder_6x384, ladder_8x512, small, tiny)",
     ),
     (
         ["norm.kind=rsm"],
@@ -173,9 +174,9 @@ THREADS_SPY = """
 import torch
 import normlab.training.loop as loop
 train = loop.train
-def spy(cfg, run_dir, opts=None):
+def spy(cfg, run_dir, opts=None, **kw):
     (run_dir / "threads.txt").write_text(str(torch.get_num_threads()))
-    return train(cfg, run_dir, opts)
+    return train(cfg, run_dir, opts, **kw)
 loop.train = spy
 from normlab.commands.train import main
 main()

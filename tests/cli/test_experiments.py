@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from normlab.compose import compose_cli
+from normlab.report.runs import GLOBAL_GROUPS
 
 from ..conftest import CONF_DIR, TINY, run_cli
 
@@ -97,6 +98,12 @@ def test_every_cpu_experiment_trains_through_the_real_cli_shrunk(tmp_path, name)
     if multirun:  # job i got the i-th value of the first swept key, and its dir name says so
         key, values = next(iter(file["hydra"]["sweeper"]["params"].items()))
         for job, value in zip(jobs, str(values).split(",")[:2], strict=True):
+            if (
+                key in GLOBAL_GROUPS
+            ):  # a recipe group (design=...): in the overrides, not the config
+                assert f"{key}={value}" in (job / ".hydra" / "overrides.yaml").read_text()
+                assert value in job.name, (job.name, value)
+                continue
             config = json.loads((job / "summary.json").read_text())["config"]
             node = config
             for part in key.split("."):

@@ -490,7 +490,7 @@ def _task(cfg: DictConfig) -> float | JobFailure:
             return done.get("final_val_loss")
         opts = dataclasses.replace(opts, threads=opts.threads or auto_threads())
         torch.set_num_threads(opts.threads)  # recorded in summary.json's run_options
-        summary = train(full.train_config(), run_dir, opts, _downstream(full))
+        summary = train(full.train_config(), run_dir, opts, downstream=_downstream(full))
     except (ConfigError, DataError) as e:
         if debug:
             raise
