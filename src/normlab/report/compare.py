@@ -1261,10 +1261,8 @@ def stability(rep: Report) -> dict[str, Any] | None:
     rules (``summary.json``'s ``loss_spike_rule``: ``{"window", "k"}``) of the runs.
     """
     counts = {lab: _spike_counts(rep, lab) for lab in rep.labels}
-    has_diag = any(
-        largest_diag(r, ABSMAX_SUFFIX)[1] for lab in rep.labels for r in rep.included(lab)
-    )
-    if not any(counts.values()) and not has_diag:
+    absmax = {lab: _largest(rep.included(lab), ABSMAX_SUFFIX) for lab in rep.labels}
+    if not any(counts.values()) and not any(a["runs"] for a in absmax.values()):
         return None
     variants, diffs = {}, {}
     for lab in rep.labels:
@@ -1272,7 +1270,7 @@ def stability(rep: Report) -> dict[str, Any] | None:
         grads = [g for r in runs if math.isfinite(g := r.summary_float(MAX_GRAD_KEY))]
         variants[lab] = {
             "spikes": {**describe(c), "total": sum(c), "spiky": sum(x > 0 for x in c)},
-            "absmax": _largest(runs, ABSMAX_SUFFIX),
+            "absmax": absmax[lab],
             "kurtosis": _largest(runs, KURTOSIS_SUFFIX),
             "grad_norm": max(grads) if grads else NAN,
         }
