@@ -395,23 +395,19 @@ def test_cli_writes_the_json_to_bench_json_by_default(tmp_path, monkeypatch, cap
     assert "RMSNorm fastest" in out and "wrote bench.json" in out
 
 
+#: The smallest CLI bench: one shape, torch RMSNorm, fp32, 2 repeats after 1 warm-up.
+ONE_RMS_SHAPE = [
+    "--shapes", "64x32", "--impls", "torch", "--kinds", "rms", "--dtypes", "fp32",
+    "--repeats", "2", "--warmup", "1",
+]  # fmt: skip
+
+
 def test_cli_cold_regime_lands_in_the_json(tmp_path, capsys):
     path = tmp_path / "cold.json"
     assert (
         main(
             [
-                "--shapes",
-                "64x32",
-                "--impls",
-                "torch",
-                "--kinds",
-                "rms",
-                "--dtypes",
-                "fp32",
-                "--repeats",
-                "2",
-                "--warmup",
-                "1",
+                *ONE_RMS_SHAPE,
                 "--cache",
                 "cold",
                 "--flush-mb",
@@ -433,18 +429,7 @@ def test_cli_settle_lands_in_the_json(tmp_path):
     assert (
         main(
             [
-                "--shapes",
-                "64x32",
-                "--impls",
-                "torch",
-                "--kinds",
-                "rms",
-                "--dtypes",
-                "fp32",
-                "--repeats",
-                "2",
-                "--warmup",
-                "1",
+                *ONE_RMS_SHAPE,
                 "--settle",
                 "2",
                 "--json",
