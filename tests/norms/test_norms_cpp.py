@@ -171,6 +171,23 @@ def test_a_stale_build_lock_left_by_a_killed_build_is_cleared_not_waited_on(tmp_
     assert (build_dir / "normlab_test_stale.so").exists() and not (build_dir / "lock").exists()
 
 
+def test_the_same_source_at_another_path_loads_the_built_kernels_without_rebuilding(tmp_path):
+    # ninja's build file named the source by its path: a kit installed in a new folder (or another
+    # checkout) rebuilt the kernels, and the next run from the first path rebuilt them again
+    first, second = tmp_path / "a" / "answer.cpp", tmp_path / "b" / "answer.cpp"
+    for src in (first, second):
+        src.parent.mkdir()
+        src.write_text(_TINY_CPP)
+    r = _build_in_subprocess(tmp_path / "ext", "normlab_test_moved", first)
+    assert r.returncode == 0 and "building the C++ norm kernels" in r.stderr, r.stderr
+    built = _build_dir(tmp_path / "ext", "normlab_test_moved") / "normlab_test_moved.so"
+    stamp = built.stat().st_mtime_ns
+    for src in (second, first):
+        r = _build_in_subprocess(tmp_path / "ext", "normlab_test_moved", src)
+        assert r.returncode == 0 and "building" not in r.stderr, r.stderr
+        assert built.stat().st_mtime_ns == stamp
+
+
 def test_a_live_builder_is_waited_for_with_a_notice_and_a_bounded_wait(tmp_path):
     src = tmp_path / "answer.cpp"
     src.write_text(_TINY_CPP)
@@ -251,6 +268,24 @@ def test_missing_ninja_is_a_config_error_naming_the_fix(monkeypatch, tmp_path):
     monkeypatch.setattr(cpp_impl, "_ninja_module", lambda: False)
     with pytest.raises(ConfigError, match="needs ninja.*pip install ninja"):
         cpp_impl.build("normlab_test_no_ninja", tmp_path / "x.cpp", [])
+
+
+def test_the_isa_pick_is_kept_per_cpu_and_torch_and_read_back_without_picking(
+    tmp_path, monkeypatch
+):
+    picks = []
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(cpp_impl, "_pick_isa", lambda: picks.append(1) or ("isa_a", ["-mfoo"]))
+    monkeypatch.setattr(cpp_impl, "_cpu_identity", lambda: "cpu one")
+    assert cpp_impl._isa_flags() == ("isa_a", ["-mfoo"]) == cpp_impl._isa_flags()
+    assert len(picks) == 1 and len(list(tmp_path.glob("normlab_isa_*.json"))) == 1
+
+    monkeypatch.setattr(cpp_impl, "_cpu_identity", lambda: "cpu two")  # another CPU: its own pick
+    assert cpp_impl._isa_flags() == ("isa_a", ["-mfoo"]) and len(picks) == 2
+    for f in tmp_path.glob("normlab_isa_*.json"):
+        f.write_text("{truncated")  # an unreadable file is picked anew and rewritten
+    assert cpp_impl._isa_flags() == ("isa_a", ["-mfoo"]) and len(picks) == 3
+    assert cpp_impl._isa_flags() == ("isa_a", ["-mfoo"]) and len(picks) == 3
 
 
 def test_ops_refuse_a_weight_in_the_wrong_dtype():

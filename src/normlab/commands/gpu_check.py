@@ -54,6 +54,7 @@ class Sizes:
 
     device: str
     contract: str
+    contract_workers: str  # pytest-xdist's -n: "auto" (at most 4, pyproject) or "0" (in-process)
     bench_shapes: str
     bench_rounds: str
     model: str
@@ -73,6 +74,7 @@ DRY_LIMIT_S = 1800
 GPU = Sizes(
     device="cuda",
     contract="model_widths or nan_and_inf or preflight_passes",
+    contract_workers="auto",
     bench_shapes="8192x768,8192x4096",
     bench_rounds="--repeats 20",
     model="gpt2_small",
@@ -87,6 +89,7 @@ GPU = Sizes(
 DRY = Sizes(
     device="cpu",
     contract="(model_widths or nan_and_inf) and not compiled",
+    contract_workers="0",  # its cases take seconds: starting workers would take longer
     bench_shapes="64x128",
     bench_rounds="--repeats 3 --warmup 1",
     model="tiny",
@@ -290,7 +293,10 @@ def plan(s: Sizes, out: Path) -> list[tuple[str, list[str]]]:
     """``(step name, argv)`` of every step, in order; each step writes ``out/<name>.json`` (the
     contract ``out/contract.jsonl``, the train step ``out/train/summary.json``: :data:`WRITES`)."""
     q = {n: shlex.quote(str(out / f"{n}.json")) for n in FIGURES}
-    pytest = f"-m pytest -q -p no:cacheprovider -m device {CONTRACT} -k {shlex.quote(s.contract)}"
+    pytest = (
+        f"-m pytest -q -p no:cacheprovider -n {s.contract_workers} -m device {CONTRACT} "
+        f"-k {shlex.quote(s.contract)}"
+    )
     dev = f"--device {s.device}"
     common = (
         f"model={s.model} precision=bf16 norm=rms logger=none data.batch_size={s.batch_size} "

@@ -56,8 +56,10 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import json
 import logging
 import os
+import platform
 import re
 import shutil
 import signal
@@ -78,7 +80,43 @@ log = logging.getLogger(__name__)
 
 def _isa_flags() -> tuple[str, list[str]]:
     """``(isa name, compiler flags)``: inductor's choice of vector ISA for this CPU, so the kernels
-    use the same ``at::vec`` code path (and bf16 instructions) as ``torch.compile`` would."""
+    use the same ``at::vec`` code path (and bf16 instructions) as ``torch.compile`` would.
+
+    Picking imports inductor and builds its probe kernels (seconds, at every process start), so
+    the pick is kept in ``normlab_isa_<key>.json`` under the extensions root
+    (``TORCH_EXTENSIONS_DIR`` or torch's default), ``key`` a hash of torch's version and this
+    CPU's model and flags (``/proc/cpuinfo``): another CPU or torch picks anew. An unreadable file
+    is picked anew too."""
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    key = hashlib.sha256(f"{torch.__version__} {_cpu_identity()}".encode()).hexdigest()[:16]
+    cache = Path(root) / f"normlab_isa_{key}.json"
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        name, flags = json.loads(cache.read_text())
+        return str(name), [str(f) for f in flags]
+    name, flags = _pick_isa()
+    with contextlib.suppress(OSError):  # a read-only root: pick again next time
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([name, flags]))
+        tmp.replace(cache)  # atomic: a concurrent reader sees the whole file or none
+    return name, flags
+
+
+def _cpu_identity() -> str:
+    """This CPU's model name and feature flags from ``/proc/cpuinfo`` (Linux), else the platform's
+    processor and machine strings."""
+    with contextlib.suppress(OSError):
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+        wanted = [ln for ln in info if ln.split(":")[0].strip() in ("model name", "flags")]
+        return " ".join(dict.fromkeys(wanted))  # one entry per distinct line (one per core)
+    return f"{platform.processor()} {platform.machine()}"
+
+
+def _pick_isa() -> tuple[str, list[str]]:
+    """Inductor's pick (:func:`_isa_flags`); ``("generic", [])`` (portable scalar code) with a torch
+    that lacks ``torch._inductor.cpu_vec_isa``."""
     try:
         from torch._inductor.cpu_vec_isa import pick_vec_isa
 
@@ -129,6 +167,12 @@ def build(name: str, source: Path, flags: list[str]) -> None:
         if baton.exists():
             log.warning("normlab: removing a stale build lock left by a killed build: %s", baton)
             baton.unlink(missing_ok=True)
+        # ninja's build file names the source by path: building from a copy in the build dir
+        # (the name already hashes the source) keeps another checkout or install of the same
+        # source from rebuilding, and the next run in this one from rebuilding again
+        copy = build_dir / source.name
+        if not copy.is_file() or copy.read_bytes() != source.read_bytes():
+            shutil.copyfile(source, copy)
         if not (build_dir / f"{name}.so").exists():
             log.warning(
                 "normlab: building the C++ norm kernels for this machine (norm.impl=cpp, once; "
@@ -141,7 +185,7 @@ def build(name: str, source: Path, flags: list[str]) -> None:
             with _compiler_dies_with_us():
                 cpp_extension.load(
                     name=name,
-                    sources=[str(source)],
+                    sources=[str(copy)],
                     extra_cflags=["-O3", "-fopenmp", *flags],
                     extra_ldflags=["-fopenmp"],
                     is_python_module=False,

@@ -239,7 +239,6 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
 
 
 @torch.no_grad()
-@torch.compiler.set_stance("force_eager")  # no compiled graph per context length (docstring)
 def generate(
     model: GPT,
     idx: torch.Tensor,
@@ -262,17 +261,19 @@ def generate(
     training run makes an error, and a one-off graph per length buys no speed.
     """
     context = model.cfg.context_length
-    for _ in range(max_new_tokens):
-        logits, _ = model(idx[:, -context:])  # (B, T, V)
-        logits = logits[:, -1, :].float() / temperature  # (B, V)
-        if vocab_limit is not None:
-            logits[:, vocab_limit:] = -math.inf
-        if top_k is not None and top_k < logits.size(-1):
-            top, where = torch.topk(logits, top_k, dim=-1)  # (B, k): exactly k ids survive
-            logits = torch.full_like(logits, -math.inf).scatter(-1, where, top)
-        probs = torch.softmax(logits, dim=-1)
-        nxt = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
-        idx = torch.cat([idx, nxt], dim=1)
+    # a context, not a decorator: the decorator would import torch._dynamo when this module loads
+    with torch.compiler.set_stance("force_eager"):  # no compiled graph per context length
+        for _ in range(max_new_tokens):
+            logits, _ = model(idx[:, -context:])  # (B, T, V)
+            logits = logits[:, -1, :].float() / temperature  # (B, V)
+            if vocab_limit is not None:
+                logits[:, vocab_limit:] = -math.inf
+            if top_k is not None and top_k < logits.size(-1):
+                top, where = torch.topk(logits, top_k, dim=-1)  # (B, k): exactly k ids survive
+                logits = torch.full_like(logits, -math.inf).scatter(-1, where, top)
+            probs = torch.softmax(logits, dim=-1)
+            nxt = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
+            idx = torch.cat([idx, nxt], dim=1)
     return idx
 
 
