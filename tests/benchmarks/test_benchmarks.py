@@ -29,7 +29,7 @@ def test_the_plain_loop_trains_the_same_model_on_the_same_batches_bit_for_bit():
     and after one AdamW step the same parameters (fp32 on CPU)."""
     from normlab.training import step as training_step
 
-    overrides = [*TINY, "logger=none", "norm.impl=torch"]
+    overrides = [*TINY, "norm.impl=torch"]
     normlab = bench_step.build_setup(overrides)
     plain = build_plain(overrides, normlab.run.device)
     for a, b in zip(normlab.run.model.parameters(), plain.model.parameters(), strict=True):

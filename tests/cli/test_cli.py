@@ -23,7 +23,7 @@ def run_dirs(root: Path) -> list[Path]:
 
 
 def test_single_run_writes_hydra_config_metrics_summary_and_offline_wandb_run(tmp_path):
-    r = run_cli([*TINY, "norm=rms", "precision=bf16", "seed=7"], cwd=tmp_path)
+    r = run_cli([*TINY, "logger=wandb", "norm=rms", "precision=bf16", "seed=7"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     (run,) = run_dirs(tmp_path / "outputs" / "runs")
     assert (run / ".hydra" / "config.yaml").is_file() and (
@@ -64,7 +64,7 @@ def test_single_run_writes_hydra_config_metrics_summary_and_offline_wandb_run(tm
 
 
 def test_multirun_over_norms_makes_one_run_dir_per_job(tmp_path):
-    r = run_cli(["-m", "norm=layer,rms", *TINY, "max_steps=3"], cwd=tmp_path)
+    r = run_cli(["-m", "norm=layer,rms", *TINY, "logger=wandb", "max_steps=3"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     runs = run_dirs(tmp_path / "outputs" / "sweeps")
     assert len(runs) == 2
@@ -90,7 +90,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("overrides", "fragments"), BAD_INPUTS, ids=[o[0][0] for o in BAD_INPUTS])
 def test_bad_input_stops_before_training_with_a_clear_message(tmp_path, overrides, fragments):
-    r = run_cli([*TINY, "logger=none", *overrides], cwd=tmp_path)
+    r = run_cli([*TINY, *overrides], cwd=tmp_path)
     assert r.returncode != 0
     assert "Traceback" not in r.stderr
     for fragment in fragments:
@@ -99,7 +99,7 @@ def test_bad_input_stops_before_training_with_a_clear_message(tmp_path, override
 
 
 def test_user_errors_from_normlab_are_exactly_one_line(tmp_path):
-    r = run_cli([*TINY, "logger=none", "norm.eps=0"], cwd=tmp_path)
+    r = run_cli([*TINY, "norm.eps=0"], cwd=tmp_path)
     assert r.returncode == 2
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     allowed = "must be a finite number > 0 (or null for the default 1e-5)"

@@ -190,7 +190,7 @@ def test_threads_sets_torchs_thread_count_and_leaves_the_config_hash_alone(tmp_p
         run = tmp_path / f"threads{n}"
         r = cli_with(
             THREADS_SPY,
-            [*TINY, "logger=none", "max_steps=2", f"threads={n}", f"hydra.run.dir={run}"],
+            [*TINY, "max_steps=2", f"threads={n}", f"hydra.run.dir={run}"],
             tmp_path,
         )
         assert r.returncode == 0, r.stderr
@@ -213,12 +213,15 @@ def snapshot(run: Path) -> dict[str, tuple[int, bytes]]:
 @pytest.mark.slow
 def test_resuming_a_completed_run_says_so_in_one_line_and_changes_nothing(tmp_path):
     run = tmp_path / "run"
-    r = run_cli([*TINY, f"hydra.run.dir={run}"], tmp_path)  # wandb offline: a wandb run dir
+    r = run_cli([*TINY, "logger=wandb", f"hydra.run.dir={run}"], tmp_path)  # a wandb run dir
     assert r.returncode == 0, r.stderr
     before, log_before = snapshot(run), (run / "train.log").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and list(run.glob("wandb/offline-run-*"))
-    for again in ([f"resume={run}"], [*TINY, f"hydra.run.dir={run}", "resume=auto"]):
+    for again in (
+        [f"resume={run}"],
+        [*TINY, "logger=wandb", f"hydra.run.dir={run}", "resume=auto"],
+    ):
         r = run_cli(again, tmp_path)
         assert r.returncode == 0, r.stderr
         assert r.stderr.splitlines() == [

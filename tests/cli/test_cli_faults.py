@@ -26,7 +26,7 @@ from normlab.training.loop import RunOptions, train
 
 from ..conftest import REPO, TINY
 
-RUN = [*TINY, "logger=none", "max_steps=4", "eval_interval=2", "ckpt_interval=0"]
+RUN = [*TINY, "max_steps=4", "eval_interval=2", "ckpt_interval=0"]
 
 #: The real CLI; with NORMLAB_TEST_SIGTERM_AT=N it sends itself SIGTERM after step N's row.
 DRIVER = """

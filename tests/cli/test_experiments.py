@@ -19,7 +19,7 @@ import yaml
 from normlab.compose import compose_cli
 from normlab.report.runs import GLOBAL_GROUPS
 
-from ..conftest import CONF_DIR, TINY, run_cli
+from ..conftest import CONF_DIR, TINY
 
 EXPERIMENTS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("*.yaml"))
 #: Studies run by scripts/<name>.sh through their own command, not by `train`.
@@ -35,9 +35,9 @@ def needs_gpu_or_hub(name: str) -> bool:
 
 GPU = {name for name in EXPERIMENTS if needs_gpu_or_hub(name)}
 TRAINED_ON_CPU = [n for n in EXPERIMENTS if n not in GPU and n not in SCRIPT_STUDIES]
-#: TINY with 2 steps; logger=none (wandb is covered by test_cli), one evaluation.
+#: TINY with 2 steps (logger=none: wandb is covered by test_cli), one evaluation.
 SHRINK = [o for o in TINY if not o.startswith(("max_steps", "eval_interval"))]
-SHRINK += ["max_steps=2", "eval_interval=2", "logger=none"]
+SHRINK += ["max_steps=2", "eval_interval=2"]
 
 
 def experiment_file(name: str) -> dict:
@@ -76,7 +76,7 @@ def cut_sweep(name: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", TRAINED_ON_CPU)
-def test_every_cpu_experiment_trains_through_the_real_cli_shrunk(tmp_path, name):
+def test_every_cpu_experiment_trains_through_the_real_cli_shrunk(tmp_path, name, train_main):
     file = experiment_file(name)
     multirun = file.get("hydra", {}).get("mode") == "MULTIRUN"
     out = tmp_path / "out"
@@ -84,8 +84,8 @@ def test_every_cpu_experiment_trains_through_the_real_cli_shrunk(tmp_path, name)
     # torch.compile of the norm costs minutes on a shared CPU: the compiled path has its own tests
     compiled = compose_cli([f"experiment={name}"]).norm.impl.name == "compiled"
     args = [f"experiment={name}", *SHRINK, *cut_sweep(name), where, "threads=1"]
-    r = run_cli([*args, *(["norm.impl=torch"] if compiled else [])], tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
+    code, _, err = train_main([*args, *(["norm.impl=torch"] if compiled else [])], tmp_path)
+    assert code == 0, err[-2000:]
     jobs = sorted(p.parent for p in out.rglob("summary.json"))
     assert len(jobs) == (2 if multirun else 1)
     for job in jobs:

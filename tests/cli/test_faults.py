@@ -59,6 +59,7 @@ def test_a_multirun_with_diverging_and_crashing_jobs_completes_the_others_and_ex
             "-m",
             "optim.lr=1e-3,1e30,2e-3,3e-3",
             *TINY,
+            "logger=wandb",  # each job's wandb run is closed, the crashed one too
             "optim.min_lr=0",
             "optim.warmup_steps=0",
             "optim.grad_clip=0",
@@ -207,7 +208,7 @@ def test_wandb_failing_to_start_or_to_log_does_not_stop_training(
 
 
 def test_a_loss_above_max_loss_ends_the_run_as_diverged(cfg_tiny, tmp_path):
-    summary = train(cfg_tiny("logger=none"), tmp_path, RunOptions(max_loss=1.0))
+    summary = train(cfg_tiny(), tmp_path, RunOptions(max_loss=1.0))
     assert summary["status"] == "diverged" and summary["diverged_at_step"] == 1
     assert (
         summary["diverged_reason"].endswith("above max_loss=1")
@@ -246,9 +247,9 @@ def test_a_run_leaves_no_model_and_no_compiled_state_behind(cfg_tiny, tmp_path, 
     resets = []
     monkeypatch.setattr(torch.compiler, "reset", lambda: resets.append(True))
     torch.compile(torch.sin, backend="eager")(torch.zeros(1))  # dynamo in use, as with compile=true
-    train(cfg_tiny("logger=none", "max_steps=2"), tmp_path, RunOptions())
+    train(cfg_tiny("max_steps=2"), tmp_path, RunOptions())
     with pytest.raises(ConfigError):  # a refused start releases everything too
-        train(cfg_tiny("logger=none", "max_steps=2"), tmp_path, RunOptions())
+        train(cfg_tiny("max_steps=2"), tmp_path, RunOptions())
     assert len(resets) == 2
     gc.collect()
     assert not [o for o in gc.get_objects() if type(o) is GPT]

@@ -65,7 +65,7 @@ def test_a_submitit_launcher_without_the_plugin_is_one_line(tmp_path, monkeypatc
 @pytest.mark.slow
 def test_a_sweep_through_submitits_local_executor_trains_each_job_with_two_tasks(tmp_path):
     sweep = tmp_path / "sweep"
-    args = [*TINY, "max_steps=4", "optim.grad_accum=2", "logger=none"]
+    args = [*TINY, "max_steps=4", "optim.grad_accum=2"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0")
     cmd = [
         sys.executable,

@@ -27,7 +27,7 @@ from normlab.config import ConfigError
 
 from ..conftest import CONF_DIR, ONE_THREAD, TINY, run_cli
 
-FAST = [*TINY, "logger=none", "max_steps=2", "eval_interval=2", "eval_batches=1", "norm.impl=torch"]
+FAST = [*TINY, "max_steps=2", "eval_interval=2", "eval_batches=1", "norm.impl=torch"]
 
 
 def test_every_sweep_value_is_range_checked_before_job_0():

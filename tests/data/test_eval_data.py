@@ -87,7 +87,7 @@ def test_eval_rows_hold_each_corpus_loss_and_bpb_and_leave_training_unchanged(
     conf_dir, tmp_path, cfg_tiny
 ):
     conf, _ = conf_dir
-    cfg = cfg_tiny("logger=none", "eval_data=[tiny_eval]")
+    cfg = cfg_tiny("eval_data=[tiny_eval]")
     summary = train(cfg, tmp_path / "with", RunOptions(conf_dir=str(conf)))
     rows = rows_of(tmp_path / "with")
     evals = [r for r in rows if "val/tiny_eval/loss" in r]
@@ -111,7 +111,7 @@ def test_eval_rows_hold_each_corpus_loss_and_bpb_and_leave_training_unchanged(
         losses = [run.model(*held.sampler.val_batch(i))[1].item() for i in range(2)]
     assert evals[0]["val/tiny_eval/loss"] == pytest.approx(float(np.mean(losses)), rel=1e-6)
     # evaluation draws no random number: the training rows are those of a run without it
-    train(cfg_tiny("logger=none"), tmp_path / "without")
+    train(cfg_tiny(), tmp_path / "without")
     without = rows_of(tmp_path / "without")
     assert [_training(r) for r in rows] == [_training(r) for r in without]
     assert [r.get("val/loss") for r in rows] == [r.get("val/loss") for r in without]
@@ -158,7 +158,7 @@ def finished_run(tmp_path_factory):
     from normlab.compose import compose
 
     run_dir = tmp_path_factory.mktemp("done") / "run"
-    train(compose([*TINY, "logger=none", "max_steps=2", "eval_interval=2"]), run_dir)
+    train(compose([*TINY, "max_steps=2", "eval_interval=2"]), run_dir)
     return run_dir
 
 
@@ -181,7 +181,7 @@ def test_bad_evaluation_keys_are_one_line_exit_2_and_change_nothing(
     finished_run, tmp_path, override, message
 ):
     before = {p: p.read_bytes() for p in finished_run.rglob("*") if p.is_file()}
-    args = [*TINY, "logger=none", "max_steps=2", override, f"hydra.run.dir={finished_run}"]
+    args = [*TINY, "max_steps=2", override, f"hydra.run.dir={finished_run}"]
     r = run_cli([*args, "resume=auto"], cwd=tmp_path)
     expected = message.format(conf=CONF_DIR, names=", ".join(data_config_names(CONF_DIR)))
     assert r.returncode == 2 and r.stderr.startswith(f"normlab: error: {expected}"), r.stderr
@@ -198,7 +198,7 @@ def test_a_missing_corpus_package_is_one_line_naming_the_pip_command(tmp_path):
         "importlib.util.find_spec = lambda n, *a: None if n == 'bible' else real(n, *a)\n"
         "from normlab.commands.train import main\nmain()\n"
     )
-    r = run_cli([*TINY, "logger=none", "eval_data=[kjv]"], cwd=tmp_path, code=driver)
+    r = run_cli([*TINY, "eval_data=[kjv]"], cwd=tmp_path, code=driver)
     assert r.returncode == 2
     assert r.stderr == (
         "normlab: error: eval_data: kjv: the kjv corpus needs its package: "
@@ -221,7 +221,7 @@ def test_without_a_conf_dir_eval_data_resolves_in_the_config_folder_every_tool_u
 @pytest.mark.slow
 def test_the_packaged_held_out_corpora_in_a_real_run(tmp_path, cfg_tiny):
     """The Wikipedia summaries and the KJV, as the README sweep uses them (byte tokens)."""
-    cfg = cfg_tiny("logger=none", "eval_data=[wiki_vital,kjv]", "max_steps=3")
+    cfg = cfg_tiny("eval_data=[wiki_vital,kjv]", "max_steps=3")
     summary = train(cfg, tmp_path, RunOptions(conf_dir=str(CONF_DIR)))
     last = rows_of(tmp_path)[-1]
     for name in ("wiki_vital", "kjv"):

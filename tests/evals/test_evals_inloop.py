@@ -73,7 +73,7 @@ def test_the_missing_package_is_refused_in_one_line_naming_the_install(monkeypat
 
 
 def _cfg(compose_cfg, *overrides):
-    return to_train_config(compose_cfg([*TINY, "logger=none", *overrides]))
+    return to_train_config(compose_cfg([*TINY, *overrides]))
 
 
 def test_eval_tasks_without_the_evaluator_or_with_another_one_are_refused(compose_cfg, tmp_path):

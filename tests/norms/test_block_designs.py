@@ -262,7 +262,7 @@ def test_the_design_tag_names_each_design():
 def test_each_design_trains_end_to_end_with_auto(
     cfg_tiny, tmp_path, one_thread, caplog, design, tag
 ):
-    cfg = cfg_tiny("logger=none", "max_steps=2", "norm=rms", design)
+    cfg = cfg_tiny("max_steps=2", "norm=rms", design)
     with caplog.at_level(logging.INFO, logger="normlab"):
         summary = train(cfg, tmp_path)
     assert summary["status"] == "completed" and math.isfinite(summary["final_val_loss"])

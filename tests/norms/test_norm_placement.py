@@ -156,7 +156,7 @@ def test_an_unknown_placement_or_qk_value_stops_train_with_one_line(tmp_path, ov
 
 def test_the_startup_line_names_the_norm_design_beside_kind_and_impl(tmp_path, cfg_tiny, caplog):
     """train.log's first line says which design trained: placement, QK-norm, schedule."""
-    cfg = cfg_tiny("logger=none", "max_steps=1", "norm=rms", "norm.impl=reference",
+    cfg = cfg_tiny("max_steps=1", "norm=rms", "norm.impl=reference",
                    "norm.placement=peri", "norm.qk=head", "norm.blocks=0:layer")  # fmt: skip
     with caplog.at_level(logging.INFO, logger="normlab"):
         train(cfg, tmp_path)

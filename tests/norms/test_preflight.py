@@ -144,7 +144,7 @@ def test_training_refuses_to_start_when_the_implementation_disagrees_with_the_re
     monkeypatch.setattr(TorchRMSNorm, "forward", lambda self, x: real_forward(self, x) * 1.01)
     with pytest.raises(ConfigError, match="disagrees with the reference"):
         train(
-            to_train_config(compose_cfg([*TINY, "logger=none", "norm=rms", "norm.impl=torch"])),
+            to_train_config(compose_cfg([*TINY, "norm=rms", "norm.impl=torch"])),
             tmp_path,
         )
     assert not (tmp_path / "metrics.jsonl").exists()
@@ -156,9 +156,7 @@ def test_a_run_records_its_preflight_errors(compose_cfg, tmp_path):
     from tests.conftest import TINY
 
     summary = train(
-        to_train_config(
-            compose_cfg([*TINY, "logger=none", "norm=rms", "norm.impl=torch", "max_steps=1"])
-        ),
+        to_train_config(compose_cfg([*TINY, "norm=rms", "norm.impl=torch", "max_steps=1"])),
         tmp_path,
     )
     assert summary["preflight"]["impl"] == "torch"

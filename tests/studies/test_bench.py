@@ -567,7 +567,7 @@ def test_bench_step_and_train_run_the_same_step_function(tmp_path, monkeypatch, 
     assert main(["step", *TINY, *args, "--json", str(tmp_path / "s.json")]) == 0
     assert calls == [0, 0, 1, 1, 2, 2]  # (1 warm-up + 2 timed) steps x 2 setups, steps 0, 1, 2
     calls.clear()
-    cfg = to_train_config(compose_cfg([*TINY, "logger=none", "max_steps=3", "progress=false"]))
+    cfg = to_train_config(compose_cfg([*TINY, "max_steps=3", "progress=false"]))
     assert train(cfg, tmp_path / "run")["status"] == "completed"
     assert calls == [0, 1, 2]
 

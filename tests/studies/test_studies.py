@@ -275,7 +275,7 @@ def test_breakdown_sums_to_the_step_time():
 
 
 def test_norm_cost_aggregation_sums_to_the_total_on_a_tiny_model():
-    setup = build_setup([*TINY, "logger=none", "norm.impl=torch"])
+    setup = build_setup([*TINY, "norm.impl=torch"])
     model = setup.run.model
     timer = ModuleTimer(model, setup.run.device)
     b = hooked_step(setup, timer)

@@ -118,7 +118,7 @@ def _train_tiny(compose_cfg, tmp_path, *overrides):
 
     from ..conftest import TINY
 
-    train(to_train_config(compose_cfg([*TINY, "logger=none", *overrides])), tmp_path)
+    train(to_train_config(compose_cfg([*TINY, *overrides])), tmp_path)
     return [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
 
 

@@ -113,14 +113,14 @@ def test_two_processes_train_like_one_write_one_run_and_stop_and_resume_together
 ):
     # One process, the same global batch (4 micro-batches of 4 sequences per step), in process.
     single = train(
-        to_train_config(compose_cfg([*RUN, "logger=none"])),
+        to_train_config(compose_cfg(RUN)),
         tmp_path / "single",
         RunOptions(ckpt_interval=0),
     )
     assert single["status"] == "completed" and single["world_size"] == 1
 
     # Two processes; SIGTERM reaches rank 1 alone, in step 3: both stop after step 3.
-    r = torchrun(RUN, tmp_path, signal_at=("SIGTERM", 3, 1))
+    r = torchrun([*RUN, "logger=wandb"], tmp_path, signal_at=("SIGTERM", 3, 1))  # rank 0's run
     assert r.returncode != 0, r.stderr  # both ranks exit 143; torchrun reports the failure
     (run,) = (tmp_path / "outputs" / "runs").iterdir()  # one run dir: ranks > 0 made none
     assert r.stderr.count("normlab: SIGTERM after step 3: checkpoint saved") == 1, (
@@ -185,9 +185,7 @@ def test_the_preemption_signal_checkpoints_and_stops_the_run(
     compose_cfg, tmp_path, signal_after_step
 ):
     signal_after_step(signal.SIGUSR2, 2)
-    summary = train(
-        to_train_config(compose_cfg([*TINY, "logger=none"])), tmp_path, RunOptions(ckpt_interval=0)
-    )
+    summary = train(to_train_config(compose_cfg([*TINY])), tmp_path, RunOptions(ckpt_interval=0))
     assert (
         summary["status"] == "interrupted"
         and summary["signal"] == "SIGUSR2"
@@ -236,5 +234,5 @@ def test_a_grad_accum_that_does_not_divide_among_the_processes_is_refused(
     with pytest.raises(
         ConfigError, match=r"^optim.grad_accum=3 is not divisible by the 2 processes"
     ):
-        train(to_train_config(compose_cfg([*TINY, "logger=none", "optim.grad_accum=3"])), tmp_path)
+        train(to_train_config(compose_cfg([*TINY, "optim.grad_accum=3"])), tmp_path)
     assert not tmp_path.joinpath("metrics.jsonl").exists()

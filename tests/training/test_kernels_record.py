@@ -21,7 +21,7 @@ from ..conftest import TINY
 
 
 def test_a_cpu_run_records_the_kernel_of_each_norm_position(compose_cfg, tmp_path):
-    overrides = [*TINY, "logger=none", "max_steps=1", "norm=rms", "norm.qk=head"]
+    overrides = [*TINY, "max_steps=1", "norm=rms", "norm.qk=head"]
     summary = train(to_train_config(compose_cfg(overrides)), tmp_path)
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     cpp = {"impl_class": "normlab.norms.cpp_impl.CppRMSNorm", "backend": "normlab_cpu"}

@@ -115,7 +115,7 @@ def test_summary_records_the_measured_peak_and_reports_mfu_against_it(
 
     monkeypatch.setenv("NORMLAB_CACHE", str(tmp_path / "cache"))  # tokens re-made: tiny corpus
     monkeypatch.setattr(peak, "measure_tflops", lambda d, dt: {"fp32": 0.02, "bf16": 0.05}[dt])
-    cfg = cfg_tiny("logger=none", "norm.impl=torch")
+    cfg = cfg_tiny("norm.impl=torch")
     s = train(cfg, tmp_path / "run")
     assert (s["peak_tflops"], s["peak_tflops_source"], s["peak_dtype"]) == (
         0.02,
@@ -125,6 +125,6 @@ def test_summary_records_the_measured_peak_and_reports_mfu_against_it(
     flops_per_token = build_run(cfg).model.flops_per_token()
     want = flops_per_token * s["tokens_per_s"] / 0.02e12  # achieved FLOP/s over the peak
     assert s["mfu"] == pytest.approx(want)
-    s = train(cfg_tiny("logger=none", "norm.impl=torch", "peak_tflops=0.5"), tmp_path / "run2")
+    s = train(cfg_tiny("norm.impl=torch", "peak_tflops=0.5"), tmp_path / "run2")
     assert (s["peak_tflops"], s["peak_tflops_source"]) == (0.5, "configured")
     assert s["mfu"] == pytest.approx(flops_per_token * s["tokens_per_s"] / 0.5e12)

@@ -71,12 +71,11 @@ def wandb_ids(run_dir: Path) -> list[str]:
 def test_a_run_killed_with_sigkill_and_resumed_logs_the_losses_of_an_uninterrupted_run(tmp_path):
     args = [*RUN, "max_steps=16", "ckpt_interval=5"]
     full, killed = tmp_path / "full", tmp_path / "killed"
-    r = cli(
-        [*args, "logger=none", f"hydra.run.dir={full}"], tmp_path
-    )  # logger is not in the config hash
+    r = cli([*args, f"hydra.run.dir={full}"], tmp_path)
     assert r.returncode == 0, r.stderr
 
-    r = cli([*args, f"hydra.run.dir={killed}"], tmp_path, signal_at=("SIGKILL", 13))
+    # logger is not in the config hash: the killed run logs to wandb, the uninterrupted one not
+    r = cli([*args, "logger=wandb", f"hydra.run.dir={killed}"], tmp_path, signal_at=("SIGKILL", 13))
     assert r.returncode == -signal.SIGKILL
     assert [s for s, _ in losses(killed)] == list(range(0, 14))
     assert [s for s, _ in ckpt.list_checkpoints(killed / "checkpoints")] == [10, 5]

@@ -203,7 +203,7 @@ def test_a_bpe_run_finds_its_tokenizer_in_its_token_folder_or_the_summarys(tmp_p
 @pytest.mark.slow
 def test_a_run_trained_by_the_train_cli_prints_text(tmp_path, one_thread, capsys):
     run_dir = tmp_path / "run"
-    overrides = [*TINY, "logger=none", "max_steps=30", "eval_interval=15", "optim.lr=3e-3"]
+    overrides = [*TINY, "max_steps=30", "eval_interval=15", "optim.lr=3e-3"]
     r = run_cli([*overrides, "sample_interval=15", f"hydra.run.dir={run_dir}"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     log = (run_dir / "train.log").read_text()  # samples during training go to the run's log
@@ -268,7 +268,7 @@ def test_training_samples_are_the_run_models_continuation_of_a_fixed_prompt(
     from normlab.training.loop import train
 
     caplog.set_level(logging.INFO, logger="normlab")
-    cfg = cfg_tiny("logger=none", "model.dropout=0.1", "sample_interval=4", "sample_tokens=12")
+    cfg = cfg_tiny("model.dropout=0.1", "sample_interval=4", "sample_tokens=12")
     train(cfg, tmp_path / "a")
     samples = _samples(caplog)
     assert sorted(samples) == [4, 6]  # every 4 steps, and at the end
@@ -282,7 +282,7 @@ def test_training_samples_are_the_run_models_continuation_of_a_fixed_prompt(
     assert samples[6].startswith(run.tokenizer.decode(prompt))
     # sampling draws no global random number: with dropout on, the losses are those of a run
     # without samples
-    train(cfg_tiny("logger=none", "model.dropout=0.1"), tmp_path / "b")
+    train(cfg_tiny("model.dropout=0.1"), tmp_path / "b")
     a, b = ([json.loads(x).get("train/loss") for x in (tmp_path / d / "metrics.jsonl").open()]
             for d in ("a", "b"))  # fmt: skip
     assert a == b
@@ -325,7 +325,7 @@ def test_a_tokenizer_that_cannot_load_costs_the_samples_not_the_run(
         raise DataError("the gpt2 tokenizer needs its files: offline")
 
     monkeypatch.setattr(TokenData, "load_tokenizer", offline)
-    summary = train(cfg_tiny("logger=none", "sample_interval=2"), tmp_path)
+    summary = train(cfg_tiny("sample_interval=2"), tmp_path)
     assert summary["status"] == "completed" and summary["steps_done"] == 6
     warned = [r.getMessage() for r in caplog.records if "no samples" in r.getMessage()]
     assert warned == ["no samples: the tokenizer cannot be loaded (the gpt2 tokenizer needs its "
@@ -340,7 +340,7 @@ def test_samples_of_a_compiled_norm_run_do_not_recompile_the_training_model(cfg_
     samples are there."""
     from normlab.training.loop import train
 
-    cfg = cfg_tiny("logger=none", "norm.impl=compiled", "sample_interval=3", "sample_tokens=12")
+    cfg = cfg_tiny("norm.impl=compiled", "sample_interval=3", "sample_tokens=12")
     summary = train(cfg, tmp_path)
     assert summary["status"] == "completed", summary.get("error")
     assert summary["norm_impl"] == "compiled"

@@ -119,7 +119,7 @@ def test_global_and_block_grad_norms_are_taken_before_clipping_and_after_unscali
     """Clipping to 1e-3 and an fp16 loss scale of 1024: a norm taken after clipping would read
     1e-3, one taken before unscaling 1024 times too much. Both must equal the norm of the plain
     gradient of the step's loss (a power-of-2 scale is exact, so fp16 agrees to rounding)."""
-    overrides = [*TINY, "logger=none", "optim.grad_clip=1e-3", f"precision={precision}"]
+    overrides = [*TINY, "optim.grad_clip=1e-3", f"precision={precision}"]
     run = build_run(to_train_config(compose_cfg([*overrides, "precision.init_scale=1024"])))
     ref = copy.deepcopy(run.model)
     x, y = run.sampler.train_batch(0, 0)
@@ -152,7 +152,7 @@ def test_a_run_without_diag_interval_registers_no_hook(compose_cfg, tmp_path, mo
     monkeypatch.setattr(ActivationRecorder, "hooks", refuse)
     monkeypatch.setattr(nn.Module, "register_forward_hook", refuse)
     monkeypatch.setattr(nn.Module, "register_forward_pre_hook", refuse)
-    cfg = to_train_config(compose_cfg([*TINY, "logger=none", "max_steps=3"]))
+    cfg = to_train_config(compose_cfg([*TINY, "max_steps=3"]))
     assert cfg.diag_interval is None
     summary = train(cfg, tmp_path)
     assert summary["status"] == "completed" and summary["loss_spikes"] == 0

@@ -35,7 +35,7 @@ def rows_of(run_dir):
 def test_the_budget_ends_the_run_evaluated_checkpointed_and_completed(
     cfg_tiny, tmp_path, steps_of_100_ms
 ):
-    cfg = cfg_tiny("logger=none", "max_steps=20", "eval_interval=10", "max_time_s=0.35")
+    cfg = cfg_tiny("max_steps=20", "eval_interval=10", "max_time_s=0.35")
     summary = train(cfg, tmp_path, RunOptions(ckpt_interval=0))
     # 0.1, 0.2, 0.3, 0.4 s: the budget is spent by step 4, which is the last
     assert summary["status"] == "completed" and summary["stopped_by"] == "max_time_s"
@@ -54,17 +54,17 @@ def test_the_budget_ends_the_run_evaluated_checkpointed_and_completed(
 
 
 def test_a_tiny_real_budget_stops_after_the_first_step(cfg_tiny, tmp_path):
-    summary = train(cfg_tiny("logger=none", "max_steps=50", "max_time_s=1e-9"), tmp_path)
+    summary = train(cfg_tiny("max_steps=50", "max_time_s=1e-9"), tmp_path)
     assert summary["status"] == "completed" and summary["stopped_by"] == "max_time_s"
     assert summary["steps_done"] == 1 and summary["train_time_s"] > 1e-9
     assert [r["step"] for r in rows_of(tmp_path) if "val/loss" in r] == [0, 1]
 
 
 def test_a_larger_budget_continues_a_run_its_budget_stopped(cfg_tiny, tmp_path, steps_of_100_ms):
-    first = train(cfg_tiny("logger=none", "max_steps=20", "max_time_s=0.25"), tmp_path)
+    first = train(cfg_tiny("max_steps=20", "max_time_s=0.25"), tmp_path)
     assert first["steps_done"] == 3
     summary = train(
-        cfg_tiny("logger=none", "max_steps=20", "max_time_s=0.55"),
+        cfg_tiny("max_steps=20", "max_time_s=0.55"),
         tmp_path,
         RunOptions(resume="auto"),
     )

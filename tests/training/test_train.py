@@ -53,7 +53,7 @@ def test_step_timer_leaves_warmup_steps_out_of_its_summary():
 
 
 def test_a_tiny_run_writes_metrics_and_summary(compose_cfg, tmp_path):
-    cfg = to_train_config(compose_cfg([*TINY, "logger=none", "norm=rms", "norm.impl=reference"]))
+    cfg = to_train_config(compose_cfg([*TINY, "norm=rms", "norm.impl=reference"]))
     summary = train(cfg, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4, 5, 6]  # step 0: the initial model
@@ -108,7 +108,7 @@ def test_a_tiny_run_writes_metrics_and_summary(compose_cfg, tmp_path):
 
 
 def test_gradient_accumulation_consumes_every_micro_batch(compose_cfg, tmp_path):
-    cfg = to_train_config(compose_cfg([*TINY, "logger=none", "optim.grad_accum=3", "max_steps=2"]))
+    cfg = to_train_config(compose_cfg([*TINY, "optim.grad_accum=3", "max_steps=2"]))
     summary = train(cfg, tmp_path)
     assert summary["status"] == "completed"
     assert summary["tokens_per_s"] == pytest.approx(
@@ -117,9 +117,7 @@ def test_gradient_accumulation_consumes_every_micro_batch(compose_cfg, tmp_path)
 
 
 def test_bf16_autocast_run_trains_on_cpu(compose_cfg, tmp_path):
-    summary = train(
-        to_train_config(compose_cfg([*TINY, "logger=none", "precision=bf16"])), tmp_path
-    )
+    summary = train(to_train_config(compose_cfg([*TINY, "precision=bf16"])), tmp_path)
     assert summary["status"] == "completed" and math.isfinite(summary["final_val_loss"])
 
 
@@ -155,7 +153,7 @@ def test_an_unknown_optimizer_is_refused_with_the_allowed_names(tmp_path):
 
 
 def _tiny(compose_cfg, *overrides):
-    return to_train_config(compose_cfg([*TINY, "logger=none", *overrides]))
+    return to_train_config(compose_cfg([*TINY, *overrides]))
 
 
 def test_the_host_reads_metrics_once_per_log_interval(compose_cfg, tmp_path, monkeypatch):
