@@ -131,7 +131,10 @@ def train_main(monkeypatch, capsys) -> Callable[[list[str], Path], tuple[int, st
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     for name in (SWEPT_ENV, "WANDB_QUIET"):  # main sets them: monkeypatch restores them
-        monkeypatch.setenv(name, os.environ.get(name, ""))
+        old = os.environ.get(name)
+        monkeypatch.setenv(name, old or "unset")  # undo: back to the old value, or unset
+        if old is None:
+            monkeypatch.delenv(name)
 
     def run(args: list[str], cwd: Path) -> tuple[int, str, str]:
         monkeypatch.chdir(cwd)

@@ -211,10 +211,10 @@ def snapshot(run: Path) -> dict[str, tuple[int, bytes]]:
 
 
 @pytest.mark.slow
-def test_resuming_a_completed_run_says_so_in_one_line_and_changes_nothing(tmp_path):
+def test_resuming_a_completed_run_says_so_in_one_line_and_changes_nothing(tmp_path, train_main):
     run = tmp_path / "run"
-    r = run_cli([*TINY, "logger=wandb", f"hydra.run.dir={run}"], tmp_path)  # a wandb run dir
-    assert r.returncode == 0, r.stderr
+    code, _, err = train_main([*TINY, "logger=wandb", f"hydra.run.dir={run}"], tmp_path)
+    assert code == 0, err  # a wandb run dir
     before, log_before = snapshot(run), (run / "train.log").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["status"] == "completed" and list(run.glob("wandb/offline-run-*"))
@@ -222,9 +222,9 @@ def test_resuming_a_completed_run_says_so_in_one_line_and_changes_nothing(tmp_pa
         [f"resume={run}"],
         [*TINY, "logger=wandb", f"hydra.run.dir={run}", "resume=auto"],
     ):
-        r = run_cli(again, tmp_path)
-        assert r.returncode == 0, r.stderr
-        assert r.stderr.splitlines() == [
+        code, _, err = train_main(again, tmp_path)
+        assert code == 0, err
+        assert err.splitlines() == [
             f"normlab: {run} already completed 6 of max_steps=6 steps "
             f"(final val loss {summary['final_val_loss']:.4f}): nothing to do, nothing changed"
         ]

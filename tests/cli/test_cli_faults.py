@@ -12,8 +12,8 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,27 +28,30 @@ from ..conftest import REPO, TINY
 
 RUN = [*TINY, "max_steps=4", "eval_interval=2", "ckpt_interval=0"]
 
-#: The real CLI; with NORMLAB_TEST_SIGTERM_AT=N it sends itself SIGTERM after step N's row.
-DRIVER = """
-import os, signal
-import normlab.training.tracking as tracking
-at = int(os.environ.get("NORMLAB_TEST_SIGTERM_AT", "0"))
-log = tracking.MetricsLogger.log
-def log_then_signal(self, row):
-    log(self, row)
-    if at and row["step"] == at:  # 0: never (step 0 is the initial evaluation's row)
-        os.kill(os.getpid(), signal.SIGTERM)
-tracking.MetricsLogger.log = log_then_signal
-from normlab.commands.train import main
-main()
-"""
 
+@pytest.fixture
+def cli(train_main, monkeypatch) -> Callable[..., subprocess.CompletedProcess]:
+    """``cli(args, cwd, sigterm_at=0)``: the real ``train`` main() in this process (exit status,
+    stdout, stderr as a ``CompletedProcess``); ``sigterm_at=N`` sends this process SIGTERM right
+    after step N's metrics row (0: never; step 0 is the initial evaluation's row), for that call
+    only. train's handler turns it into a checkpoint and exit status 143, as in a process of its
+    own."""
+    at = [0]
+    log = tracking.MetricsLogger.log
 
-def cli(args: list[str], cwd: Path, sigterm_at: int = 0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="0", OMP_NUM_THREADS="1")
-    env["NORMLAB_TEST_SIGTERM_AT"] = str(sigterm_at)
-    cmd = [sys.executable, "-c", DRIVER, *args]
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    def log_then_signal(self, row):
+        log(self, row)
+        if at[0] and row["step"] == at[0]:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(tracking.MetricsLogger, "log", log_then_signal)
+
+    def run(args: list[str], cwd: Path, sigterm_at: int = 0) -> subprocess.CompletedProcess:
+        at[0] = sigterm_at
+        code, out, err = train_main(args, cwd)
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return run
 
 
 def summary(run: Path) -> dict:
@@ -102,7 +105,7 @@ def test_a_path_survives_hydras_grammar_quoted_when_it_must_be(path, quoted):
 
 
 @pytest.mark.slow
-def test_relative_paths_are_the_launch_dirs_under_hydra_job_chdir(tmp_path):
+def test_relative_paths_are_the_launch_dirs_under_hydra_job_chdir(tmp_path, cli):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     for i in range(4):  # text_files holds out whole files: several are needed
@@ -126,7 +129,7 @@ def test_relative_paths_are_the_launch_dirs_under_hydra_job_chdir(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_dir_whose_name_holds_equals_signs_resumes_by_path(tmp_path):
+def test_a_run_dir_whose_name_holds_equals_signs_resumes_by_path(tmp_path, cli):
     run = tmp_path / "ckpt" / "epoch=3-step=100"
     r = cli([*RUN, as_override("hydra.run.dir", str(run))], tmp_path, sigterm_at=2)
     assert r.returncode == 128 + signal.SIGTERM, r.stderr
@@ -139,7 +142,7 @@ def test_a_run_dir_whose_name_holds_equals_signs_resumes_by_path(tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_auto_in_a_given_run_dir_keeps_the_first_invocations_record(tmp_path):
+def test_resume_auto_in_a_given_run_dir_keeps_the_first_invocations_record(tmp_path, cli):
     run = tmp_path / "ckpt" / "epoch=1"  # given quoted, as Hydra's grammar needs it
     first = [*RUN, f"hydra.run.dir='{run}'", "resume=auto"]
     r = cli(first, tmp_path, sigterm_at=2)
@@ -191,7 +194,7 @@ def test_an_online_wandb_whose_server_never_answers_gives_up_after_init_timeout_
 
 
 @pytest.mark.slow
-def test_a_sweep_continued_in_its_dir_keeps_each_jobs_first_record(tmp_path):
+def test_a_sweep_continued_in_its_dir_keeps_each_jobs_first_record(tmp_path, cli):
     sweep = tmp_path / "sweep"
     first = ["-m", "norm=layer,rms", *RUN, f"hydra.sweep.dir={sweep}", "resume=auto"]
     r = cli(first, tmp_path, sigterm_at=2)  # job 0 is stopped after step 2; so is the sweep

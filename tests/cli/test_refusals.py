@@ -131,15 +131,15 @@ def _tree(root: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_a_refused_relaunch_into_a_sweep_dir_changes_nothing_on_disk(tmp_path):
+def test_a_refused_relaunch_into_a_sweep_dir_changes_nothing_on_disk(tmp_path, train_main):
     sweep = tmp_path / "sweep"
-    first = run_cli(["-m", *FAST, "seed=0", f"hydra.sweep.dir={sweep}"], tmp_path, env=ONE_THREAD)
-    assert first.returncode == 0, first.stderr
+    code, _, err = train_main(["-m", *FAST, "seed=0", f"hydra.sweep.dir={sweep}"], tmp_path)
+    assert code == 0, err
     before = _tree(sweep)
     for again in (["optim.lr=1e-3"], ["optim.lr=1e-3", "max_steps=3", "resume=auto"]):
         args = ["-m", *FAST, "seed=0", *again, f"hydra.sweep.dir={sweep}"]
-        r = run_cli(args, tmp_path, env=ONE_THREAD)
-        assert r.returncode == 1 and "1 of 1 runs did not complete" in r.stderr
+        code, _, err = train_main(args, tmp_path)
+        assert code == 1 and "1 of 1 runs did not complete" in err, err
         assert _tree(sweep) == before, f"{again}: a refused relaunch changed files"
     (job,) = [p for p in sweep.iterdir() if p.is_dir()]
     assert "optim.lr" not in (job / ".hydra" / "overrides.yaml").read_text()
