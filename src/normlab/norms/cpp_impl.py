@@ -218,9 +218,21 @@ def _compiler_dies_with_us():
         return
 
     def handle(signum: int, frame: object) -> None:
-        for pid in reversed(_descendants(os.getpid())):  # the compilers before ninja
+        # stop the whole tree first: a process ninja or the driver starts between a scan and the
+        # kill of its parent would be orphaned (no longer a descendant) and outlive the run
+        stopped: list[int] = []
+        for _ in range(100):
+            new = [p for p in _descendants(os.getpid()) if p not in stopped]
+            if not new:
+                break
+            for pid in new:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            stopped += new
+        for pid in reversed(stopped):  # the compilers before ninja
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGCONT)  # a stopped process acts on its SIGTERM once resumed
         raise _Terminated(signum)
 
     previous = signal.signal(signal.SIGTERM, handle)
