@@ -165,16 +165,19 @@ def one_thread():
 @pytest.fixture
 def signal_after_step(monkeypatch):
     """``signal_after_step(sig, step)``: send ``sig`` to this process right after metrics.jsonl
-    gets the row of ``step`` (a deterministic interruption point for in-process runs)."""
+    gets the row of ``step`` (a deterministic interruption point for in-process runs). A later
+    call re-arms it for the runs that follow; ``step=None`` disarms it."""
+    armed: dict = {}
+    log = tracking.MetricsLogger.log
 
-    def arm(sig: signal.Signals, step: int) -> None:
-        log = tracking.MetricsLogger.log
+    def log_then_signal(self, row):
+        log(self, row)
+        if armed and armed["step"] is not None and row["step"] == armed["step"]:
+            os.kill(os.getpid(), armed["sig"])
 
-        def log_then_signal(self, row):
-            log(self, row)
-            if row["step"] == step:
-                os.kill(os.getpid(), sig)
+    monkeypatch.setattr(tracking.MetricsLogger, "log", log_then_signal)
 
-        monkeypatch.setattr(tracking.MetricsLogger, "log", log_then_signal)
+    def arm(sig: signal.Signals, step: int | None) -> None:
+        armed.update(sig=sig, step=step)
 
     return arm

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -30,24 +29,15 @@ RUN = [*TINY, "max_steps=4", "eval_interval=2", "ckpt_interval=0"]
 
 
 @pytest.fixture
-def cli(train_main, monkeypatch) -> Callable[..., subprocess.CompletedProcess]:
+def cli(train_main, signal_after_step) -> Callable[..., subprocess.CompletedProcess]:
     """``cli(args, cwd, sigterm_at=0)``: the real ``train`` main() in this process (exit status,
     stdout, stderr as a ``CompletedProcess``); ``sigterm_at=N`` sends this process SIGTERM right
     after step N's metrics row (0: never; step 0 is the initial evaluation's row), for that call
     only. train's handler turns it into a checkpoint and exit status 143, as in a process of its
     own."""
-    at = [0]
-    log = tracking.MetricsLogger.log
-
-    def log_then_signal(self, row):
-        log(self, row)
-        if at[0] and row["step"] == at[0]:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    monkeypatch.setattr(tracking.MetricsLogger, "log", log_then_signal)
 
     def run(args: list[str], cwd: Path, sigterm_at: int = 0) -> subprocess.CompletedProcess:
-        at[0] = sigterm_at
+        signal_after_step(signal.SIGTERM, sigterm_at or None)
         code, out, err = train_main(args, cwd)
         return subprocess.CompletedProcess(args, code, out, err)
 
