@@ -124,12 +124,12 @@ def train_main(monkeypatch, capsys) -> Callable[[list[str], Path], tuple[int, st
     """``train_main(args, cwd) -> (exit status, stdout, stderr)``: the ``train`` console script's
     ``main()`` with ``args`` in this process (no interpreter start, no torch import: seconds less
     than :func:`run_cli`), in ``cwd``; the environment, the root logger (Hydra configures it per
-    job) and the one intra-op thread of the session are restored after the test."""
+    job) and torch's thread count are restored after the test."""
     from normlab.commands.train import main
     from normlab.commands.train_args import SWEPT_ENV
 
     root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
+    handlers, level, threads = root.handlers[:], root.level, torch.get_num_threads()
     for name in (SWEPT_ENV, "WANDB_QUIET"):  # main sets them: monkeypatch restores them
         old = os.environ.get(name)
         monkeypatch.setenv(name, old or "unset")  # undo: back to the old value, or unset
@@ -144,13 +144,14 @@ def train_main(monkeypatch, capsys) -> Callable[[list[str], Path], tuple[int, st
             main()
             code = 0
         except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
+            # as the interpreter maps it: None is 0, a message is 1
+            code = 0 if e.code is None else e.code if isinstance(e.code, int) else 1
         out = capsys.readouterr()
         return code, out.out, out.err
 
     yield run
     root.handlers[:], root.level = handlers, level
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture
