@@ -28,6 +28,8 @@ from normlab.norms import norm_class, resolve_norm
 from normlab.training.diagnostics import ActivationRecorder, named_norms
 from normlab.training.loop import train
 
+from .test_norm_placement import perturbed
+
 D, V, T, H = 16, 32, 8, 2
 
 
@@ -38,17 +40,6 @@ def gpt(n_layer=4, seed=0, kind=NormKind.layer, **norm) -> GPT:
     torch.manual_seed(seed)
     norm.setdefault("impl", NormImpl.reference)
     return GPT(cfg, resolve_norm(NormConfig(kind=kind, **norm), "cpu"))
-
-
-def perturbed(model: GPT) -> GPT:
-    """Gains and biases away from 1 and 0, so that every norm's parameters matter."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for _, _, norm in named_norms(model):
-            norm.weight.copy_(1 + 0.5 * torch.rand(norm.weight.shape, generator=g))
-            if getattr(norm, "bias", None) is not None:
-                norm.bias.copy_(0.3 * torch.randn(norm.bias.shape, generator=g))
-    return model
 
 
 def x_in() -> torch.Tensor:
