@@ -7,12 +7,14 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 
 from normlab.compose import to_train_config
 from normlab.config import ConfigError, TrainConfig
 from normlab.evals import DownstreamEval, load_task
 from normlab.evals.tasks import INSTALL
+from normlab.training.checkpoint import CKPT_DIR, load_checkpoint, load_latest, save_checkpoint
 from normlab.training.loop import train
 from normlab.training.setup import build_run
 
@@ -111,3 +113,23 @@ def test_tasks_are_scored_at_every_evaluation_and_kept_in_the_summary(compose_cf
     assert [r.get("train/loss") for r in rows] == [r.get("train/loss") for r in plain_rows]
     assert plain["final_downstream"] == {}
     assert len(load_task("piqa", 6)) == 6
+
+
+def test_a_checkpoint_written_after_every_task_scored_loads_with_the_safe_loader(
+    compose_cfg, tmp_path
+):
+    cfg = _cfg(compose_cfg, "eval_tasks=[piqa,lambada]", "eval_task_items=6")
+    train(cfg, tmp_path, downstream=DownstreamEval(("piqa", "lambada"), limit=6))
+    loaded = load_latest(tmp_path / CKPT_DIR)
+    assert loaded.state is not None and not loaded.skipped
+    row = loaded.state["val_row"]
+    assert isinstance(row["downstream/piqa/acc"], float)
+    assert type(row["downstream/piqa/acc"]) is float  # not numpy.float64: weights_only refuses it
+
+
+def test_numpy_scalars_are_stored_as_python_numbers(tmp_path):
+    state = {"step": 3, "row": {"a": np.float64(0.5), "b": [np.int64(2)]}, "t": (np.float32(1),)}
+    path = save_checkpoint(tmp_path, state, keep=1)
+    back = load_checkpoint(path)
+    assert back["row"] == {"a": 0.5, "b": [2]} and type(back["row"]["a"]) is float
+    assert back["t"] == (1.0,)

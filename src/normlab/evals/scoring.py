@@ -159,7 +159,7 @@ def tie_credit(scores: np.ndarray, label: int) -> float:
     :data:`TIE_RTOL`), else 0."""
     best = scores.max()
     tied = np.abs(scores - best) <= TIE_RTOL * max(abs(best), 1e-300)
-    return 1.0 / tied.sum() if tied[label] else 0.0
+    return 1.0 / int(tied.sum()) if tied[label] else 0.0  # a float, never a numpy scalar
 
 
 @dataclass(frozen=True)

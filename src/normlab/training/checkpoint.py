@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 #: Version of the state layout; a checkpoint of another version is skipped, not misread.
@@ -66,6 +67,21 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found, key=lambda sp: (sp[0], sp[1].stat().st_mtime_ns), reverse=True)
 
 
+def plain(value: Any) -> Any:
+    """``value`` with every numpy scalar or array outside tensors turned into Python numbers and
+    lists, in dicts, lists and tuples at any depth: what ``torch.load(weights_only=True)`` reads
+    back (it refuses numpy types, so an eval row of numpy floats made a checkpoint unreadable)."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if type(value) is tuple:  # plain tuples only (random.getstate()); no namedtuple is stored
+        return tuple(plain(v) for v in value)
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    return value
+
+
 def save_checkpoint(directory: Path, state: dict[str, Any], keep: int) -> Path:
     """Write ``state`` (must hold ``step``) atomically to ``directory``; keep the newest ``keep``.
 
@@ -82,7 +98,7 @@ def save_checkpoint(directory: Path, state: dict[str, Any], keep: int) -> Path:
     h = hashlib.sha256()
     try:
         with open(tmp, "wb") as f:
-            torch.save({**state, "format": FORMAT}, _HashingWriter(f, h))
+            torch.save({**plain(state), "format": FORMAT}, _HashingWriter(f, h))
             f.flush()
             os.fsync(f.fileno())
         path = directory / f"step-{step:08d}-{h.hexdigest()[:16]}.pt"
