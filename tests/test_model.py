@@ -105,3 +105,22 @@ def test_flops_per_token_follow_6n_plus_attention_term():
         model.flops_per_token()
         == 6 * model.num_params() + 12 * c.n_layer * c.d_model * c.context_length
     )
+
+
+def test_an_untied_head_is_a_parameter_of_its_own_drawn_at_the_same_std_and_counted():
+    cfg = dict(name="t", n_layer=2, n_head=2, d_model=32, context_length=16, vocab_size=64)
+    norm = resolve_norm(NormConfig(), "cpu")
+    torch.manual_seed(5)
+    tied = GPT(ModelConfig(**cfg), norm)
+    torch.manual_seed(5)
+    untied = GPT(ModelConfig(**cfg, tie_head=False), norm)
+    assert untied.head.weight is not untied.tok_emb.weight
+    assert not torch.equal(untied.head.weight, untied.tok_emb.weight)
+    assert untied.num_params() == tied.num_params() + 64 * 32
+    # the same draws in the same order: the head's draw is the tied weight's last draw
+    assert torch.equal(untied.head.weight, tied.head.weight)
+    assert torch.equal(untied.blocks[1].mlp.fc.weight, tied.blocks[1].mlp.fc.weight)
+    idx = torch.randint(0, 64, (2, 8))
+    loss = untied(idx, idx)[1]
+    loss.backward()
+    assert untied.head.weight.grad is not None and untied.tok_emb.weight.grad is not None

@@ -199,7 +199,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, norm, i) for i in range(cfg.n_layer))
         self.final = _norm(norm, "final", None, C) if "final" in used else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.head.weight = self.tok_emb.weight  # weight tying (Press & Wolf 2017)
+        if cfg.tie_head:  # weight tying (Press & Wolf 2017); untied: the head draws its own
+            self.head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
         if norm.placement == Placement.deepnorm:
             self._scale_branches((8 * cfg.n_layer) ** -0.25)
@@ -242,7 +243,7 @@ class GPT(nn.Module):
             norm.reset_gate(torch.Generator().manual_seed(seed))
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count: the tied head once, position embeddings excluded by default."""
+        """Parameter count (a tied head once), position embeddings excluded by default."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.pos_emb.weight.numel() if non_embedding else n
 
