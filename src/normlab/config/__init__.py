@@ -27,8 +27,10 @@ from normlab.config.norm_table import (
 )
 from normlab.config.run import (
     CliConfig,
+    DecayShape,
     LoggerConfig,
     LoggerKind,
+    LrSchedule,
     ModelConfig,
     NormWeightDecay,
     OptimConfig,
@@ -59,6 +61,8 @@ __all__ = [
     "Precision",
     "NormWeightDecay",
     "OptimName",
+    "LrSchedule",
+    "DecayShape",
     "LoggerKind",
     "WandbMode",
     "ModelConfig",

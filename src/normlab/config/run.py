@@ -42,6 +42,27 @@ class NormWeightDecay(Enum):
     input_only = "input_only"
 
 
+class LrSchedule(Enum):
+    """The learning rate after warm-up (``optim.schedule``): ``cosine`` decays to ``min_lr`` over
+    the whole run (Loshchilov & Hutter 2017); ``wsd`` (warm-up, stable, decay: Hu et al. 2024,
+    MiniCPM, arXiv:2404.06395) holds ``lr`` and decays over the last ``decay_fraction`` of the
+    steps, so a cool-down branched from the stable phase is an annealed run of a shorter budget
+    (``optim.anneal_at``)."""
+
+    cosine = "cosine"
+    wsd = "wsd"
+
+
+class DecayShape(Enum):
+    """How ``wsd`` decays from ``lr`` to ``min_lr`` as its progress p goes from 0 to 1
+    (``optim.decay_shape``); ``sqrt`` is the "1-sqrt" cool-down that Hägele et al. 2024
+    (arXiv:2405.18392) found best."""
+
+    sqrt = "sqrt"  # lr factor 1 - sqrt(p)
+    linear = "linear"  # 1 - p
+    cosine = "cosine"  # (1 + cos(pi p)) / 2
+
+
 class LoggerKind(Enum):
     wandb = "wandb"
     none = "none"
@@ -71,6 +92,7 @@ class ModelConfig:
     vocab_size: int | None = None  # null: taken from the tokenizer (256 for bytes)
     dropout: float = 0.0
     linear_bias: bool = True
+    tie_head: bool = True  # the output head shares the token embedding (Press & Wolf 2017)
     embedding_scale: bool | int | float = False  # embedding x learnable scalar: false|true|init
 
     def __post_init__(self) -> None:
@@ -127,26 +149,38 @@ class PrecisionConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to ``min_lr``."""
+    """AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to ``min_lr``, or
+    warm-up, stable ``lr`` and a decay over the last ``decay_fraction`` of the steps (``wsd``).
+
+    ``anneal_at`` (wsd only): budgets as fractions of ``max_steps``; each is evaluated on a
+    cool-down branch of the main run (``training/anneal.py``; :meth:`budgets` gives the steps).
+    """
 
     name: OptimName = OptimName.adamw  # the optimizer (adamw only)
     lr: float = 6e-4  # peak learning rate, after warm-up
-    min_lr: float = 6e-5  # learning rate at the end of the cosine decay
+    min_lr: float = 6e-5  # learning rate at the end of the decay
     weight_decay: float = 0.1  # on matrices; see norm_weight_decay for the norm gains
     norm_weight_decay: NormWeightDecay = NormWeightDecay.none  # which norm gains decay too
     beta1: float = 0.9  # AdamW first-moment decay
     beta2: float = 0.95  # AdamW second-moment decay
     eps: float = 1e-8  # AdamW denominator eps (not the norms' eps)
     warmup_steps: int = 100  # linear warm-up steps from lr/warmup_steps to lr
-    decay: bool = True  # cosine decay to min_lr over max_steps; false keeps lr constant
+    decay: bool = True  # decay to min_lr as the schedule says; false keeps lr constant
     grad_clip: float = 1.0  # max global grad norm; 0 turns clipping off
     grad_accum: int = 1
+    schedule: LrSchedule = LrSchedule.cosine  # after warm-up: cosine, or wsd (stable, then decay)
+    decay_fraction: float = 0.2  # wsd: the fraction of a budget's steps spent decaying, in (0, 1]
+    decay_shape: DecayShape = DecayShape.sqrt  # wsd: the decay's shape: sqrt, linear or cosine
+    anneal_at: list[float] = field(default_factory=list)  # wsd: budgets (of max_steps) annealed
 
     def __post_init__(self) -> None:
         self.name = _as_enum(OptimName, self.name, "optim.name")
         self.norm_weight_decay = _as_enum(
             NormWeightDecay, self.norm_weight_decay, "optim.norm_weight_decay"
         )
+        self.schedule = _as_enum(LrSchedule, self.schedule, "optim.schedule")
+        self.decay_shape = _as_enum(DecayShape, self.decay_shape, "optim.decay_shape")
+        self._check_wsd()
         _require(
             math.isfinite(self.lr) and self.lr > 0,
             "optim.lr",
@@ -165,6 +199,49 @@ class OptimConfig:
         _require(self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps, "must be >= 0")
         _require(self.grad_clip >= 0, "optim.grad_clip", self.grad_clip, "must be >= 0 (0 = off)")
         _require(self.grad_accum >= 1, "optim.grad_accum", self.grad_accum, "must be >= 1")
+
+    def _check_wsd(self) -> None:
+        """``decay_fraction`` in (0, 1]; ``anneal_at`` increasing fractions in (0, 1), with
+        ``schedule=wsd`` and ``decay=true`` only (the checks that need ``max_steps``:
+        :meth:`TrainConfig._check_anneal`)."""
+        frac = self.decay_fraction
+        ok = math.isfinite(frac) and 0 < frac <= 1
+        _require(ok, "optim.decay_fraction", frac, "must be in (0, 1] (of a budget's steps)")
+        at = [float(f) for f in self.anneal_at]
+        _require(
+            all(0 < f < 1 for f in at) and all(a < b for a, b in zip(at, at[1:], strict=False)),
+            "optim.anneal_at",
+            at,
+            "must be distinct fractions of max_steps in (0, 1), increasing, e.g. [0.25,0.5,0.75]",
+        )
+        _require(
+            not at or self.schedule == LrSchedule.wsd,
+            "optim.anneal_at",
+            at,
+            f"needs optim.schedule=wsd (a cool-down branch leaves a stable phase; got "
+            f"optim.schedule={self.schedule.name})",
+        )
+        _require(
+            not at or self.decay,
+            "optim.anneal_at",
+            at,
+            "needs optim.decay=true (without a decay a branch is the main run itself)",
+        )
+        self.anneal_at = at
+
+    def decay_start(self, max_steps: int) -> int:
+        """wsd: the steps before the decay of a run of ``max_steps`` steps (warm-up and stable):
+        ``D = max_steps - round(decay_fraction * max_steps)``; steps ``D..max_steps-1`` decay."""
+        return max_steps - round(self.decay_fraction * max_steps)
+
+    def budgets(self, max_steps: int) -> list[tuple[int, int]]:
+        """``(T, D)`` per ``anneal_at`` fraction f: the budget ``T = round(f * max_steps)`` steps
+        and its branch point ``D = decay_start(T)`` (the branch runs steps ``D..T-1``)."""
+        out = []
+        for f in self.anneal_at:
+            budget = round(f * max_steps)
+            out.append((budget, self.decay_start(budget)))
+        return out
 
 
 @dataclass
@@ -267,6 +344,7 @@ class TrainConfig:
         )
         self.norm.check(self.model.n_layer)  # the block schedule against the model's blocks
         self._check_more_keys()
+        self._check_anneal()
         inputs = {"attn_in", "mlp_in"} & set(self.norm.used_positions())
         _require(
             self.optim.norm_weight_decay != NormWeightDecay.input_only or bool(inputs),
@@ -295,6 +373,46 @@ class TrainConfig:
             ("timing_warmup_steps", self.timing_warmup_steps >= 0, "must be >= 0"),
         ]:
             _require(ok, key, getattr(self, key), allowed)
+
+    def _check_anneal(self) -> None:
+        """wsd against ``max_steps``: the decay starts after warm-up; each ``anneal_at`` budget T
+        is >= 2 steps, below ``max_steps`` and distinct, and branches at D < T with ``warmup_steps
+        <= D <=`` the main run's decay start; no ``anneal_at`` with ``max_time_s``."""
+        optim, n = self.optim, self.max_steps
+        if optim.schedule != LrSchedule.wsd or not optim.decay:
+            return
+        start, warmup = optim.decay_start(n), optim.warmup_steps
+        _require(
+            start >= warmup,
+            "optim.decay_fraction",
+            optim.decay_fraction,
+            f"with max_steps={n} the decay would start after step {start}, inside the warm-up "
+            f"(optim.warmup_steps={warmup}): lower one of them",
+        )
+        if not optim.anneal_at:
+            return
+        _require(
+            self.max_time_s is None,
+            "optim.anneal_at",
+            optim.anneal_at,
+            "needs max_time_s=null (a time budget cuts the run short; branches are budgets in "
+            "steps)",
+        )
+        seen: set[int] = set()
+        for f, (budget, branch) in zip(optim.anneal_at, optim.budgets(n), strict=True):
+            _require(
+                2 <= budget < n
+                and budget not in seen
+                and warmup <= branch < budget
+                and branch <= start,
+                "optim.anneal_at",
+                optim.anneal_at,
+                f"{f:g} x max_steps={n} is a budget of T={budget} steps branching after step "
+                f"D={branch}; each needs 2 <= T < max_steps, its own T, a cool-down of at least "
+                f"one step (D < T), and optim.warmup_steps={warmup} <= D <= {start} (the main "
+                "run's decay start)",
+            )
+            seen.add(budget)
 
     @property
     def tokens_per_step(self) -> int:

@@ -7,8 +7,10 @@ divergence. Before the first step (the row of step 0), every ``eval_interval`` s
 end the model is evaluated on the same fixed validation batches and those of the held-out corpora
 (``evaluation.py``: loss and bits per byte); every ``ckpt_interval`` steps, at the end, and when
 SIGTERM, SIGINT or SIGUSR2 (submitit's warning) arrives a checkpoint is saved; every
-``sample_interval`` steps and at the end a text sample is logged. ``summary.json`` is written
-whatever the outcome (``record.py``).
+``sample_interval`` steps and at the end a text sample is logged. With ``optim.anneal_at``, after
+each branch step (before its checkpoint) a cool-down branch trains, evaluates and is undone
+(``anneal.py``: the annealed points in ``annealed.jsonl``). ``summary.json`` is written whatever
+the outcome (``record.py``).
 
 The end is ``max_steps``, or the time budget ``max_time_s`` (training-step seconds, the clock of
 ``record.py``): once spent, the step that spent it is the last, evaluated and checkpointed, and
@@ -42,6 +44,7 @@ from normlab.config import RunOptions, TrainConfig
 from normlab.config.schedule import norm_tag
 from normlab.training import distributed
 from normlab.training import step as training_step
+from normlab.training.anneal import Annealer, open_annealer
 from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
 from normlab.training.diagnostics import ActivationRecorder, gain_stats
 from normlab.training.evaluation import TextSamples, eval_row
@@ -102,6 +105,7 @@ def train_loop(
     with distributed.StopSignals() as stop:
         if run.start == 0:  # the curves start at the initial model (a resumed run logged it)
             out.log_initial_eval(record, eval_row(run))
+        out.anneal.after_step(run, run.start, stop)  # a branch a signal cut before this resume
         for step in range(run.start, cfg.max_steps):
             progress.step = step
             # schedule (over max_steps, whatever the time budget); diagnostics every diag_interval
@@ -120,9 +124,12 @@ def train_loop(
             # sync on log steps and before an evaluation or a checkpoint: read, check, log
             evaluating = done % cfg.eval_interval == 0 or last
             saving = last or due(done, out.ckpt_interval)
-            syncing = due(done, cfg.log_interval) or evaluating or saving
+            branching = bool(out.anneal.due(done))  # a branch starts from a checked state
+            syncing = due(done, cfg.log_interval) or evaluating or saving or branching
             if syncing and not sync(run, record, metrics, out, evaluating):
                 return  # diverged
+            # cool-down branches (optim.anneal_at): annealed points; the run goes on unchanged
+            out.anneal.after_step(run, done, stop)
             # a signal to any rank stops them all here, after a checkpoint
             code = distributed.all_reduce_max(stop.code)
             stopping = signal.Signals(code).name if code and not last else None
@@ -140,6 +147,8 @@ def train_loop(
                 break
     stopped_by = "max_time_s" if progress.done < cfg.max_steps else "max_steps"
     record.complete(stopped_by, metrics, cfg.max_skipped_fraction)
+    if record.status == "completed" and stopped_by == "max_steps":
+        out.anneal.complete(run, progress.val_row)  # wsd: the budget max_steps point
 
 
 def due(done: int, interval: int | None) -> bool:
@@ -174,8 +183,9 @@ def sync(
 @dataclass
 class Outputs:
     """Where a run's outputs go: rows to ``metrics.jsonl`` and wandb (``sink``; nothing on ranks >
-    0) every ``log_interval`` steps, the progress ``bar``, text ``samples``, and checkpoints to
-    ``run_dir/checkpoints`` every ``ckpt_interval`` steps (the newest ``ckpt_keep`` kept)."""
+    0) every ``log_interval`` steps, the progress ``bar``, text ``samples``, checkpoints to
+    ``run_dir/checkpoints`` every ``ckpt_interval`` steps (the newest ``ckpt_keep`` kept), and the
+    annealed points of cool-down branches to ``run_dir/annealed.jsonl`` (``anneal``)."""
 
     run_dir: Path
     sink: MetricsLogger | NoSink
@@ -184,6 +194,7 @@ class Outputs:
     log_interval: int
     ckpt_interval: int
     ckpt_keep: int
+    anneal: Annealer
 
     def log_initial_eval(self, record: RunRecord, row: dict[str, Any]) -> None:
         """Log the evaluation of the initial model as the row of step 0 (training time 0)."""
@@ -303,6 +314,7 @@ def open_run(
         log_interval=cfg.log_interval,
         ckpt_interval=opts.ckpt_interval,
         ckpt_keep=opts.ckpt_keep,
+        anneal=open_annealer(run, run_dir),  # a resumed run's: cut back to its step
     )
     if run.resume:  # last: model building and wandb above may draw random numbers
         distributed.restore_rank_rng(state.get("rng_ranks") or [state["rng"]], cfg.seed, run.start)
@@ -318,6 +330,8 @@ def finish(
     """Complete the summary (:meth:`RunRecord.close`), write ``summary.json`` (rank 0) and close
     the sinks, whatever failed."""
     out.bar.close()
+    if out.anneal.enabled:
+        record.set_annealed(out.anneal.points)
     summary = record.close(run, timer, metrics)
     try:
         if distributed.is_main():

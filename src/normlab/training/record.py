@@ -16,7 +16,9 @@ record: ``loss_spikes`` (the count of ``metrics.SpikeCounter``'s rule, whose par
 100) and ``max_grad_norm`` (the largest finite global gradient norm
 before clipping, after fp16 unscaling; null before the first step); ``final_downstream``: ``{task:
 {"n", "chance", "acc", "acc_ci", "acc_norm", "acc_norm_ci", "bpb", ...}}`` of the ``eval_tasks`` at
-the last evaluation (``normlab-eval``'s fields; empty without tasks, null unless completed).
+the last evaluation (``normlab-eval``'s fields; empty without tasks, null unless completed);
+``annealed`` (``optim.schedule=wsd`` only): ``[{"budget_steps", "val_loss", "val_bpb"}]`` of the
+annealed points of ``annealed.jsonl`` (``anneal.py``), sorted by budget.
 
 The time budget's clock, ``Progress.train_time_s``: the sum of the training steps' wall times as
 the step timer measures them (``tracking.StepTimer``: from before the step's first forward to
@@ -139,6 +141,18 @@ class RunRecord:
             log.error("run did not train: %s", self.summary["diverged_reason"])
             return
         self._set("completed", stopped_by=stopped_by)
+
+    def set_annealed(self, points: list[dict[str, Any]]) -> None:
+        """``summary["annealed"]``: ``{"budget_steps", "val_loss", "val_bpb"}`` of each annealed
+        point (``anneal.py``; null losses for a diverged branch), sorted by budget."""
+        self.summary["annealed"] = [
+            {
+                "budget_steps": p["budget_steps"],
+                "val_loss": p.get(NAMES["val_loss"]),
+                "val_bpb": p.get(NAMES["val_bpb"]),
+            }
+            for p in sorted(points, key=lambda p: p["budget_steps"])
+        ]
 
     def flag_zero_rows(self, row: dict[str, Any]) -> None:
         """Record the first diagnosed step where a norm output exact-zero rows from non-zero input

@@ -13,21 +13,46 @@ from collections.abc import Callable
 
 import torch
 
-from normlab.config import OptimConfig
+from normlab.config import DecayShape, LrSchedule, OptimConfig
 from normlab.training import distributed
 from normlab.training.diagnostics import ActivationRecorder, block_grad_norms
 from normlab.training.setup import Run
 
 
 def lr_at(step: int, max_steps: int, cfg: OptimConfig) -> float:
-    """Learning rate for 0-based ``step``: linear warm-up to ``lr``, then cosine decay to ``min_lr``
-    at ``max_steps`` (Loshchilov & Hutter 2017, SGDR, without restarts)."""
+    """Learning rate for 0-based ``step`` of a run of ``max_steps``: linear warm-up to ``lr``
+    (``lr * (step + 1) / warmup_steps``), then (``optim.decay``) as ``optim.schedule`` says.
+
+    ``cosine``: decay to ``min_lr`` at ``max_steps`` (Loshchilov & Hutter 2017, SGDR, without
+    restarts). ``wsd`` (Hu et al. 2024, MiniCPM, arXiv:2404.06395): ``lr`` until step ``D - 1``,
+    ``D = cfg.decay_start(max_steps)``, then ``min_lr + (lr - min_lr) * shape(p)`` with ``p = (step
+    + 1 - D) / (max_steps - D)``, so the last step, ``max_steps - 1``, is at ``min_lr``; shape(p)
+    is ``1 - sqrt(p)`` (Hägele et al. 2024, arXiv:2405.18392), ``1 - p`` or ``(1 + cos(pi p)) /
+    2``. A cool-down branch of budget T calls this with ``max_steps=T``: a fresh run of T steps.
+    """
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if not cfg.decay:
         return cfg.lr
+    if cfg.schedule == LrSchedule.wsd:
+        return _wsd_decay(step, max_steps, cfg)
     progress = (step - cfg.warmup_steps) / max(1, max_steps - cfg.warmup_steps)
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))) * (cfg.lr - cfg.min_lr)
+
+
+def _wsd_decay(step: int, max_steps: int, cfg: OptimConfig) -> float:
+    """The stable phase and the decay of :func:`lr_at`'s ``wsd`` (after warm-up)."""
+    start = cfg.decay_start(max_steps)
+    if step < start:
+        return cfg.lr
+    p = min(1.0, (step + 1 - start) / max(1, max_steps - start))  # past the end: min_lr
+    if cfg.decay_shape == DecayShape.sqrt:
+        factor = 1.0 - math.sqrt(p)
+    elif cfg.decay_shape == DecayShape.linear:
+        factor = 1.0 - p
+    else:
+        factor = 0.5 * (1.0 + math.cos(math.pi * p))
+    return cfg.min_lr + factor * (cfg.lr - cfg.min_lr)
 
 
 def _accumulate(
