@@ -76,7 +76,7 @@ def test_a_better_variant_gets_a_multiplier_above_one_without_extrapolating():
 def test_a_speed_interval_widens_the_compute_interval():
     mults = [0.99, 1.0, 1.01, 1.0]
     narrow = compute_multiplier(mults, speed=1.02)
-    wide = compute_multiplier(mults, speed=1.02, speed_ci=(0.97, 1.07))
+    wide = compute_multiplier(mults, speed=1.02, speed_se=(0.02, 29))
     assert wide["ci"][0] < narrow["ci"][0] and wide["ci"][1] > narrow["ci"][1]
     assert wide["k"] == pytest.approx(narrow["k"])
 

@@ -1,6 +1,7 @@
 """The model-size ladder (normlab.report.ladder): the fitted loss-compute law on points drawn from
-a known power law, the trend of the compute multiplier across sizes (none when the multiplier is
-the same at every size, found when it grows), and the ladder report a sweep over sizes gets."""
+a known power law, fitted to size means with its lack-of-fit test and leave-largest-out prediction,
+the trend of the step multiplier across sizes (none when it is the same at every size, found when
+it grows; no 124M value unless the laws pass), and the ladder report a sweep over sizes gets."""
 
 from __future__ import annotations
 
@@ -9,13 +10,17 @@ import math
 
 import numpy as np
 import pytest
+from scipy import optimize, stats
 
 from normlab.commands.report import main
-from normlab.report import ReportError, build_ladder, load_runs
+from normlab.report import ReportError, build_ladder, load_runs, markdown, write_ladder_figures
 from normlab.report.ladder import (
+    FULL,
+    PURE,
     TARGET_PARAMS,
     fit_power_law,
     is_ladder,
+    ladder_law,
     law_value,
     multiplier_trend,
     training_flops,
@@ -41,21 +46,22 @@ def flops(size: tuple[int, int, int, int]) -> tuple[int, float]:
     return steps, (6 * n + 12 * layers * width * CTX) * steps * TOKENS_PER_STEP
 
 
-def ladder_run(root, norm, size, seed, shift, rng, noise=0.002):
-    """A run dir of one rung whose validation curve ends at the law's loss for the baseline
-    (``shift`` = 1) and is the baseline's curve stretched in steps by ``shift`` for a variant
-    (it needs ``shift`` x the steps: a compute multiplier of 1 / shift at equal step times)."""
+def ladder_run(root, norm, size, seed, shift, rng, noise=0.002, step_ms=100.0, bump=0.0):
+    """A run dir of one rung whose validation curve ends at the law's loss (plus ``bump``) for
+    the baseline (``shift`` = 1) and is the baseline's curve stretched in steps by ``shift`` for a
+    variant (it needs ``shift`` x the steps: a step multiplier of 1 / shift); ``step_ms``: its
+    median step time."""
     layers, width, heads, n = size
     steps, compute = flops(size)
     edits = {"model.n_layer": layers, "model.d_model": width, "model.n_head": heads}
     edits |= {"model.context_length": CTX, "max_steps": steps}
     ovr = [f"norm={norm}", f"seed={seed}", f"ladder=cpu_{layers}x{width}"]
-    d = write_run(
-        root, norm, seed, 0.0, edits=edits, overrides=ovr, name=f"{layers}x{width}-{norm}-{seed}"
-    )
+    name = f"{layers}x{width}-{norm}-{seed}"
+    d = write_run(root, norm, seed, 0.0, edits=edits, overrides=ovr, name=name, step_ms=step_ms)
     at = np.linspace(0, steps, 17)
     tau = steps / 10
-    loss = true_law(compute) + 2.0 * ((1 + at / (shift * tau)) ** -0.5 - (1 + steps / tau) ** -0.5)
+    loss = true_law(compute) + bump
+    loss = loss + 2.0 * ((1 + at / (shift * tau)) ** -0.5 - (1 + steps / tau) ** -0.5)
     loss = loss + rng.normal(0, noise, size=loss.shape)
     rows = [{"step": int(s), "val/loss": v, "train/loss": v} for s, v in zip(at, loss, strict=True)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -66,16 +72,20 @@ def ladder_run(root, norm, size, seed, shift, rng, noise=0.002):
     return d
 
 
-def ladder_sweep(root, shifts, seeds=3, noise=0.002):
+def ladder_sweep(root, shifts, seeds=3, noise=0.002, rms_ms=None, bumps=None, skip=()):
     """LayerNorm and RMSNorm at every rung of SIZES; RMSNorm stretched by ``shifts[i]`` at
-    rung i."""
+    rung i, with a median step time of ``rms_ms[i]`` ms (LayerNorm's: 100); both variants'
+    losses raised by ``bumps[i]`` nats; ``skip``: (norm, rung index) pairs not run."""
     rng = np.random.default_rng(0)
     (root / "multirun.yaml").parent.mkdir(parents=True, exist_ok=True)
     (root / "multirun.yaml").write_text("hydra: {}\n")
-    for size, shift in zip(SIZES, shifts, strict=True):
+    rms_ms, bumps = rms_ms or [100.0] * len(SIZES), bumps or [0.0] * len(SIZES)
+    for i, (size, shift) in enumerate(zip(SIZES, shifts, strict=True)):
         for seed in range(seeds):
-            ladder_run(root, "layer", size, seed, 1.0, rng, noise)
-            ladder_run(root, "rms", size, seed, shift, rng, noise)
+            if ("layer", i) not in skip:
+                ladder_run(root, "layer", size, seed, 1.0, rng, noise, bump=bumps[i])
+            if ("rms", i) not in skip:
+                ladder_run(root, "rms", size, seed, shift, rng, noise, rms_ms[i], bumps[i])
     return root
 
 
@@ -84,7 +94,7 @@ def ladder_sweep(root, shifts, seeds=3, noise=0.002):
 
 def test_points_from_a_known_power_law_recover_alpha_within_its_ci():
     rng = np.random.default_rng(3)
-    compute = np.repeat(np.logspace(10.5, 13.5, 6), 2)
+    compute = np.logspace(10.5, 13.5, 12)
     loss = true_law(compute) + rng.normal(0, 0.003, size=compute.shape)
     law = fit_power_law(list(compute), list(loss))
     assert law["form"] == "E + A (C/C0)^-alpha" and law["why"] is None
@@ -103,11 +113,26 @@ def test_without_a_loss_floor_the_law_falls_back_to_a_straight_line_in_log_log_a
     assert law["alpha_ci"][0] < 0.1 < law["alpha_ci"][1]
 
 
-def test_three_points_get_the_two_parameter_law_and_too_few_are_refused():
+def test_three_sizes_get_the_two_parameter_law_and_too_few_are_refused():
     law = fit_power_law([1e10, 1e11, 1e12], [3.0, 2.5, 2.1])
-    assert law["form"] == "A (C/C0)^-alpha" and law["dof"] == 1 and "3 points" in law["why"]
-    with pytest.raises(ReportError, match=">= 2 runs at 2 computes"):
+    assert law["form"] == PURE and law["dof"] == 1 and "3 sizes" in law["why"]
+    with pytest.raises(ReportError, match="needs >= 2 sizes, has 1"):
+        fit_power_law([1e10], [3.0])
+    with pytest.raises(ReportError, match="needs >= 2 sizes, has 2"):  # one compute twice
         fit_power_law([1e10, 1e10], [3.0, 2.9])
+
+
+def test_three_sizes_fit_three_parameters_with_no_interval_and_two_sizes_none():
+    compute = [1e10, 1e11, 1e12]
+    law = fit_power_law(compute, [true_law(c) for c in compute], form=FULL)
+    assert law["form"] == FULL and law["dof"] == 0 and law["alpha"] == pytest.approx(0.3, abs=1e-3)
+    assert all(map(math.isnan, law["alpha_ci"])) and math.isnan(law["se"]["alpha"])
+    assert markdown._law_row("norm=layer", {**law, "runs": 6})[5] == "n/a: 0 df"
+    with pytest.raises(ReportError, match=r"E \+ A \(C/C0\)\^-alpha needs >= 3 sizes, has 2"):
+        fit_power_law(compute[:2], [3.0, 2.5], form=FULL)
+    points = [{"shape": "a", "compute": 1e10, "loss": 3.0}]
+    none = ladder_law(points, ["a"], 0.05)
+    assert none["form"] is None and none["why"] == "a power law needs >= 2 sizes, has 1"
 
 
 # --- the multiplier trend ------------------------------------------------------------------------
@@ -152,6 +177,107 @@ def test_the_ladder_fits_each_kinds_law_on_training_compute(tmp_path):
     assert law["alpha_ci"][0] < LAW["alpha"] < law["alpha_ci"][1]
 
 
+# --- the law over size means, its checks, and what they allow ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def four_by_two(tmp_path_factory):
+    """The ladder of 4 sizes x 2 seeds, no difference between the variants."""
+    return build_ladder(ladder_sweep(tmp_path_factory.mktemp("ladder"), [1.0] * 4, seeds=2))
+
+
+def hand_means(lad, label):
+    """Per size of the laws: its compute, and the losses of the variant's runs there."""
+    out = []
+    for shape in lad.law_sizes:
+        pts = [p for p in lad.points[label] if p["shape"] == shape]
+        out.append((pts[0]["compute"], [p["loss"] for p in pts]))
+    return np.array([c for c, _ in out]), [np.array(ls) for _, ls in out]
+
+
+def hand_fit(c, y):
+    """E + A (C/C0)^-alpha by scipy's unbounded least squares, with its scaled covariance."""
+    c0 = math.exp(np.log(c).mean())
+    p0 = (LAW["E"], LAW["A"] * (c0 / 1e12) ** -LAW["alpha"], LAW["alpha"])
+    p, cov = optimize.curve_fit(lambda x, e, a, al: e + a * x**-al, c / c0, y, p0=p0)
+    return p, cov, c0
+
+
+def test_the_law_is_fitted_to_the_size_means_with_t_on_sizes_minus_parameters(four_by_two):
+    c, losses = hand_means(four_by_two, "norm=layer")
+    p, cov, _ = hand_fit(c, np.array([ls.mean() for ls in losses]))
+    law = four_by_two.laws["norm=layer"]
+    assert law["form"] == FULL and (law["n"], law["runs"], law["dof"]) == (4, 8, 1)
+    half = stats.t.ppf(0.975, 1) * math.sqrt(cov[2, 2])  # t at 4 sizes − 3 parameters
+    assert law["alpha"] == pytest.approx(p[2], rel=1e-4)
+    assert law["alpha_ci"] == pytest.approx((p[2] - half, p[2] + half), rel=1e-3)
+
+
+def test_the_lack_of_fit_f_test_sets_the_means_misfit_against_the_seeds_scatter(four_by_two):
+    c, losses = hand_means(four_by_two, "norm=layer")
+    means = np.array([ls.mean() for ls in losses])
+    p, _, c0 = hand_fit(c, means)
+    ss_lof = float(np.sum(2 * (means - (p[0] + p[1] * (c / c0) ** -p[2])) ** 2))
+    ss_pe = float(sum(np.sum((ls - ls.mean()) ** 2) for ls in losses))
+    f = (ss_lof / 1) / (ss_pe / 4)  # (4 sizes − 3 parameters), (8 runs − 4 sizes)
+    lof = four_by_two.laws["norm=layer"]["lof"]
+    assert (lof["df_lof"], lof["df_pe"]) == (1, 4)
+    assert lof["F"] == pytest.approx(f, rel=1e-3)
+    assert lof["p"] == pytest.approx(stats.f.sf(f, 1, 4), rel=1e-3)
+
+
+@pytest.mark.filterwarnings("ignore::scipy.optimize.OptimizeWarning")  # 0 df: no covariance
+def test_leaving_the_largest_size_out_predicts_it_from_the_others(four_by_two):
+    c, losses = hand_means(four_by_two, "norm=layer")
+    means = np.array([ls.mean() for ls in losses])
+    p, _, c0 = hand_fit(c[:3], means[:3])  # 3 sizes, 3 parameters: through the points
+    want = p[0] + p[1] * (c[3] / c0) ** -p[2]
+    loo = four_by_two.laws["norm=layer"]["loo"]
+    assert loo["shape"] == "4x128" and loo["why"] is None
+    assert loo["predicted"] == pytest.approx(want, abs=1e-4)
+    assert loo["measured"] == pytest.approx(means[3])
+    assert loo["error"] == pytest.approx(want - means[3], abs=1e-4)
+
+
+def test_a_size_missing_a_variant_is_left_out_of_every_law_and_named(tmp_path):
+    lad = build_ladder(ladder_sweep(tmp_path, [1.0] * 4, seeds=2, skip={("rms", 2)}))
+    assert lad.law_sizes == ["2x48", "3x64", "4x128"]
+    assert lad.left_out == {"3x96": "no completed run of norm=rms"}
+    for law in lad.laws.values():  # the same sizes for both, so their alphas compare
+        assert [m["shape"] for m in law["means"]] == lad.law_sizes and law["n"] == 3
+    assert [r["shape"] for r in lad.trends["norm=rms"]["sizes"]] == ["2x48", "3x64", "4x128"]
+    md = markdown.render_ladder(lad)
+    assert "Left out of every law, so all span the same sizes: 3x96 (no completed run of" in md
+    assert "| **no**: no completed run of norm=rms |" in md and "no run of `norm=rms`" in md
+    figures = write_ladder_figures(lad, tmp_path)
+    assert all(p is not None and p.stat().st_size > 10_000 for p in figures.values())
+
+
+def test_no_124m_value_when_a_law_misses_the_left_out_largest_size(tmp_path):
+    lad = build_ladder(ladder_sweep(tmp_path, [1.0] * 4, seeds=2, bumps=[0, 0, 0, 0.1]))
+    assert lad.laws["norm=layer"]["loo"]["error"] < -0.02  # the margin, 0.02 nats
+    at = lad.trends["norm=rms"]["at_target"]
+    assert "fitted without 4x128" in at["refused"] and "±0.02 margin" in at["refused"]
+    assert math.isnan(at["k"]) and all(map(math.isnan, at["ci"]))
+    md = markdown.render_ladder(lad)
+    assert "at 124M parameters (GPT-2 small, 150x beyond): **no value**: norm=layer's law" in md
+    assert "**An extrapolation**" not in md
+    assert write_ladder_figures(lad, tmp_path)["ladder_multiplier"] is not None
+
+
+def test_the_trend_is_of_the_step_multiplier_and_a_speed_ratio_does_not_move_it(tmp_path):
+    shifts = [1.0, 1.05, 1.1, 1.2]
+    plain = build_ladder(ladder_sweep(tmp_path / "a", shifts, seeds=2))
+    fast = build_ladder(ladder_sweep(tmp_path / "b", shifts, seeds=2, rms_ms=[100, 50, 100, 100]))
+    c = next(c for c in fast.sizes[1]["report"].comparisons if c["label"] == "norm=rms")
+    assert c["compute"]["speed"] == pytest.approx(2.0)  # the rms step is twice as fast at 3x64
+    assert c["compute"]["k"] == pytest.approx(2 * c["compute"]["step_mult"])
+    t, u = plain.trends["norm=rms"], fast.trends["norm=rms"]
+    assert u["slope"] == pytest.approx(t["slope"]) and u["slope_ci"] == pytest.approx(t["slope_ci"])
+    assert u["sizes"][1]["m"] == pytest.approx(1 / 1.05, rel=0.02)
+    assert "| 3x64 | 2 |" in (md := markdown.render_ladder(fast)) and "| 2.000 | sequential" in md
+
+
 def test_a_sweep_over_sizes_is_a_ladder_and_one_over_sizes_only_is_not(tmp_path):
     assert is_ladder(load_runs([ladder_sweep(tmp_path / "a", [1.0] * 4, seeds=1)]))
     rng = np.random.default_rng(0)
@@ -167,18 +293,19 @@ def test_normlab_report_on_a_sweep_over_sizes_writes_the_ladder_report(tmp_path,
     sweep = ladder_sweep(tmp_path / "sweep", [1.0, 1.05, 1.1, 1.2], seeds=2)
     assert main([str(sweep)]) == 0
     out = capsys.readouterr().out
-    assert "(a ladder of 4 model sizes)" in out and "norm=rms: trend k ~ N^-" in out
-    assert "at 124M parameters (an extrapolation, 150x beyond the largest size)" in out
+    assert "(a ladder of 4 model sizes)" in out and "norm=rms" in out
     md = (sweep / "report" / "report.md").read_text()
     for section in (
         "## Sizes",
         "## `norm=rms` vs `norm=layer` at each size",
-        "## Trend of the multiplier with size",
+        "## Trend of the step multiplier with size",
         "## Final validation loss against training compute",
     ):
         assert section in md
-    assert "**k shrinks with size**" in md and "**An extrapolation**, 150x beyond" in md
-    assert "| `norm=layer` | E + A (C/C0)^-alpha |" in md
+    assert "**m shrinks with size**" in md and "(GPT-2 small, 150x beyond): m = " in md
+    assert "**An extrapolation**, shown because both laws predicted" in md
+    assert "| `norm=layer` | E + A (C/C0)^-alpha |" in md and "E (fitted)" in md
+    assert "laws are fitted to the 4 size means" in md and "`docs/reports.md`" in md
     for shape in ("2x48", "3x64", "3x96", "4x128"):  # each size's own report, linked
         assert f"[{shape}]({shape}/report.md)" in md
         assert (

@@ -1,6 +1,7 @@
-"""The ``normlab-report`` command: a sweep dir, or any run dirs -> report.md and figures; a sweep
-over model sizes (:func:`~normlab.report.is_ladder`) -> the ladder report, with each size's report
-below it."""
+"""The ``normlab-report`` command: a sweep dir, or any run dirs -> report.md, figures and the
+runs' series file (:func:`~normlab.report.runs.write_series`); a sweep over model sizes
+(:func:`~normlab.report.is_ladder`) -> the ladder report, with each size's report below it; a
+series file -> the same report again, from that file alone, with the options it stored."""
 
 from __future__ import annotations
 
@@ -20,9 +21,28 @@ from normlab.report import (
     write_ladder,
     write_report,
 )
-from normlab.report.compare import DEFAULT_MARGIN, plan_study
+from normlab.report.compare import DEFAULT_MARGIN, load_step_bench, plan_study
 from normlab.report.markdown import best_text, compute_headline, fmt_ci, render_plan
+from normlab.report.runs import (
+    SERIES_FILE,
+    Run,
+    read_series,
+    series_member,
+    series_step_bench,
+    write_series,
+)
 from normlab.report.wandb_log import MODES
+
+#: The options a series file stores for its report's rebuild: argparse dest -> flag.
+STORED_OPTIONS = {
+    "margin": "--margin",
+    "margin_compute": "--margin-compute",
+    "alpha": "--alpha",
+    "baseline": "--baseline",
+    "target": "--target",
+}
+#: The significance level when neither the command line nor a series file gives one.
+DEFAULT_ALPHA = 0.05
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -38,7 +58,9 @@ def _parser() -> argparse.ArgumentParser:
         nargs="+",
         type=Path,
         metavar="DIR",
-        help="a Hydra multirun dir (one subdirectory per job), or run dirs from anywhere",
+        help="a Hydra multirun dir (one subdirectory per job), run dirs from anywhere, or a "
+        f"series file ({SERIES_FILE}) a report wrote: its report is rebuilt from that file "
+        "alone, with the options it stored unless given here",
     )
     p.add_argument(
         "--margin",
@@ -68,16 +90,26 @@ def _parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         default=None,
-        help="output dir (default: DIR/report for one DIR, ./report for several)",
+        help="output dir (default: DIR/report for one DIR, the series file's folder/report for "
+        "one series file, ./report for several)",
     )
+    p.add_argument(
+        "--series",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="where to write the runs' series file, what the report reads of every run, from "
+        f"which `normlab-report PATH` rebuilds it (default: OUT/{SERIES_FILE})",
+    )
+    p.add_argument("--no-series", action="store_true", help="write no series file")
     p.add_argument(
         "--baseline", default=None, help="baseline variant label (default: the LayerNorm variant)"
     )
     p.add_argument(
         "--alpha",
         type=float,
-        default=0.05,
-        help="significance level (default 0.05: 95%% CI, 90%% TOST CI)",
+        default=None,
+        help=f"significance level (default {DEFAULT_ALPHA}: 95%% CI, 90%% TOST CI)",
     )
     p.add_argument(
         "--target",
@@ -150,10 +182,75 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     ):
         if v is not None and not (math.isfinite(v) and v > 0):
             p.error(f"{flag} {v}: need a finite number > 0")
-    if not 0 < args.alpha < 0.5:
+    if args.alpha is not None and not 0 < args.alpha < 0.5:
         p.error(f"--alpha {args.alpha}: need 0 < --alpha < 0.5")
+    if args.series is not None and args.no_series:
+        p.error("--series and --no-series: give one")
+    if args.plan is not None and (args.series is not None or args.no_series):
+        p.error("--plan writes nothing: it takes neither --series nor --no-series")
     if args.target is not None and not math.isfinite(args.target):
         p.error(f"--target {args.target}: need a finite loss in nats/token")
+
+
+def _stored_options(args: argparse.Namespace) -> list[str]:
+    """Set the options of :data:`STORED_OPTIONS` that were not given from the series file's
+    ``options``, when a series file is the only source (a margin only when no margin, nor
+    ``--plan``, was given); returns what was taken, as ``--flag value``.
+
+    Raises:
+        ReportError: an unreadable series file, or a stored option of the wrong type.
+    """
+    member = series_member(args.paths[0]) if len(args.paths) == 1 else None
+    if member is None or member[1] is not None:
+        return []
+    stored = read_series(member[0]).get("options") or {}
+    margin_given = any(v is not None for v in (args.margin, args.margin_compute, args.plan))
+    taken = []
+    for dest, flag in STORED_OPTIONS.items():
+        v = stored.get(dest)
+        if v is None or getattr(args, dest) is not None or (margin_given and "margin" in dest):
+            continue
+        number = isinstance(v, (int, float)) and not isinstance(v, bool)
+        if not (isinstance(v, str) if dest == "baseline" else number):
+            raise ReportError(f"cannot read {member[0]}: its option {dest} is {v!r}")
+        setattr(args, dest, v)
+        taken.append(f"{flag} {v}")
+    return taken
+
+
+def _default_out(paths: list[Path]) -> Path:
+    """``DIR/report`` for one dir, ``<folder>/report`` for one series file, else ``./report``."""
+    if len(paths) != 1:
+        return Path("report")
+    member = series_member(paths[0])
+    return (member[0].parent if member else paths[0]) / "report"
+
+
+def _write_series(path: Path, runs: list[Run], args: argparse.Namespace, baseline: str) -> Path:
+    """Write the series file of ``runs`` with the interleaved step benchmark of the first source
+    that has one (a dir's ``step_bench.json``, a series file's stored one) and the report's
+    options (the baseline it chose, the margin it used); returns ``path``.
+
+    Raises:
+        ReportError: a source's step benchmark cannot be read; OSError: ``path`` cannot be written.
+    """
+    bench = None
+    for src in args.paths:
+        found = load_step_bench([src]) if src.is_dir() else series_step_bench(src)
+        if found is not None:
+            bench = found[1]
+            break
+    margin = None
+    if args.margin_compute is None:
+        margin = DEFAULT_MARGIN if args.margin is None else args.margin
+    options = {
+        "margin": margin,
+        "margin_compute": args.margin_compute,
+        "alpha": args.alpha,
+        "baseline": baseline,
+        "target": args.target,
+    }
+    return write_series(path, runs, bench, options)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -183,22 +280,36 @@ def main(argv: list[str] | None = None) -> int:
     p = _parser()
     args = p.parse_args(argv)
     _check(p, args)
+    try:
+        taken = _stored_options(args)
+    except ReportError as e:
+        print(f"normlab-report: error: {e}", file=sys.stderr)
+        return 1
+    _check(p, args)
+    args.alpha = DEFAULT_ALPHA if args.alpha is None else args.alpha
+    if taken:
+        print(f"normlab-report: options stored in {args.paths[0]}: {' '.join(taken)}")
     if args.plan is not None:
         return _plan(args)
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
-    out = args.out or (args.paths[0] / "report" if len(args.paths) == 1 else Path("report"))
+    out = args.out or _default_out(args.paths)
+    series = None if args.no_series else args.series or out / SERIES_FILE
     try:
-        if is_ladder(load_runs(args.paths)):
-            return _ladder(args, margin, out)
+        runs = load_runs(args.paths)
+        if is_ladder(runs):
+            return _ladder(args, margin, out, runs, series)
         rep = build_report(
             args.paths, margin, args.alpha, args.baseline, args.target, args.margin_compute
         )
         path = write_report(rep, out)
+        stored = _write_series(series, runs, args, rep.baseline) if series else None
         logged = _to_wandb(rep, args.wandb_mode, args.wandb_project, out) if args.wandb else None
     except (ReportError, OSError) as e:
         print(f"normlab-report: error: {e}", file=sys.stderr)
         return 1
     print(f"normlab-report: wrote {path}")
+    if stored:
+        print(f"normlab-report: wrote {stored} (`normlab-report {stored}` rebuilds the report)")
     if logged:
         print(f"normlab-report: {logged}")
     _print_summary(rep)
@@ -211,9 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _ladder(args: argparse.Namespace, margin: float, out: Path) -> int:
-    """The ladder report: build, write (each size's report in ``out/<shape>/``), print its
-    headlines; 2 for an option a ladder does not take, 1 on a refusal (one line), else 0."""
+def _ladder(
+    args: argparse.Namespace, margin: float, out: Path, runs: list[Run], series: Path | None
+) -> int:
+    """The ladder report: build, write (each size's report in ``out/<shape>/``; the series file
+    of ``runs`` at ``series`` unless None), print its headlines; 2 for an option a ladder does
+    not take, 1 on a refusal (one line), else 0."""
     if args.wandb or args.target is not None:
         flag = "--wandb" if args.wandb else "--target"
         print(
@@ -225,10 +339,13 @@ def _ladder(args: argparse.Namespace, margin: float, out: Path) -> int:
     try:
         lad = build_ladder(args.paths, margin, args.alpha, args.baseline, args.margin_compute)
         path = write_ladder(lad, out)
+        stored = _write_series(series, runs, args, lad.baseline) if series else None
     except (ReportError, OSError) as e:
         print(f"normlab-report: error: {e}", file=sys.stderr)
         return 1
     print(f"normlab-report: wrote {path} (a ladder of {len(lad.sizes)} model sizes)")
+    if stored:
+        print(f"normlab-report: wrote {stored} (`normlab-report {stored}` rebuilds the report)")
     _print_ladder(lad)
     return 0
 

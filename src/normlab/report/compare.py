@@ -71,6 +71,7 @@ from normlab.report.stats import (
     paired_difference,
     ratio_interval,
     seeds_needed,
+    sign_test,
     std_upper,
     step_multiplier,
     t_interval,
@@ -91,6 +92,10 @@ LR_KEY = "optim.lr"
 SPLIT_SEEDS = 4
 #: The interleaved step benchmark's result, looked for in every source dir of a report.
 BENCH_FILE = "step_bench.json"
+#: The machine was quiet for a bench when its 1-minute load average stayed at most the bench's
+#: threads plus LOAD_SLACK at both ends (the bench itself keeps its threads busy; the rest is
+#: room for the OS and the shell).
+LOAD_SLACK = 0.5
 #: What the figures of sequential times (``step_time.png``, ``val_time.png``) carry when the
 #: report finds those times not comparable (:func:`not_comparable`).
 NOT_COMPARABLE_MARK = "NOT COMPARABLE: step times fail the report's checks"
@@ -353,6 +358,7 @@ def _speed_and_compute(rep: Report, by_seed: dict[str, dict[Any, Run]]) -> None:
             lab: bench_ratio(found[1], rep.baseline, lab, rep.alpha) for lab in rep.labels[1:]
         }
         rep.bench = {"path": found[0], "ratios": ratios, "raw": found[1]}
+        rep.bench["load"] = bench_load(found[1])
     base = by_seed[rep.baseline]
     for c in rep.comparisons:
         c["compute"] = compute_equivalent(rep, base, by_seed[c["label"]], c["label"])
@@ -392,19 +398,18 @@ def compute_equivalent(
         if math.isfinite(m) and m > 0:
             mults[s] = m
     bench = (rep.bench or {}).get("ratios", {}).get(label)
-    comparable, speed_ci = True, None
+    comparable, speed_se = True, None
     if bench is not None and math.isfinite(bench["gmean"]) and bench["gmean"] > 0:
         seeds, source = list(mults), "interleaved"
         speed: list[float] | float = 1 / bench["gmean"]
-        lo, hi = bench["ci"]
-        speed_ci = (1 / hi, 1 / lo) if math.isfinite(lo) and math.isfinite(hi) else None
+        speed_se = (bench["se_log"], bench["df"])  # ln(1/r) has the se of ln r
     else:
         key, source = "step_time_ms_median", "sequential"
         seq = {s: base[s].summary_float(key) / var[s].summary_float(key) for s in mults}
         seeds = [s for s, x in seq.items() if math.isfinite(x) and x > 0]
         speed = [seq[s] for s in seeds]
         comparable = next(c for c in rep.comparisons if c["label"] == label)["ratio"]["comparable"]
-    r = compute_multiplier([mults[s] for s in seeds], speed, speed_ci, rep.alpha)
+    r = compute_multiplier([mults[s] for s in seeds], speed, speed_se, rep.alpha)
     return {**r, "seeds": seeds, "step_mults": mults, "source": source, "comparable": comparable}
 
 
@@ -1067,9 +1072,12 @@ def _matches(setup: dict[str, Any], common: list[str], label: str) -> bool:
 
 def bench_ratio(bench: dict[str, Any], baseline: str, label: str, alpha: float) -> dict | None:
     """The interleaved ratio variant / baseline step time: ``median`` of the per-pair ratios and
-    their geometric mean with the 1−alpha Student t CI on logs (:func:`ratio_interval`), ``pairs``,
-    both medians (ms), device and threads. The setups are matched to the labels by overrides
-    (B/A when A is the baseline, A/B inverted when B is); None when neither way matches."""
+    their geometric mean with the 1−alpha Student t CI on logs, ``se_log`` and ``df``
+    (:func:`ratio_interval`), the sign test's ``below``, ``above`` and ``sign_p``
+    (:func:`sign_test`), the ``call`` ("faster", "slower" or None) and ``verdict`` of
+    :func:`speed_verdict`, ``pairs``, both medians (ms), device and threads. The setups are
+    matched to the labels by overrides (B/A when A is the baseline, A/B inverted when B is); None
+    when neither way matches."""
     common = bench.get("common", [])
     a, b = bench["a"], bench["b"]
     per = np.asarray(bench["ratio"]["per_pair"], float)
@@ -1081,16 +1089,63 @@ def bench_ratio(bench: dict[str, Any], baseline: str, label: str, alpha: float) 
         return None
     per = per[np.isfinite(per) & (per > 0)]
     p25, med, p75 = (float(v) for v in np.percentile(per, [25, 50, 75]))
-    return {
+    sign = sign_test(list(per))
+    r = {
         **ratio_interval(list(per), alpha),
         "median": med,
         "iqr": (p25, p75),
+        "below": sign["below"],
+        "above": sign["above"],
+        "sign_p": sign["p"],
         "pairs": int(per.size),
         "baseline_ms": base.get("median_ms"),
         "variant_ms": var.get("median_ms"),
         "device": bench.get("device"),
         "threads": bench.get("threads"),
     }
+    return r | speed_verdict(r, alpha)
+
+
+def speed_verdict(r: dict[str, Any], alpha: float) -> dict[str, Any]:
+    """The speed verdict of a :func:`bench_ratio` result ``r`` (ratio variant / baseline step
+    time): ``call`` "faster" (or "slower") only when the median ratio is below (above) 1, the
+    geometric mean's 1−alpha CI excludes 1 on that side, and the sign test's p < alpha; else None.
+    ``verdict``: the call with its three figures, or "not shown faster or slower" with what
+    failed, in one sentence."""
+    med, (lo, hi), p = r["median"], r["ci"], r["sign_p"]
+    side = "faster" if med < 1 else "slower" if med > 1 else None
+    ci = f"{r['gmean']:.3f} [{lo:.3f}, {hi:.3f}]"
+    counts = f"{r['below']} of {r['below'] + r['above']} untied pairs faster"
+    why = []
+    if side is None:
+        why.append(f"the median ratio is {med:.3f}")
+    elif math.isnan(lo):
+        why.append("the geometric mean has no CI (fewer than 2 pairs)")
+    elif lo <= 1 <= hi:
+        why.append(f"the geometric mean's CI {ci} includes 1")
+    elif (hi < 1) != (side == "faster"):
+        why.append(f"the geometric mean's CI {ci} lies on the other side of 1 from the median")
+    if not p < alpha:
+        why.append(f"the sign test gives p = {p:.3g} >= {alpha:g} ({counts})")
+    if why:
+        return {"call": None, "verdict": "not shown faster or slower: " + "; ".join(why)}
+    figures = f"median ratio {med:.3f}, geometric mean {ci}, sign test p = {p:.3g} ({counts})"
+    return {"call": side, "verdict": f"{side}: {figures}"}
+
+
+def bench_load(bench: dict[str, Any]) -> dict[str, Any] | None:
+    """The machine's 1-minute load average at both ends of a bench (``loadavg_before`` and
+    ``loadavg_after``: ``os.getloadavg()`` triples, or one number each) with ``threads`` and
+    ``quiet`` (both at most threads + :data:`LOAD_SLACK`); None when the bench recorded no load
+    (benches written before these keys) or it is not a finite number."""
+    ends = [bench.get(k) for k in ("loadavg_before", "loadavg_after")]
+    ends = [e[0] if isinstance(e, list) and e else e for e in ends]
+    if not all(isinstance(e, int | float) and math.isfinite(e) for e in ends):
+        return None
+    threads = bench.get("threads")
+    limit = (threads if isinstance(threads, int) else 1) + LOAD_SLACK
+    quiet = max(ends) <= limit
+    return {"before": ends[0], "after": ends[1], "threads": threads, "limit": limit, "quiet": quiet}
 
 
 # --- final loss against a swept numeric override -------------------------------------------------

@@ -19,6 +19,7 @@ from normlab.report.compare import (
     BENCH_FILE,
     DEFAULT_MARGIN,
     GAP_ROWS,
+    LOAD_SLACK,
     NOT_COMPARABLE_MARK,
     SPLIT_SEEDS,
     Report,
@@ -27,7 +28,7 @@ from normlab.report.compare import (
     not_comparable,
     swept_points,
 )
-from normlab.report.ladder import Ladder
+from normlab.report.ladder import Ladder, comparison_at
 from normlab.report.runs import INERT_KEYS, Run
 from normlab.report.series import (
     BETWEEN_LIMIT,
@@ -221,9 +222,18 @@ def si(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _one_margin(lad: Ladder) -> float | None:
+    """The margin (nats/token) when every size has the same, else None (``--margin-compute``
+    converts it at each size's own end slope)."""
+    margins = {s["report"].margin for s in lad.sizes}
+    return margins.pop() if len(margins) == 1 else None
+
+
 def _ladder_header(lad: Ladder) -> list[str]:
     links = ", ".join(f"[{s['shape']}]({s['shape']}/report.md)" for s in lad.sizes)
     variants = ", ".join(f"`{lab}`" for lab in lad.labels[1:])
+    one, k = _one_margin(lad), len(lad.law_sizes)
+    margin = f"±{one:.4g} nats/token at each size" if one is not None else "per size (Sizes)"
     return [
         "# normlab ladder report",
         "",
@@ -232,70 +242,67 @@ def _ladder_header(lad: Ladder) -> list[str]:
         f"each kind at its own best learning rate, model size). `{lad.baseline}` against "
         f"{variants} at {len(lad.sizes)} sizes, paired by seed within each size; each size's "
         f"full report: {links}.",
-        f"- Margin at each size: ±{lad.sizes[0]['report'].margin:.4g} nats/token; "
-        f"alpha = {lad.alpha:g}.",
+        f"- Margin: {margin}; alpha = {lad.alpha:g}.",
         "- N: `summary.json`'s `params` (`model.num_params`: every weight but the position "
         "embedding; the token embedding, tied with the head, counted once). Training compute C "
         "= (6 N + 12 L d T) FLOPs per token (`GPT.flops_per_token`: Kaplan et al. 2020) x the "
         "tokens trained on.",
+        f"- Across sizes, one point per size: laws are fitted to the {k} size means, so their "
+        f"degrees of freedom are sizes − parameters ({k - 3} for E + A (C/C0)^-alpha, {k - 2} for "
+        "A (C/C0)^-alpha), and every interval across sizes comes from the size means; seeds "
+        "measure the noise the lack-of-fit test compares against. Why: `docs/reports.md`, "
+        "*The ladder report*.",
     ]
 
 
 def _ladder_sizes(lad: Ladder) -> list[str]:
+    one = _one_margin(lad)
     rows = []
     for s in lad.sizes:
         runs = s["report"].runs
         done = sum(r.excluded is None for r in runs)
-        rows.append(
-            [
-                s["shape"],
-                si(s["params"]),
-                si(s["tokens"]),
-                fmt(s["tokens"] / s["params"], ".3g"),
-                fmt(s["compute"], ".3g"),
-                f"{done}/{len(runs)}",
-            ]
-        )
+        why = lad.left_out.get(s["shape"])
+        row = [s["shape"], si(s["params"]), si(s["tokens"]), fmt(s["tokens"] / s["params"], ".3g")]
+        row += [fmt(s["compute"], ".3g"), f"{done}/{len(runs)}"]
+        row += [] if one is not None else [f"±{s['report'].margin:.4g}"]
+        rows.append([*row, "yes" if why is None else f"**no**: {why}"])
     head = ["size (layers x width)", "N", "tokens", "tokens / N", "C (FLOPs)", "runs completed"]
-    return ["", "## Sizes", "", *table(head, rows)]
+    head += [] if one is not None else ["margin (nats/token)"]
+    return ["", "## Sizes", "", *table([*head, "in the laws"], rows)]
+
+
+def _pair_row(lad: Ladder, size: dict[str, Any], label: str) -> list[Any]:
+    """One size's row of :func:`_ladder_pairs`: loss difference, step multiplier, speed, k."""
+    c = comparison_at(size, label)
+    if c is None:
+        return [size["shape"], 0, "—", "—", f"no run of `{label}`", "—", "—", "—", "—", "—", "—"]
+    k = c["compute"]
+    m = next(r for r in lad.trends[label]["sizes"] if r["shape"] == size["shape"])
+    speed = k["source"] + ("" if k["comparable"] else " (**not comparable**)")
+    row = [size["shape"], c["n"], fmt(c["mean"], "+.4f"), fmt_ci(c["ci"]), c["verdict"]]
+    row += [fmt(m["m"], ".3f"), fmt_ci(m["ci"], ".3f"), fmt(k["speed"], ".3f"), speed]
+    return [*row, fmt(k["k"], ".3f"), fmt_ci(k["ci"], ".3f")]
 
 
 def _ladder_pairs(lad: Ladder, label: str) -> list[str]:
-    """Per size: the paired loss difference and the compute-equivalent multiplier of ``label``."""
+    """Per size: the paired loss difference of ``label``, its step multiplier m, the speed part
+    apart, and the compute-equivalent multiplier k = m x speed."""
     conf = f"{100 * (1 - lad.alpha):g}% CI"
-    rows = []
-    for s in lad.sizes:
-        c = next(c for c in s["report"].comparisons if c["label"] == label)
-        k = c["compute"]
-        speed = k["source"] + ("" if k["comparable"] else " (**not comparable**)")
-        rows.append(
-            [
-                s["shape"],
-                si(s["params"]),
-                c["n"],
-                fmt(c["mean"], "+.4f"),
-                fmt_ci(c["ci"]),
-                c["verdict"],
-                fmt(k["k"], ".3f"),
-                fmt_ci(k["ci"], ".3f"),
-                f"{fmt(k['step_mult'], '.3f')} x {fmt(k['speed'], '.3f')}",
-                speed,
-            ]
-        )
-    head = ["size", "N", "n", "loss diff", conf, "verdict", "k", f"k {conf}", "steps x speed"]
+    head = ["size", "n", "loss diff", conf, "verdict", "step mult. m", f"m {conf}", "speed"]
+    head += ["speed from", "k = m x speed", f"k {conf}"]
     return [
         "",
         f"## `{label}` vs `{lad.baseline}` at each size",
         "",
         "Loss diff: final validation loss, variant − baseline (nats/token), paired by seed, with "
-        "its Student t interval and the size's TOST verdict. k: the compute-equivalent multiplier "
-        "(steps of the baseline one step of the variant is worth, read on the paired validation "
-        "curves, times the step-time ratio baseline / variant; above 1 the variant gives more "
-        "effective compute), geometric mean over seeds with its interval on log k. Speed: "
-        "`interleaved` from a step benchmark, `sequential` from the runs' own step times, which a "
-        "loaded machine makes noisy.",
+        "its Student t interval and the size's TOST verdict. m: the step multiplier (steps of "
+        "the baseline one step of the variant is worth, read on the paired validation curves), "
+        "geometric mean over seeds with its interval on log m. Speed: the step-time ratio "
+        "baseline / variant, a property of the machine, `interleaved` from a step benchmark or "
+        "`sequential` from the runs' own step times (noisy on a loaded machine). k: the "
+        "compute-equivalent multiplier, m x speed; above 1 the variant gives more compute.",
         "",
-        *table([*head, "speed from"], rows),
+        *table(head, [_pair_row(lad, s, label) for s in lad.sizes]),
     ]
 
 
@@ -306,72 +313,101 @@ def _trend_word(t: dict[str, Any]) -> str:
         return "no interval with fewer than 3 sizes."
     if lo <= 0 <= hi:
         return "**no trend shown**: the interval holds 0."
-    return f"**k {'grows' if lo > 0 else 'shrinks'} with size**."
+    return f"**m {'grows' if lo > 0 else 'shrinks'} with size**."
 
 
 def _ladder_trend(lad: Ladder, label: str) -> list[str]:
-    """The slope of ln k on ln N and the value at 124M parameters, labelled an extrapolation."""
+    """The slope of ln m on ln N, and the value at 124M parameters, an extrapolation shown only
+    when the laws' leave-largest-out check passed."""
     t = lad.trends[label]
     conf = f"{100 * (1 - lad.alpha):g}%"
     if t["n"] < 2 or _missing(t["slope"]):
-        return ["", f"- `{label}`: fewer than 2 sizes with a multiplier: no trend."]
-    how = (
-        "weighted by 1/se² of each size's ln k"
-        if t["weighted"]
-        else "unweighted: a size has no interval"
-    )
+        return ["", f"- `{label}`: fewer than 2 sizes with a step multiplier: no trend."]
+    how = "weighted by 1/se² of each size's ln m" if t["weighted"] else "unweighted"
     at = t["at_target"]
+    where = f"{si(at['params'])} parameters (GPT-2 small, {fmt(at['beyond'], '.3g')}x beyond)"
+    line = (
+        f"- `{label}`: m ∝ N^b with b = {t['slope']:+.4f}, {conf} CI {fmt_ci(t['slope_ci'])} "
+        f"(least squares of ln m on ln N over {t['n']} sizes, {how}; Student t with "
+        f"{fmt(t['slope_df'], '.3g')} degrees of freedom): {_trend_word(t)}"
+    )
+    if at["refused"] is not None:
+        return ["", line, f"- `{label}` at {where}: **no value**: {at['refused']}."]
     return [
         "",
-        f"- `{label}`: k ∝ N^b with b = {t['slope']:+.4f}, {conf} CI {fmt_ci(t['slope_ci'])} "
-        f"(least squares of ln k on ln N over {t['n']} sizes, {how}; Student t with "
-        f"{t['n'] - 2} degree(s) of freedom): {_trend_word(t)}",
-        f"- `{label}` at {si(at['params'])} parameters (GPT-2 small): k = {fmt(at['k'], '.3f')}, "
-        f"{conf} interval {fmt_ci(at['ci'], '.3f')}. **An extrapolation**, "
-        f"{fmt(at['beyond'], '.3g')}x beyond the largest size: it holds only if ln k stays a "
-        "straight line in ln N that far, which these sizes cannot test; the interval is the "
-        "fitted line's, not a new run's seed noise.",
+        line,
+        f"- `{label}` at {where}: m = {fmt(at['k'], '.3f')}, {conf} interval "
+        f"{fmt_ci(at['ci'], '.3f')}. **An extrapolation**, shown because both laws predicted "
+        "the left-out largest size within its margin; it holds only if ln m stays a straight "
+        "line in ln N that far. The interval is the line's, not a new run's seed noise.",
     ]
 
 
+def _law_row(lab: str, law: dict[str, Any]) -> list[Any]:
+    """One variant's row of the laws table (:func:`~normlab.report.ladder.ladder_law`)."""
+    if law["form"] is None:
+        return [f"`{lab}`", "none", "—", "—", "—", "—", law["n"], law["runs"], "—", law["why"]]
+    se = law["se"]
+    ci = "n/a: 0 df" if law["dof"] == 0 else fmt_ci(law["alpha_ci"], ".4f")
+    e = f"{fmt(law['E'])} ± {fmt(se['E'])}" if not _missing(law["E"]) else "—"
+    row = [f"`{lab}`", law["form"], e, f"{fmt(law['A'])} ± {fmt(se['A'])}"]
+    row += [f"{fmt(law['alpha'])} ± {fmt(se['alpha'])}", ci, law["n"], law["runs"], law["dof"]]
+    return [*row, law["why"] or "3 parameters, a degree of freedom left, E inside its bounds"]
+
+
+def _check_row(lad: Ladder, lab: str, law: dict[str, Any]) -> list[Any]:
+    """One variant's lack-of-fit test and leave-largest-out prediction."""
+    lof, loo = law["lof"], law["loo"]
+    if lof is None:
+        return [f"`{lab}`", "—", "—", "—", "—", "—", "—", "—"]
+    f = f"{lof['F']:.3g} on ({lof['df_lof']}, {lof['df_pe']})"
+    f = f if not _missing(lof["F"]) else f"n/a: df ({lof['df_lof']}, {lof['df_pe']})"
+    row = [f"`{lab}`", f, fmt(lof["p"], ".3g"), loo["shape"]]
+    if loo["why"] is not None:
+        return [*row, f"n/a: {loo['why']}", fmt(loo["measured"]), "—", "—"]
+    margin = next(s["report"].margin for s in lad.sizes if s["shape"] == loo["shape"])
+    within = "yes" if abs(loo["error"]) <= margin else "**no**"
+    row += [fmt(loo["predicted"]), fmt(loo["measured"]), fmt(loo["error"], "+.4f")]
+    return [*row, f"{within} (±{margin:.4g})"]
+
+
 def _ladder_laws(lad: Ladder) -> list[str]:
-    rows = []
-    for lab, law in lad.laws.items():
-        se = law["se"]
-        rows.append(
-            [
-                f"`{lab}`",
-                law["form"],
-                f"{fmt(law['E'])} ± {fmt(se['E'])}" if not _missing(law["E"]) else "—",
-                f"{fmt(law['A'])} ± {fmt(se['A'])}",
-                f"{fmt(law['alpha'])} ± {fmt(se['alpha'])}",
-                fmt_ci(law["alpha_ci"], ".4f"),
-                law["n"],
-                law["dof"],
-                law["why"] or "3 parameters, a degree of freedom left, E inside its bounds",
-            ]
-        )
-    c0 = ", ".join(f"`{lab}` {law['c0']:.3g}" for lab, law in lad.laws.items())
-    head = ["variant", "law", "E", "A", "alpha", f"alpha {100 * (1 - lad.alpha):g}% CI"]
+    """The loss-compute laws over the size means and, per law, its two checks."""
+    c0 = ", ".join(f"`{lab}` {fmt(law['c0'], '.3g')}" for lab, law in lad.laws.items())
+    head = ["variant", "law", "E (fitted)", "A", "alpha", f"alpha {100 * (1 - lad.alpha):g}% CI"]
+    head += ["sizes", "runs", "dof", "why this form"]
+    left = "; ".join(f"{shape} ({why})" for shape, why in lad.left_out.items())
+    checks = ["variant", "lack of fit F (df)", "p", "left out", "predicted", "measured"]
+    checks += ["error (nats)", "within margin"]
+    laws = [_law_row(lab, law) for lab, law in lad.laws.items()]
+    tests = [_check_row(lad, lab, law) for lab, law in lad.laws.items()]
     return [
         "",
         "## Final validation loss against training compute",
         "",
-        "One point per completed run; L in nats/token, C in FLOPs, C0 the geometric mean of a "
-        f"variant's C ({c0} FLOPs), so A is the reducible loss there and E the irreducible one. "
-        "Fitted by least squares (`scipy.optimize.curve_fit`, E bounded to [0, lowest loss)); "
-        "± one standard error from the fit's covariance, scaled by the residual variance. The "
-        "simplest form the data support: E + A (C/C0)^-alpha when there are at least 4 points "
-        "and E is identified, else A (C/C0)^-alpha (a straight line on log-log axes), with the "
-        "reason.",
+        "One point per size: the mean final validation loss (nats/token) of its completed seeds "
+        f"at its training compute C (FLOPs); C0 the geometric mean of the sizes' C ({c0}), so A "
+        "is the reducible loss there. **E is fitted**: the floor these sizes fit, not an "
+        "irreducible loss, which a bigger model can go below. Least squares on the means "
+        "(`scipy.optimize.curve_fit`, E in [0, lowest mean)); ± one standard error, alpha's "
+        "interval Student t on sizes − parameters degrees of freedom. E + A (C/C0)^-alpha from "
+        "4 sizes with E identified, else A (C/C0)^-alpha, with the reason.",
+        *([] if not left else ["", f"Left out of every law, so all span the same sizes: {left}."]),
         "",
-        *table([*head, "points", "dof", "why this form"], rows),
+        *table(head, laws),
+        "",
+        "Lack of fit: the size means' scatter about the law against the seeds' scatter about "
+        "their size's mean (an F test; a small p: the law misses by more than seed noise). "
+        "Leave-largest-out: the law refitted without the largest size, read at its compute; a "
+        "trend gets a 124M value only when both its laws land within that size's margin.",
+        "",
+        *table(checks, tests),
     ]
 
 
 LADDER_FIGURES = {
-    "ladder_loss": "Final validation loss vs training compute (log-log), fitted laws",
-    "ladder_multiplier": "Compute-equivalent multiplier vs parameters, trend and the 124M point",
+    "ladder_loss": "Final validation loss vs training compute (log-log): size means, fitted laws",
+    "ladder_multiplier": "Step multiplier vs parameters, its trend (to 124M when allowed)",
 }
 
 
@@ -381,7 +417,13 @@ def render_ladder(lad: Ladder) -> str:
     for lab in lad.labels[1:]:
         lines += _ladder_pairs(lad, lab)
     if lad.trends:
-        lines += ["", "## Trend of the multiplier with size"]
+        lines += [
+            "",
+            "## Trend of the step multiplier with size",
+            "",
+            "Of m alone: the speed part of k is the machine's, read per size above, with no law "
+            "in N to extrapolate.",
+        ]
         for lab in lad.labels[1:]:
             lines += _ladder_trend(lad, lab)
     lines += [*_ladder_laws(lad), "", "## Figures", ""]
@@ -832,8 +874,37 @@ def render_heldout(rep: Report) -> list[str]:
 # --- speed, time to target, tuned comparison -----------------------------------------------------
 
 
+def _speed_row(lab: str, r: dict[str, Any] | None) -> list[Any]:
+    if r is None:
+        return [f"`{lab}`", "-", "not in the benchmark", "-", "-", "-", "-", "-"]
+    return [
+        f"`{lab}`",
+        r["pairs"],
+        fmt(r["median"], ".3f"),
+        f"{fmt(r['iqr'][0], '.3f')}–{fmt(r['iqr'][1], '.3f')}",
+        f"{fmt(r['gmean'], '.3f')} {fmt_ci(r['ci'], '.3f')}",
+        fmt(r["baseline_ms"], ".1f"),
+        fmt(r["variant_ms"], ".1f"),
+        f"**{r['verdict']}**" if r["call"] else r["verdict"],
+    ]
+
+
+def _load_note(load: dict[str, Any] | None) -> str:
+    """One sentence on the machine's load at both ends of the bench."""
+    if load is None:
+        return "Load not recorded (a bench written before `loadavg_before` / `loadavg_after`)."
+    ends = f"1-minute load average {load['before']:.2f} before, {load['after']:.2f} after"
+    if load["quiet"]:
+        return f"The machine was quiet: {ends} (at most {load['limit']:g})."
+    return (
+        f"**The machine was not quiet:** {ends}, above the bench's {load['threads']} thread(s) + "
+        f"{LOAD_SLACK:g}; the pairs share any slowdown, but time it again on a quiet machine."
+    )
+
+
 def render_speed(rep: Report) -> list[str]:
-    """``## Speed verdict``: the interleaved benchmark's ratio per variant, or where to get one."""
+    """``## Speed verdict``: the interleaved benchmark's ratio and verdict per variant, and the
+    machine's load, or where to get one."""
     if not rep.comparisons:
         return []
     out = ["", "## Speed verdict (interleaved step benchmark)", ""]
@@ -846,24 +917,9 @@ def render_speed(rep: Report) -> list[str]:
             f"<sweep>/{BENCH_FILE}` (scripts/loss_parity_cpu.sh does)."
         ]
     raw = rep.bench["raw"]
-    rows = []
-    for lab, r in rep.bench["ratios"].items():
-        if r is None:
-            rows.append([f"`{lab}`", "-", "not in the benchmark", "-", "-", "-", "-"])
-            continue
-        rows.append(
-            [
-                f"`{lab}`",
-                r["pairs"],
-                fmt(r["median"], ".3f"),
-                f"{fmt(r['iqr'][0], '.3f')}–{fmt(r['iqr'][1], '.3f')}",
-                f"{fmt(r['gmean'], '.3f')} {fmt_ci(r['ci'], '.3f')}",
-                fmt(r["baseline_ms"], ".1f"),
-                fmt(r["variant_ms"], ".1f"),
-            ]
-        )
+    rows = [_speed_row(lab, r) for lab, r in rep.bench["ratios"].items()]
     head = ["variant", "pairs", "median ratio", "IQR", f"geometric mean, {_conf(rep)}"]
-    head += [f"`{rep.baseline}` ms/step", "variant ms/step"]
+    head += [f"`{rep.baseline}` ms/step", "variant ms/step", "verdict"]
     return out + [
         f"From `{rep.bench['path']}` (`normlab-bench step`, {raw.get('device')}, "
         f"{raw.get('threads')} thread(s), {raw.get('warmup')} warm-up step(s) each, common "
@@ -871,8 +927,13 @@ def render_speed(rep: Report) -> list[str]:
         "optimizer steps timed in pairs A B, B A, ..., so a change of machine speed slows both "
         "alike. Ratio = "
         f"variant / `{rep.baseline}` step time per pair; the CI is Student t on the log-ratios "
-        "of the pairs. **This is the speed verdict**; the sequential ratio of the sweep's own "
-        "runs (next section) is secondary.",
+        "of the pairs. A variant is called faster (slower) only when three figures agree: the "
+        "median ratio is below (above) 1, the CI excludes 1 on that side, and the two-sided "
+        f"exact sign test of the pairs gives p < {rep.alpha:g}, so that a few outlier pairs "
+        "cannot make the call. **This is the speed verdict**; the sequential ratio of the "
+        "sweep's own runs (next section) is secondary.",
+        "",
+        _load_note(rep.bench.get("load")),
         "",
         *table(head, rows),
         *_backend_notes(rep),

@@ -412,8 +412,8 @@ def plot_swept_value(
 
 def plot_ladder_loss(lad: Ladder, path: Path) -> Path | None:
     """Final validation loss (nats/token) against training compute (FLOPs), log-log: one colour
-    per variant, a dot per completed run, the variant's fitted law (:func:`fit_power_law`) over
-    the computes of its runs."""
+    per variant, a dot per completed run, a diamond per size mean the law is fitted to, and the
+    variant's law (:func:`~normlab.report.ladder.ladder_law`) over those means' computes."""
     pts = {
         lab: [p for p in ps if p["compute"] > 0 and p["loss"] > 0] for lab, ps in lad.points.items()
     }
@@ -421,64 +421,58 @@ def plot_ladder_loss(lad: Ladder, path: Path) -> Path | None:
         return None
     fig, ax = _axes((7.5, 5))
     for i, (lab, ps) in enumerate(pts.items()):
+        color, law = f"C{i % 10}", lad.laws[lab]
         c, loss = np.array([p["compute"] for p in ps]), np.array([p["loss"] for p in ps])
-        ax.plot(c, loss, "o", ms=4, color=f"C{i % 10}", alpha=0.8, label=f"{lab} (runs)")
-        law = lad.laws[lab]
-        grid = np.geomspace(c.min(), c.max(), 100)
-        ax.plot(
-            grid,
-            law_value(law, grid),
-            "-",
-            color=f"C{i % 10}",
-            label=f"{lab}: {law['form']}, alpha = {law['alpha']:.3f}",
-        )
+        ax.plot(c, loss, "o", ms=3, color=color, alpha=0.5, label=f"{lab} (runs)")
+        means = law["means"]
+        if not means or law["form"] is None:
+            continue
+        mc = np.array([m["compute"] for m in means])
+        ax.plot(mc, [m["loss"] for m in means], "D", ms=6, mfc="none", color=color)
+        grid = np.geomspace(mc.min(), mc.max(), 100)
+        label = f"{lab}: {law['form']}, alpha = {law['alpha']:.3f}"
+        ax.plot(grid, law_value(law, grid), "-", color=color, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
         axis(FuncFormatter(lambda v, _: f"{v:g}"))
-    title = "Final validation loss vs training compute (dots: runs; lines: fitted laws)"
+    title = "Final validation loss vs training compute (dots: runs; diamonds: size means; laws)"
     return _finish(
         fig, ax, path, title, "training compute C (FLOPs)", "final validation loss (nats/token)"
     )
 
 
 def plot_ladder_multiplier(lad: Ladder, path: Path) -> Path | None:
-    """The compute-equivalent multiplier k against parameters N (log-log): per variant and size
-    k with its interval, the fitted trend (:func:`multiplier_trend`) drawn to 124M parameters,
-    dashed beyond the largest size, and the extrapolated k there with its interval (log k axis
-    over the measured multipliers, wider intervals clipped: :func:`_k_axis`)."""
+    """The step multiplier m (the steps part of k; the speed part is not a law in N) against
+    parameters N (log-log): per variant and size m with its interval, the fitted trend
+    (:func:`~normlab.report.ladder.multiplier_trend`) and, only when the trend has a 124M value
+    (the laws' leave-largest-out check passed), the line dashed to 124M parameters with the
+    value there (log m axis over the measured multipliers, wider intervals clipped:
+    :func:`_k_axis`)."""
     if not lad.trends:
         return None
     fig, ax = _axes((7.5, 5))
     ax.axhline(1.0, color="0.5", lw=1, ls=":")
     for i, (lab, t) in enumerate(lad.trends.items()):
         color = f"C{(i + 1) % 10}"
-        rows = [r for r in t["sizes"] if r["k"] > 0]
+        rows = [r for r in t["sizes"] if r["m"] > 0]
+        if not rows:
+            continue
         n = np.array([r["params"] for r in rows])
-        k = np.array([r["k"] for r in rows])
-        lo = np.array([r["ci"][0] if math.isfinite(r["ci"][0]) else r["k"] for r in rows])
-        hi = np.array([r["ci"][1] if math.isfinite(r["ci"][1]) else r["k"] for r in rows])
-        ax.errorbar(
-            n,
-            k,
-            yerr=[k - lo, hi - k],
-            fmt="o",
-            capsize=3,
-            color=color,
-            label=f"{lab} vs {lad.baseline}",
-        )
+        m = np.array([r["m"] for r in rows])
+        lo = np.array([r["ci"][0] if math.isfinite(r["ci"][0]) else r["m"] for r in rows])
+        hi = np.array([r["ci"][1] if math.isfinite(r["ci"][1]) else r["m"] for r in rows])
+        label = f"{lab} vs {lad.baseline}"
+        ax.errorbar(n, m, yerr=[m - lo, hi - m], fmt="o", capsize=3, color=color, label=label)
         if not math.isfinite(t["slope"]):
             continue
         at = t["at_target"]
         inside = np.geomspace(n.min(), n.max(), 50)
+        label = f"trend: m ∝ N^{t['slope']:+.3f}"
+        ax.plot(inside, trend_value(t, inside), "-", color=color, label=label)
+        if at["refused"] is not None:
+            continue
         beyond = np.geomspace(n.max(), at["params"], 50)
-        ax.plot(
-            inside,
-            trend_value(t, inside),
-            "-",
-            color=color,
-            label=f"trend: k ∝ N^{t['slope']:+.3f}",
-        )
         ax.plot(beyond, trend_value(t, beyond), "--", color=color)
         if all(map(math.isfinite, at["ci"])):
             ax.errorbar(
@@ -492,13 +486,12 @@ def plot_ladder_multiplier(lad: Ladder, path: Path) -> Path | None:
                 label=f"{at['params'] / 1e6:.0f}M parameters: extrapolated",
             )
     ax.set_xscale("log")
-    ks = [r["k"] for t in lad.trends.values() for r in t["sizes"]]
-    _k_axis(ax, ks + [t["at_target"]["k"] for t in lad.trends.values()])
+    ms = [r["m"] for t in lad.trends.values() for r in t["sizes"]]
+    _k_axis(ax, ms + [t["at_target"]["k"] for t in lad.trends.values()])
     conf = f"{100 * (1 - lad.alpha):g}% CI"
-    title = f"Compute multiplier vs parameters (bars: {conf}, clipped; dashed: extrapolation)"
-    return _finish(
-        fig, ax, path, title, "parameters N", "multiplier k (> 1: the variant gives more compute)"
-    )
+    title = f"Step multiplier vs parameters (bars: {conf}, clipped; dashed: extrapolation)"
+    ylabel = "step multiplier m (> 1: a variant step is worth more)"
+    return _finish(fig, ax, path, title, "parameters N", ylabel)
 
 
 def _k_axis(ax: Any, ks: list[float]) -> None:

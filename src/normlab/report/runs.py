@@ -4,18 +4,26 @@ then label each run by the keys that differ and change numbers, check that nothi
 choose the baseline, and name the confounds a kind-vs-kind verdict must state.
 
 A run dir is any directory holding ``.hydra/``, ``summary.json`` or ``metrics.jsonl`` (what
-``train`` writes). Nothing here imports model or training code. Losses in nats/token, times in ms.
+``train`` writes). A series file (:data:`SERIES_FILE`, written beside ``report.md``) stores what
+the report reads of every run, so the report rebuilds from it alone (:func:`write_series`,
+:func:`read_series`). Nothing here imports model or training code. Losses in nats/token, times in
+ms.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gzip
 import json
 import math
 import os
 import re
-from dataclasses import dataclass
+import stat
+import tempfile
+import zlib
+from dataclasses import dataclass, field
 from fnmatch import fnmatch
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
@@ -36,6 +44,11 @@ METRIC_RENAMES: dict[str, str] = {
 }
 #: A readable ``metrics.jsonl`` has a row with ``step`` and one of these (after renaming).
 KNOWN_METRICS = ("train/loss", "val/loss", *METRIC_RENAMES.values())
+#: A run dir's optional file of separately annealed budgets (cool-down branches of one run): one
+#: JSON object a line (``budget_steps``, ``branch_from``, ``val/loss``, ``val/bpb``, ...).
+ANNEALED_FILE = "annealed.jsonl"
+#: What a held-out corpus name may be: it names a figure file (``val_<name>.png``).
+CORPUS_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 
 
 class ReportError(Exception):
@@ -58,6 +71,8 @@ class Run:
     #: a completed run left out of the comparison by design (a tuned study's other learning
     #: rates, :func:`normlab.report.compare.choose_best_lr`): the reason, or None
     set_aside: str | None = None
+    #: the rows of the run dir's :data:`ANNEALED_FILE` (empty when it has none), as written
+    annealed: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def seed(self) -> int | None:
@@ -158,27 +173,50 @@ def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of ``path``, one a line (``metrics.jsonl``, ``annealed.jsonl``), as
+    written; blank, truncated (a killed run's last) and non-object lines are skipped."""
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of ``path`` (a ``metrics.jsonl``) with :func:`normalise_row` applied; blank and
-    truncated lines (a killed run's last) are skipped.
+    """The rows of ``path`` (a ``metrics.jsonl``, :func:`read_rows`) with :func:`normalise_row`
+    applied.
 
     Raises:
         ReportError: the file has lines but no row with ``step`` and a key of :data:`KNOWN_METRICS`
             under its new or old name (not written by ``train``).
     """
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    rows = []
-    for line in lines:
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(normalise_row(row))
-    if lines and not any("step" in r and any(k in r for k in KNOWN_METRICS) for r in rows):
+    rows = [normalise_row(r) for r in read_rows(path)]
+    has_lines = bool(rows) or any(ln.strip() for ln in path.read_text().splitlines())
+    if has_lines and not any("step" in r and any(k in r for k in KNOWN_METRICS) for r in rows):
         names = ", ".join(KNOWN_METRICS) + " (or the old " + ", ".join(METRIC_RENAMES) + ")"
         raise ReportError(f"cannot read {path}: no row has 'step' and one of {names}")
     return rows
+
+
+def corpus_name_problem(run: Run) -> str | None:
+    """Why a held-out corpus name of ``run`` (``summary.json``'s ``final_eval`` keys, the
+    ``<name>`` of ``val/<name>/loss`` and ``/bpb`` metrics) cannot name a figure file, or None."""
+    final_eval = (run.summary or {}).get("final_eval")
+    names = {str(k) for k in final_eval} if isinstance(final_eval, dict) else set()
+    for row in run.metrics:
+        for k in row:
+            parts = k.split("/")
+            if len(parts) == 3 and parts[0] == "val" and parts[2] in ("loss", "bpb"):
+                names.add(parts[1])
+    bad = sorted(n for n in names if not CORPUS_NAME.fullmatch(n))
+    if not bad:
+        return None
+    return f"held-out corpus name {bad[0]!r} is not a plain name (letters, digits, _ . -)"
 
 
 def _yaml(path: Path) -> Any:
@@ -202,10 +240,12 @@ def _summary(path: Path) -> dict[str, Any] | None:
 
 
 def load_run(path: Path) -> Run:
-    """Read one run dir. Config: ``.hydra/config.yaml``, else ``summary.json``'s ``config``.
+    """Read one run dir. Config: ``.hydra/config.yaml``, else ``summary.json``'s ``config``;
+    ``annealed``: :data:`ANNEALED_FILE`'s rows, if the dir has one.
 
     Raises:
-        ReportError: a file that is there but cannot be read (see :func:`read_metrics`).
+        ReportError: a file that is there but cannot be read (see :func:`read_metrics`), or a
+            held-out corpus name that is not a plain name (:func:`corpus_name_problem`).
     """
     overrides = _yaml(path / ".hydra" / "overrides.yaml") or []
     summary = _summary(path / "summary.json")
@@ -213,7 +253,8 @@ def load_run(path: Path) -> Run:
     if config is None and summary is not None:
         config = summary.get("config")
     metrics = read_metrics(path / "metrics.jsonl") if (path / "metrics.jsonl").exists() else []
-    return Run(
+    annealed = read_rows(path / ANNEALED_FILE) if (path / ANNEALED_FILE).is_file() else []
+    run = Run(
         path,
         [str(o) for o in overrides],
         flatten(config or {}),
@@ -221,7 +262,11 @@ def load_run(path: Path) -> Run:
         summary,
         excluded=exclusion_reason(summary),
         name=path.name,
+        annealed=annealed,
     )
+    if (problem := corpus_name_problem(run)) is not None:
+        raise ReportError(f"cannot read {path}: {problem}")
+    return run
 
 
 def _natural(p: Path) -> list[Any]:
@@ -250,16 +295,24 @@ def find_run_dirs(sweep_dir: Path) -> list[Path]:
 
 
 def load_runs(paths: list[str | Path]) -> list[Run]:
-    """Load every run dir named by ``paths``: each a run dir or a sweep dir (see
-    :func:`find_run_dirs`), anywhere. A run's ``name`` is its path below the paths' common folder.
+    """Load every run named by ``paths``: each a run dir or a sweep dir (see
+    :func:`find_run_dirs`), anywhere, a series file (:func:`read_series`), or one run of one
+    (``<series file>/<index>``, the :attr:`Run.path` of a run read from a series). A run's ``name``
+    is its path below the paths' common folder; a series run's, its stored name below the common
+    folder of the loaded series runs' names (one run of it gets the name its run dir would).
 
     Raises:
-        ReportError: a path that is not a directory, one holding no run dir, or an unreadable run.
+        ReportError: a path that is neither a directory nor a series file, one holding no run
+            dir, an unreadable run, an unreadable series file (:func:`read_series`).
     """
     dirs: list[Path] = []
+    series: dict[Path, tuple[Path, list[int] | None]] = {}
     for p in map(Path, paths):
+        if (member := series_member(p)) is not None:
+            _add_member(series, *member)
+            continue
         if not p.is_dir():
-            raise ReportError(f"not a directory: {p}")
+            raise ReportError(f"not a directory nor a series file: {p}")
         found = find_run_dirs(p)
         if not found:
             raise ReportError(f"no run dirs (with .hydra/, summary.json or metrics.jsonl) in {p}")
@@ -269,7 +322,287 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
         root = Path(os.path.commonpath([d.resolve() for d in dirs]))
         for run in runs:
             run.name = str(run.path.resolve().relative_to(root))
+    return runs + _series_runs(series)
+
+
+# --- series files: what the report reads of each run, stored beside the report ------------------
+
+#: The series file ``normlab-report`` writes beside ``report.md``: gzip-compressed JSON.
+SERIES_FILE = "series.json.gz"
+SERIES_FORMAT, SERIES_VERSION = "normlab-series", 1
+#: The ``metrics.jsonl`` keys a series keeps: these, and every key below one ending in ``/``.
+#: Every key the report reads is among them; ``train/lr``, ``train/grad_norm``, ``train/spikes``
+#: and the rest are dropped.
+SERIES_KEYS = ("step", "train/loss", "val/", "perf/", "downstream/", "diag/")
+_SERIES_PREFIXES = tuple(k for k in SERIES_KEYS if k.endswith("/"))
+#: Limits on reading one: bytes on disk and once decompressed, and the nesting of its JSON.
+SERIES_MAX_BYTES = 64 * 2**20
+SERIES_MAX_DEPTH = 32
+#: The fields of a stored run and their JSON types.
+_RECORD_TYPES = {
+    "name": str,
+    "overrides": list,
+    "config": dict,
+    "summary": (dict, type(None)),
+    "metrics": list,
+    "annealed": list,
+}
+
+
+def series_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row with only the :data:`SERIES_KEYS` (key order kept)."""
+    return {k: v for k, v in row.items() if k in SERIES_KEYS or k.startswith(_SERIES_PREFIXES)}
+
+
+def series_record(run: Run) -> dict[str, Any]:
+    """What a series file stores of ``run``: its name, overrides, flattened resolved config,
+    whole ``summary.json``, metrics rows (:func:`series_row`) and annealed rows; and, for its
+    reader, why it is excluded or never trained (recomputed from the summary when read)."""
+    return {
+        "name": run.name,
+        "excluded": run.excluded,
+        "never_trained": never_trained(run),
+        "overrides": run.overrides,
+        "config": run.config,
+        "summary": run.summary,
+        "metrics": [series_row(r) for r in run.metrics],
+        "annealed": run.annealed,
+    }
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file in its folder (created) and a rename:
+    a reader never sees half a file, and a link at ``path`` is replaced, never written through.
+
+    Raises:
+        OSError: the folder cannot be created or written, or ``path`` is a directory.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0o022)
+    os.umask(umask)
+    try:
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_series(
+    path: Path,
+    runs: list[Run],
+    bench: dict[str, Any] | None = None,
+    options: dict[str, Any] | None = None,
+) -> Path:
+    """Write the series file of ``runs`` (as :func:`load_runs` gave them, every one: included,
+    excluded, never trained) to ``path`` (:func:`write_atomic`): ``format``, ``version``,
+    ``metric_keys``, ``options`` (the report's, for its rebuild), ``step_bench`` (the
+    interleaved step benchmark's JSON, or null) and ``runs`` (:func:`series_record`). The same
+    runs give the same bytes (no time stamp in the gzip header). Returns ``path``.
+
+    Raises:
+        OSError: ``path`` cannot be written.
+    """
+    doc = {
+        "format": SERIES_FORMAT,
+        "version": SERIES_VERSION,
+        "metric_keys": list(SERIES_KEYS),
+        "options": options or {},
+        "step_bench": bench,
+        "runs": [series_record(r) for r in runs],
+    }
+    data = json.dumps(doc, default=str, separators=(",", ":")).encode()
+    return write_atomic(Path(path), gzip.compress(data, compresslevel=9, mtime=0))
+
+
+def _read_bounded(path: Path) -> bytes:
+    """The decompressed bytes of the gzip file ``path``, refused (:class:`ReportError`) when it
+    is a link or not a regular file, or over :data:`SERIES_MAX_BYTES` on disk or decompressed."""
+    mib = f"{SERIES_MAX_BYTES / 2**20:g} MiB"
+    if path.is_symlink():
+        raise ReportError(f"cannot read {path}: a series file must not be a link")
+    try:  # no link followed, no wait on a FIFO
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise ReportError(f"cannot read {path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > SERIES_MAX_BYTES:
+            raise ReportError(f"cannot read {path}: not a regular file of at most {mib}")
+        try:
+            with gzip.GzipFile(fileobj=f) as g:
+                data = g.read(SERIES_MAX_BYTES + 1)
+        except (OSError, EOFError, zlib.error) as e:
+            raise ReportError(f"cannot read {path}: not a series file (gzip: {e})") from None
+    if len(data) > SERIES_MAX_BYTES:
+        raise ReportError(f"cannot read {path}: over {mib} once decompressed")
+    return data
+
+
+def read_series(path: Path) -> dict[str, Any]:
+    """The series file ``path`` (:func:`write_series`), checked: its ``runs``' fields of the
+    right JSON types, names that are relative paths below a sweep (:func:`name_problem`; names
+    are never opened), nesting within :data:`SERIES_MAX_DEPTH`, size within
+    :data:`SERIES_MAX_BYTES`.
+
+    Raises:
+        ReportError: in one line, naming ``path``: a link, not gzip, not JSON, too big or too
+            deep, another format or version, a malformed run.
+    """
+    data = _read_bounded(path)
+    try:
+        doc = json.loads(data)
+    except json.JSONDecodeError as e:
+        raise ReportError(f"cannot read {path}: {e.msg} (line {e.lineno})") from None
+    except RecursionError:
+        raise ReportError(f"cannot read {path}: nested deeper than {SERIES_MAX_DEPTH}") from None
+    except ValueError:  # bytes that are not UTF-8
+        raise ReportError(f"cannot read {path}: not UTF-8 JSON text") from None
+    if (problem := series_problem(doc)) is not None:
+        raise ReportError(f"cannot read {path}: {problem}")
+    return doc
+
+
+def _depth(doc: Any) -> int:
+    """How deep JSON containers nest in ``doc`` (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, d = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, d)
+            stack += [(c, d + 1) for c in (node.values() if isinstance(node, dict) else node)]
+    return deepest
+
+
+def series_problem(doc: Any) -> str | None:
+    """What makes ``doc`` (a parsed series file) unreadable, in a few words, or None."""
+    if not isinstance(doc, dict) or doc.get("format") != SERIES_FORMAT:
+        return f"not a series file (a JSON object with format {SERIES_FORMAT!r})"
+    if doc.get("version") != SERIES_VERSION:
+        return f"series version {doc.get('version')!r}: this normlab reads {SERIES_VERSION}"
+    if _depth(doc) > SERIES_MAX_DEPTH:
+        return f"nested deeper than {SERIES_MAX_DEPTH}"
+    ok = isinstance(doc.get("runs"), list) and isinstance(doc.get("options", {}), dict)
+    if not ok or not isinstance(doc.get("step_bench"), (dict, type(None))):
+        return "'runs' must be a list, 'options' an object, 'step_bench' an object or null"
+    for i, rec in enumerate(doc["runs"]):
+        if (problem := record_problem(rec)) is not None:
+            return f"run {i}: {problem}"
+    return None
+
+
+def record_problem(rec: Any) -> str | None:
+    """What makes ``rec`` (one stored run) unreadable, or None."""
+    if not isinstance(rec, dict):
+        return "not a JSON object"
+    for key, kind in _RECORD_TYPES.items():
+        if not isinstance(rec.get(key), kind):
+            return f"{key!r} missing or of the wrong type"
+    if not all(isinstance(o, str) for o in rec["overrides"]):
+        return "an override that is not a string"
+    if not all(isinstance(r, dict) for r in rec["metrics"] + rec["annealed"]):
+        return "a metrics or annealed row that is not a JSON object"
+    return name_problem(rec["name"])
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` is not a run's name below a sweep (``0_norm=rms,seed=0``, ``sweep/3_x``: a
+    relative path, no ``.`` or ``..`` part, no control character or backslash), or None."""
+    parts = name.split("/")
+    ok = 0 < len(name) <= 1000 and not any(p in ("", ".", "..") for p in parts)
+    if ok and not any(ord(c) < 32 or c in "\\\x7f" for c in name):
+        return None
+    return f"name {name[:80]!r} is not a relative path below a sweep"
+
+
+def series_member(p: Path) -> tuple[Path, int | None] | None:
+    """``(p, None)`` when ``p`` is a file or a link that is not a directory (a series file;
+    :func:`read_series` refuses a link), ``(file, i)`` for ``<file>/<i>`` (one run of a series
+    file), else None."""
+
+    def file_or_link(q: Path) -> bool:
+        return q.is_file() or (q.is_symlink() and not q.is_dir())
+
+    if file_or_link(p):
+        return p, None
+    if re.fullmatch(r"[0-9]{1,9}", p.name) and file_or_link(p.parent):
+        return p.parent, int(p.name)
+    return None
+
+
+def _add_member(
+    series: dict[Path, tuple[Path, list[int] | None]], path: Path, index: int | None
+) -> None:
+    """Record run ``index`` (None: every run) of the series file ``path`` in ``series``
+    (resolved path -> (path, indices in the order asked, None for all))."""
+    key = path.resolve()
+    _, have = series.get(key, (path, []))
+    if index is None or have is None:
+        series[key] = (path, None)
+    else:
+        series[key] = (path, have + [index] * (index not in have))
+
+
+def series_run(path: Path, i: int, rec: dict[str, Any]) -> Run:
+    """Run ``i`` of the series file ``path`` from its record ``rec`` (checked by
+    :func:`record_problem`): the fields :func:`load_run` gives, ``path`` ``<file>/<i>``.
+
+    Raises:
+        ReportError: a held-out corpus name that is not a plain name (:func:`corpus_name_problem`).
+    """
+    run = Run(
+        path / str(i),
+        list(rec["overrides"]),
+        flatten(rec["config"]),
+        [normalise_row(r) for r in rec["metrics"]],
+        rec["summary"],
+        excluded=exclusion_reason(rec["summary"]),
+        name=rec["name"],
+        annealed=list(rec["annealed"]),
+    )
+    if (problem := corpus_name_problem(run)) is not None:
+        raise ReportError(f"cannot read {path}: run {i}: {problem}")
+    return run
+
+
+def _series_runs(series: dict[Path, tuple[Path, list[int] | None]]) -> list[Run]:
+    """The runs asked of each series file (:func:`_add_member`), named below their names'
+    common folder (one run: its last part), as :func:`load_runs` names run dirs."""
+    runs = []
+    for path, wanted in series.values():
+        records = read_series(path)["runs"]
+        for i in range(len(records)) if wanted is None else wanted:
+            if i >= len(records):
+                raise ReportError(f"no run {i} in {path}: it holds {len(records)}")
+            runs.append(series_run(path, i, records[i]))
+    names = [PurePosixPath(r.name) for r in runs]
+    if len(runs) == 1:
+        runs[0].name = names[0].name
+    elif runs:
+        root = PurePosixPath(os.path.commonpath([str(n) for n in names]))
+        if all(n != root for n in names):
+            for run, n in zip(runs, names, strict=True):
+                run.name = str(n.relative_to(root))
     return runs
+
+
+def series_step_bench(src: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The interleaved step benchmark stored in the series file ``src``, with ``src``; None when
+    ``src`` is not a whole series file (a run dir, one run of a series) or it stored none (for
+    :func:`normlab.report.compare.load_step_bench`, which checks what it holds).
+
+    Raises:
+        ReportError: an unreadable series file (:func:`read_series`).
+    """
+    if series_member(src) != (src, None):
+        return None
+    bench = read_series(src)["step_bench"]
+    return None if bench is None else (src, bench)
 
 
 # --- variants: labels, comparability, the baseline, confounds ---------------------------------

@@ -1,8 +1,9 @@
-"""Statistics of the report: descriptive statistics, Student t intervals, the paired difference with
-its two one-sided tests (TOST, Schuirmann 1987), ratio intervals on logs, the power of the TOST,
-Holm's adjustment of a family, and the compute-equivalent verdict: the step multiplier that aligns
-two validation curves, times the step-time ratio, paired across seeds, with the conversion of a
-margin between nats and compute by the curve's end slope.
+"""Statistics of the report: descriptive statistics, Student t intervals, intervals of a sum of
+independent parts (Welch-Satterthwaite df), the paired difference with its two one-sided tests
+(TOST, Schuirmann 1987), ratio intervals on logs, the sign test, the power of the TOST, Holm's
+adjustment of a family, and the compute-equivalent verdict: the step multiplier that aligns two
+validation curves (or annealed points), times the step-time ratio, paired across seeds, with the
+conversion of a margin between nats and compute by the curve's end slope.
 
 Inputs are plain lists of floats in the caller's units (nats/token for losses; ratios are
 dimensionless). Nothing here reads files.
@@ -43,6 +44,39 @@ def t_interval(values: list[float], confidence: float) -> tuple[float, float]:
         return NAN, NAN
     half = stats.t.ppf((1 + confidence) / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
     return float(x.mean() - half), float(x.mean() + half)
+
+
+def combined_interval(
+    parts: list[tuple[Any, Any]], estimate: Any, alpha: float = 0.05
+) -> dict[str, Any]:
+    """The 1−alpha interval ``estimate ± t_{1−alpha/2, df} · se`` of a sum of independent
+    estimates, each part given as ``(se, df)``: ``se = sqrt(Σ se_i²)`` and the Welch-Satterthwaite
+    ``df = (Σ se_i²)² / Σ (se_i⁴ / df_i)`` (Satterthwaite 1946); one part gives its own t.
+
+    Units of ``estimate`` and the ses (e.g. a log ratio). Elementwise: numpy arrays broadcast and
+    come back as arrays, scalars as floats. A part with se = 0 adds nothing (all zero: df = inf,
+    half = 0); a nan se or df, or df <= 0 where se > 0, gives nan.
+
+    Returns:
+        ``{"se", "df", "half", "ci"}`` with ``ci = (estimate − half, estimate + half)``.
+    """
+    both = np.broadcast_arrays(*[np.asarray(x, float) for part in parts for x in part])
+    se, df = np.stack(both[0::2]), np.stack(both[1::2])
+    var = se**2
+    total = var.sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # a part with se = 0 has var²/df = 0 whatever its df: it carries no weight
+        weight = np.where(var > 0, var**2 / np.where(df > 0, df, NAN), 0.0)
+        dfw = np.where(total > 0, total**2 / weight.sum(axis=0), np.inf)
+    dfw = np.where(np.isnan(total), NAN, dfw)
+    half = stats.t.ppf(1 - alpha / 2, dfw) * np.sqrt(total)
+    half = np.where(total == 0, 0.0, half)
+    est = np.asarray(estimate, float)
+    out = {"se": np.sqrt(total), "df": dfw, "half": half}
+    out = {k: float(v) if np.ndim(v) == 0 else v for k, v in out.items()}
+    lo, hi = est - half, est + half
+    out["ci"] = (float(lo), float(hi)) if np.ndim(lo) == 0 else (lo, hi)
+    return out
 
 
 def _fmt_ci(ci: tuple[float, float]) -> str:
@@ -142,15 +176,28 @@ def p_two_sided(c: dict[str, Any]) -> float:
 
 
 def ratio_interval(ratios: list[float], alpha: float = 0.05) -> dict[str, Any]:
-    """Per-seed ratios (e.g. step time variant/baseline, dimensionless): n, geometric mean
-    exp(mean log r) and its 1−alpha Student t interval computed on log r and exponentiated."""
+    """Per-seed (or per-pair) ratios (e.g. step time variant/baseline, dimensionless): n,
+    geometric mean exp(mean log r), ``se_log`` = s/√n of log r (s ddof=1) with ``df`` = n − 1,
+    and the 1−alpha Student t interval on log r (:func:`combined_interval`), exponentiated.
+    ``se_log``, ``df`` and ``ci`` are nan when n < 2."""
     logs = np.log(np.asarray(ratios, float))
-    lo, hi = t_interval(list(logs), 1 - alpha)
-    return {
-        "n": int(logs.size),
-        "gmean": float(np.exp(logs.mean())) if logs.size else NAN,
-        "ci": (math.exp(lo), math.exp(hi)) if logs.size > 1 else (NAN, NAN),
-    }
+    out = {"n": int(logs.size), "gmean": float(np.exp(logs.mean())) if logs.size else NAN}
+    if logs.size < 2:
+        return {**out, "ci": (NAN, NAN), "se_log": NAN, "df": NAN}
+    se, df = float(logs.std(ddof=1) / math.sqrt(logs.size)), logs.size - 1
+    lo, hi = combined_interval([(se, df)], float(logs.mean()), alpha)["ci"]
+    return {**out, "ci": (math.exp(lo), math.exp(hi)), "se_log": se, "df": df}
+
+
+def sign_test(ratios: list[float]) -> dict[str, Any]:
+    """The two-sided exact sign test of a median ratio of 1 (dimensionless ratios, e.g. step time
+    variant/baseline per interleaved pair): ``below`` (r < 1) and ``above`` (r > 1) counts, ties
+    left out, and ``p`` = ``scipy.stats.binomtest(below, below + above, 0.5)``; nan with no
+    untied ratio. Blind to how far a ratio lies from 1, so two outlier pairs cannot make it."""
+    r = np.asarray(ratios, float)
+    below, above = int((r < 1).sum()), int((r > 1).sum())
+    p = stats.binomtest(below, below + above, 0.5).pvalue if below + above else NAN
+    return {"below": below, "above": above, "p": float(p)}
 
 
 def tost_power(n: int, std: float, margin: float, alpha: float = 0.05, delta: float = 0.0) -> float:
@@ -276,23 +323,76 @@ def step_multiplier(
     return end / steps_to_reach(sv, lv, lb_end)
 
 
+def _annealed_steps_to_reach(budgets: np.ndarray, losses: np.ndarray, target: float) -> float:
+    """The budget at which annealed runs first reach ``target``, interpolated linearly in
+    (ln T, loss) over the running minimum (:func:`steps_to_reach` on ln T); nan outside the
+    points (never reached, or already below ``target`` at the smallest budget)."""
+    if losses[0] < target:  # reached before the smallest budget: where is unknown
+        return NAN
+    return math.exp(steps_to_reach(list(np.log(budgets)), list(losses), target))
+
+
+def annealed_step_multiplier(
+    base: tuple[list[float], list[float]], var: tuple[list[float], list[float]]
+) -> float:
+    """:func:`step_multiplier` read on annealed points: budgets T (steps, increasing), each with
+    the final validation loss (nats/token) of a run annealed to its end at T. With S the largest
+    budget both have: ``m = T_base(L_var(S)) / S`` when the variant is no better at S (m <= 1),
+    else ``m = S / T_var(L_base(S))`` (m > 1); ``T_*(L)`` interpolates linearly in (ln T, loss),
+    read as a running minimum. No extrapolation: nan when the loss lies outside the other's
+    points, or when the two share no budget.
+
+    Raises:
+        ValueError: a run's budgets and losses differ in length or number fewer than 2.
+    """
+    tb, lb = (np.asarray(x, float) for x in base)
+    tv, lv = (np.asarray(x, float) for x in var)
+    if tb.shape != lb.shape or tv.shape != lv.shape or min(tb.size, tv.size) < 2:
+        raise ValueError("need >= 2 (budget, loss) points of equal length per run")
+    shared = np.intersect1d(tb, tv)
+    if shared.size == 0:
+        return NAN
+    end = float(shared[-1])
+    lb_end, lv_end = float(lb[tb == end][0]), float(lv[tv == end][0])
+    if lv_end >= lb_end:
+        return _annealed_steps_to_reach(tb, lb, lv_end) / end
+    return end / _annealed_steps_to_reach(tv, lv, lb_end)
+
+
+def annealed_slope(budgets: list[float], losses: list[float]) -> float:
+    """``-dL/d ln T`` over annealed points, nats per e-fold of steps: the least-squares slope of
+    the annealed final loss on ln(budget), sign flipped (positive while more steps still help);
+    the slope :func:`nats_for_compute` and :func:`compute_for_nats` take on annealed runs.
+
+    Raises:
+        ValueError: fewer than 2 finite points with a positive budget.
+    """
+    t, loss = np.asarray(budgets, float), np.asarray(losses, float)
+    keep = (t > 0) & np.isfinite(loss)
+    if keep.sum() < 2:
+        raise ValueError("annealed_slope needs >= 2 annealed points")
+    return float(-np.polyfit(np.log(t[keep]), loss[keep], 1)[0])
+
+
 def compute_multiplier(
     step_mults: list[float],
     speed: list[float] | float,
-    speed_ci: tuple[float, float] | None = None,
+    speed_se: tuple[float, float] | None = None,
     alpha: float = 0.05,
 ) -> dict[str, Any]:
     """The effective-compute multiplier of a variant over the baseline, paired across seeds:
     ``k_i = m_i * t_base / t_var`` with ``m_i`` from :func:`step_multiplier` and ``speed`` the
     step-time ratio ``t_base / t_var`` (>1: the variant's step is faster), per seed (same length
-    as ``step_mults``) or one interleaved-bench figure. Geometric mean and a 1−alpha Student t
-    interval on ``log k``; when ``speed`` is one figure with its own interval ``speed_ci``
-    (1−alpha), its log half-width is added in quadrature (normal approximation, the two
-    estimates independent).
+    as ``step_mults``) or one interleaved-bench figure. Geometric mean and a 1−alpha interval on
+    ``log k`` (:func:`combined_interval`): the seeds' part has se = s/√n of log k and n − 1 df;
+    when ``speed`` is one figure, ``speed_se = (se, df)`` of its log (:func:`ratio_interval`'s
+    ``se_log``, ``df``) is a second, independent part (Welch-Satterthwaite df). A ``speed_se``
+    that is not finite (a bench of one pair) is left out.
 
     Returns:
-        ``{"n", "k", "ci", "step_mult", "speed"}``: k, ci, step_mult and speed (geometric means)
-        dimensionless; the seeds with a finite k only; ci nan when n < 2.
+        ``{"n", "k", "ci", "step_mult", "speed", "se_log", "df"}``: k, ci, step_mult and speed
+        (geometric means) dimensionless; ``se_log`` the standard error of ln k and ``df`` its
+        degrees of freedom; the seeds with a finite k only; ci, se_log, df nan when n < 2.
     """
     m = np.asarray(step_mults, float)
     sp = np.broadcast_to(np.asarray(speed, float), m.shape)
@@ -301,6 +401,7 @@ def compute_multiplier(
     ok = np.isfinite(logk)
     n = int(ok.sum())
     out: dict[str, Any] = {"n": n, "k": NAN, "ci": (NAN, NAN), "step_mult": NAN, "speed": NAN}
+    out |= {"se_log": NAN, "df": NAN}
     if n == 0:
         return out
     logk = logk[ok]
@@ -309,14 +410,12 @@ def compute_multiplier(
     out["k"] = float(np.exp(logk.mean()))
     if n < 2:
         return out
-    half = stats.t.ppf(1 - alpha / 2, n - 1) * logk.std(ddof=1) / math.sqrt(n)
-    if speed_ci is not None and np.ndim(speed) == 0 and all(map(math.isfinite, speed_ci)):
-        z = stats.norm.ppf(1 - alpha / 2)
-        se_speed = (math.log(speed_ci[1]) - math.log(speed_ci[0])) / (2 * z)
-        se_m = half / stats.t.ppf(1 - alpha / 2, n - 1)
-        half = z * math.hypot(se_m, se_speed)
-    out["ci"] = (float(np.exp(logk.mean() - half)), float(np.exp(logk.mean() + half)))
-    return out
+    parts = [(float(logk.std(ddof=1) / math.sqrt(n)), n - 1)]
+    if speed_se is not None and np.ndim(speed) == 0 and all(map(math.isfinite, speed_se)):
+        parts.append(speed_se)
+    c = combined_interval(parts, float(logk.mean()), alpha)
+    out["ci"] = (math.exp(c["ci"][0]), math.exp(c["ci"][1]))
+    return out | {"se_log": c["se"], "df": c["df"]}
 
 
 def end_slope(steps: list[float], losses: list[float], points: int = 4) -> float:

@@ -13,6 +13,7 @@ it times its pair with :func:`time_pairs` and :func:`pair_result`.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 
@@ -125,7 +126,8 @@ def pair_result(
     setups: list, own: tuple[list[str], list[str]], common: list[str], times, **info
 ) -> dict:
     """The JSON-ready result of :func:`time_pairs` for ``setups`` (A, B) composed from ``common``
-    plus their ``own`` overrides; ``info`` (``pairs``, ``warmup``, ``baseline``) is copied in."""
+    plus their ``own`` overrides; ``info`` (``pairs``, ``warmup``, ``baseline``,
+    ``loadavg_*``) is copied in."""
     return {
         "mode": "step",
         "device": str(setups[1].run.device),
@@ -146,14 +148,19 @@ def bench_step(
 
     Returns JSON-ready data: per setup ``loop`` (``normlab``), ``median_ms`` and ``times_ms``
     (ms per optimizer step), its resolved norm and tokens per step; ``ratio``: B/A step time per
-    pair (``per_pair``) with its ``median``, ``p25`` / ``p75`` (IQR) and ``p10`` / ``p90``.
+    pair (``per_pair``) with its ``median``, ``p25`` / ``p75`` (IQR) and ``p10`` / ``p90``;
+    ``loadavg_before`` / ``loadavg_after``: ``os.getloadavg()`` (1, 5, 15 min) around the timing.
 
     Raises:
         ConfigError, DataError: a setup ``train`` would refuse, before anything is timed.
     """
     setups = [build_setup([*common, *a]), build_setup([*common, *b])]
+    before = list(os.getloadavg())  # the report warns when the machine was not quiet
     times = time_pairs(setups, pairs, warmup)
-    return pair_result(setups, (a, b), common, times, pairs=pairs, warmup=warmup, baseline=False)
+    load = {"loadavg_before": before, "loadavg_after": list(os.getloadavg())}
+    return pair_result(
+        setups, (a, b), common, times, pairs=pairs, warmup=warmup, baseline=False, **load
+    )
 
 
 def format_step(result: dict) -> str:
