@@ -223,10 +223,6 @@ def test_the_series_file_stores_the_interleaved_step_benchmark(tmp_path):
     assert series_step_bench(tmp_path / "again" / SERIES_FILE)[1] == found[1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs compare.load_step_bench to read a series source (runs.series_step_bench)",
-)
 def test_a_rebuilt_report_keeps_the_speed_verdict(tmp_path):
     sweep = bench_sweep(tmp_path / "sweep")
     assert main([str(sweep), "--margin", "0.05"]) == 0

@@ -1,6 +1,8 @@
 """normlab.report.stats by simulation: the combined interval of the compute multiplier (Student t,
-Welch-Satterthwaite df) against the normal rule it replaced, and the annealed step multiplier
-against a within-run reading of cosine curves, on studies whose true multiplier is known.
+Welch-Satterthwaite df, floored at each part's own t) against plain Welch-Satterthwaite and the
+normal rule before both; and the annealed step multiplier against a within-run reading of a
+cosine curve, both from one law of loss under learning-rate annealing, whose true multiplier is
+known.
 
 ``python3 -m tests.report.test_stats_intervals`` prints both tables.
 """
@@ -12,13 +14,14 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
+from scipy import signal, stats
 
 from normlab.report.stats import (
     annealed_slope,
     annealed_step_multiplier,
     combined_interval,
     compute_multiplier,
+    end_slope,
     ratio_interval,
     step_multiplier,
 )
@@ -51,23 +54,25 @@ def simulate(n: int, sigma_s: float, draws: int, seed: int = 0) -> dict[str, np.
     }
 
 
-def new_half(sim: dict[str, np.ndarray], n: int) -> np.ndarray:
-    """The half-width of compute_multiplier's interval: t with Welch-Satterthwaite df."""
+def adopted_half(sim: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """The half-width of compute_multiplier's interval (:func:`combined_interval`): t with
+    Welch-Satterthwaite df, floored at either part's own t interval."""
     return combined_interval([(sim["se_m"], n - 1), (sim["se_s"], PAIRS - 1)], sim["est"])["half"]
 
 
+def ws_half(sim: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """Plain Welch-Satterthwaite, written out here: t_{df} · se with
+    df = se⁴ / (se_m⁴/(n − 1) + se_s⁴/(PAIRS − 1)), no floor."""
+    var = sim["se_m"] ** 2 + sim["se_s"] ** 2
+    df = var**2 / (sim["se_m"] ** 4 / (n - 1) + sim["se_s"] ** 4 / (PAIRS - 1))
+    return stats.t.ppf(1 - ALPHA / 2, df) * np.sqrt(var)
+
+
 def old_z_half(sim: dict[str, np.ndarray], n: int) -> np.ndarray:
-    """The rule it replaced: the bench's t interval backed out to an se with z, then z times
+    """The rule before both: the bench's t interval backed out to an se with z, then z times
     the two ses added in quadrature (the seeds' t of n − 1 df lost)."""
     z, t_bench = stats.norm.ppf(1 - ALPHA / 2), stats.t.ppf(1 - ALPHA / 2, PAIRS - 1)
     return z * np.hypot(sim["se_m"], sim["se_s"] * t_bench / z)
-
-
-def floor_half(sim: dict[str, np.ndarray], n: int) -> np.ndarray:
-    """An alternative, not the rule in stats.py: Welch-Satterthwaite, but never narrower than
-    either part's own t interval (printed beside the others for comparison)."""
-    t_m, t_s = stats.t.ppf(1 - ALPHA / 2, n - 1), stats.t.ppf(1 - ALPHA / 2, PAIRS - 1)
-    return np.maximum(new_half(sim, n), np.maximum(t_m * sim["se_m"], t_s * sim["se_s"]))
 
 
 def coverage(sim: dict[str, np.ndarray], half: np.ndarray) -> float:
@@ -75,23 +80,24 @@ def coverage(sim: dict[str, np.ndarray], half: np.ndarray) -> float:
     return float(np.mean(np.abs(sim["est"] - (TRUE_LOG_M + TRUE_LOG_S)) <= half))
 
 
+RULES = {"z": old_z_half, "ws": ws_half, "adopted": adopted_half}
+
+
 @functools.cache
 def coverage_table(draws: int = DRAWS) -> dict[tuple[str, int], dict[str, float]]:
-    """Per (case, n): the coverage of the rule in stats.py (``ws``), of the old z rule (``z``)
-    and of the floored alternative (``floor``)."""
+    """Per (case, n): the coverage of each of :data:`RULES`: the old z rule (``z``), plain
+    Welch-Satterthwaite (``ws``) and the floored rule in stats.py (``adopted``)."""
     out = {}
     for i, (case, sigma_s) in enumerate(CASES.items()):
         for n in SEEDS:
             sim = simulate(n, sigma_s(n), draws, seed=100 * i + n)
-            rules = {"ws": new_half, "z": old_z_half, "floor": floor_half}
-            out[case, n] = {name: coverage(sim, half(sim, n)) for name, half in rules.items()}
+            out[case, n] = {name: coverage(sim, half(sim, n)) for name, half in RULES.items()}
     return out
 
 
-# Welch-Satterthwaite with a part of 1-2 df undercovers: when a seed pair happens to agree, its
-# se is small, the df jumps towards the bench's 29 and t falls from 12.7 towards 2 just when the
-# seeds' part is underestimated (the Behrens-Fisher problem has no exact answer at n = 2)
-SHORT = {("parts comparable", 2), ("steps dominate", 2), ("steps dominate", 3)}
+# Measured with 4,000 studies per case (40,000 give 0.975): at n = 2 with comparable parts the
+# seeds' own t_1 interval often sets the floor, and it over-covers; conservative, so kept
+OVER = {("parts comparable", 2): "the floor over-covers at 1 df: 0.972 (0.975 at 40,000)"}
 
 
 @pytest.mark.parametrize(
@@ -99,7 +105,7 @@ SHORT = {("parts comparable", 2), ("steps dominate", 2), ("steps dominate", 3)}
     [
         pytest.param(
             (case, n),
-            marks=pytest.mark.xfail((case, n) in SHORT, reason="W-S df at 1-2 df", strict=True),
+            marks=pytest.mark.xfail((case, n) in OVER, reason=OVER.get((case, n), ""), strict=True),
             id=f"{case.replace(' ', '-')}-n{n}",
         )
         for case in CASES
@@ -108,19 +114,35 @@ SHORT = {("parts comparable", 2), ("steps dominate", 2), ("steps dominate", 3)}
 )
 def test_the_combined_95pc_interval_covers_in_93_to_97pc(key):
     c = coverage_table()[key]
-    assert 0.93 <= c["ws"] <= 0.97, f"{key}: {c}"
+    assert 0.93 <= c["adopted"] <= 0.97, f"{key}: {c}"
 
 
-def test_the_combined_interval_covers_better_than_the_old_z_rule_everywhere():
-    for key, c in coverage_table().items():
-        assert c["ws"] > c["z"], f"{key}: {c}"
-    assert coverage_table()["steps dominate", 2]["z"] < 0.8  # z = 1.96 where t_1 = 12.7
+def test_plain_welch_satterthwaite_and_the_z_rule_undercover_where_the_floor_does_not():
+    table = coverage_table()
+    for key, c in table.items():
+        assert c["adopted"] >= c["ws"] > c["z"], f"{key}: {c}"
+    # Behrens-Fisher at 1 df: a seed pair that happens to agree shrinks both se and t
+    assert table["steps dominate", 2]["ws"] < 0.9
+    assert table["steps dominate", 2]["z"] < 0.8  # z = 1.96 where t_1 = 12.7
+
+
+def test_the_floor_is_each_parts_own_t_interval_and_df_gives_the_half_width_back():
+    n = 2
+    sim = simulate(n, CASES["steps dominate"](n), draws=200)
+    r = combined_interval([(sim["se_m"], n - 1), (sim["se_s"], PAIRS - 1)], sim["est"])
+    t_m, t_s = stats.t.ppf(1 - ALPHA / 2, n - 1), stats.t.ppf(1 - ALPHA / 2, PAIRS - 1)
+    floor = np.maximum(t_m * sim["se_m"], t_s * sim["se_s"])
+    assert r["half"] == pytest.approx(np.maximum(ws_half(sim, n), floor), rel=1e-12)
+    assert (floor > ws_half(sim, n)).mean() > 0.1  # the floor is at work in this case
+    # (se, df) reproduce the interval: a later combination or a report can rebuild it
+    assert stats.t.ppf(1 - ALPHA / 2, r["df"]) * r["se"] == pytest.approx(r["half"], rel=1e-9)
+    assert np.all((n - 1 <= r["df"]) & (r["df"] <= n - 1 + PAIRS - 1))
 
 
 def test_compute_multiplier_gives_the_simulated_interval():
     n = 3
     sim = simulate(n, CASES["parts comparable"](n), draws=20)
-    half = new_half(sim, n)
+    half = adopted_half(sim, n)
     for i in range(20):
         bench = ratio_interval(list(np.exp(sim["log_r"][i])))
         r = compute_multiplier(
@@ -129,7 +151,9 @@ def test_compute_multiplier_gives_the_simulated_interval():
         assert math.log(r["k"]) == pytest.approx(sim["est"][i])
         assert r["se_log"] == pytest.approx(math.hypot(sim["se_m"][i], sim["se_s"][i]))
         assert math.log(r["ci"][1]) - math.log(r["k"]) == pytest.approx(half[i])
-        assert n - 1 < r["df"] < n - 1 + PAIRS - 1
+        t = stats.t.ppf(1 - ALPHA / 2, r["df"])
+        assert t * r["se_log"] == pytest.approx(half[i], rel=1e-9)
+        assert n - 1 <= r["df"] < n - 1 + PAIRS - 1
 
 
 def test_one_part_gives_its_own_t_and_a_zero_part_adds_nothing():
@@ -137,30 +161,80 @@ def test_one_part_gives_its_own_t_and_a_zero_part_adds_nothing():
     assert one["half"] == pytest.approx(stats.t.ppf(0.975, 4) * 0.1) and one["df"] == 4
     assert combined_interval([(0.1, 4), (0.0, 9)], 1.0) == one
     assert math.isnan(combined_interval([(0.1, 4), (0.1, math.nan)], 1.0)["half"])
-    # two equal parts of 4 df: df = (2 se²)² / (2 se⁴ / 4) = 8
-    assert combined_interval([(0.1, 4), (0.1, 4)], 0.0)["df"] == pytest.approx(8.0)
+    # two equal parts of 4 df: df = (2 se²)² / (2 se⁴ / 4) = 8, and t_8 · √2 se > t_4 · se
+    two = combined_interval([(0.1, 4), (0.1, 4)], 0.0)
+    assert two["df"] == pytest.approx(8.0)
+    # a 1-df part beside a precise one: its own t_1 interval is the floor
+    floored = combined_interval([(0.1, 1), (0.05, 29)], 0.0)
+    assert floored["half"] == pytest.approx(stats.t.ppf(0.975, 1) * 0.1)
+    assert 1 < floored["df"] < 1.1
 
 
 # --- the annealed step multiplier ----------------------------------------------------------------
-# Annealed law L(T) = E + A T^-a: -dL/d ln T = a A T^-a = 0.4 nats per e-fold at T = 600.
-E, A, POW = 1.5, 0.4 / 0.5 * 600**0.5, 0.5
+# Losses from the scaling law with learning-rate annealing (Tissue et al. 2024, arXiv:2408.11029):
+#   L(s) = L0 + A · S1(s)^-alpha − C · S2(s),   eta_i = lr_i / lr_max of update i = 1..s,
+#   S1(s) = Σ_{i<=s} eta_i (the forward area),  S2(s) = Σ_{i<=s} m_i (the annealing area),
+#   m_i = LAMBDA · m_{i-1} + max(eta_{i-1} − eta_i, 0),  m_0 = 0, eta_0 = eta_1.
+# The paper's m_i adds eta_{i-1} − eta_i; here only decreases count (our choice: a rising lr in the
+# warm-up is no annealing; after it neither schedule rises, so nothing else changes). Calibrated
+# (alpha fixed at 0.5; A and C solved, L0 set for 1.98 at 600) to the repo's tiny CPU runs: annealed
+# slope 0.44 nats per e-fold between budgets 400 and 600, and 0.23 at the end of a 600-step cosine
+# curve (its last 4 evaluations): the within-run curve ends FLATTER than the annealed law.
+L0, A_LAW, ALPHA_LAW, C_LAW, LAMBDA = 1.29581, 15.90796, 0.5, 3.627972e-4, 0.999
+WARMUP, MIN_LR, DECAY = 50, 0.1, 0.2  # steps; fraction of lr_max; fraction of a WSD budget
 BUDGETS = np.array([150.0, 300.0, 450.0, 600.0])
-EVALS = np.arange(25.0, 601.0, 25.0)  # a 600-step cosine run evaluated every 25 steps
-TRUE_M = 1.05  # the variant's annealed loss at T is the baseline's at 1.05 T
+EVALS = np.arange(25, 601, 25)  # a 600-step cosine run evaluated every 25 steps
+AREA = 1.05  # the variant: the same law with S1 scaled by 1.05 (5% more progress per unit lr)
 NOISE = 0.004  # std of each point's own noise, per run; a shared part of the same std per seed
-COSINE_GAP = 0.3  # c: the unannealed excess at lr = lr_max; at mid-run c/2 = 0.15 nats
 ANNEAL_SEEDS, ANNEAL_DRAWS = 7, 2000
 
 
-def law(t: np.ndarray) -> np.ndarray:
-    return E + A * np.asarray(t, float) ** -POW
+def wsd(budget: int) -> np.ndarray:
+    """eta per update of a WSD run of ``budget`` steps, as training.step.lr_at: linear warm-up,
+    stable, then 1 − sqrt decay over the last round(0.2 · budget) steps to 0.1."""
+    s = np.arange(budget)
+    start = budget - round(DECAY * budget)
+    p = np.clip((s + 1 - start) / (budget - start), 0.0, 1.0)
+    eta = np.where(s < start, 1.0, MIN_LR + (1 - MIN_LR) * (1 - np.sqrt(p)))
+    return np.where(s < WARMUP, (s + 1) / WARMUP, eta)
 
 
-def cosine_curve(t: np.ndarray, shift: float) -> np.ndarray:
-    """A cosine run read within itself: loss at step s = L(shift · s) + c · lr(s)/lr_max with
-    lr(s)/lr_max = (1 + cos(pi s/600)) / 2: the annealed law plus an excess that the decay of
-    the learning rate removes by the end (a model of a cosine curve, not a fit)."""
-    return law(shift * t) + COSINE_GAP * (1 + np.cos(np.pi * t / 600.0)) / 2
+def cosine(steps: int = 600) -> np.ndarray:
+    """eta per update of a cosine run: linear warm-up, then cosine to 0.1 at ``steps``."""
+    s = np.arange(steps)
+    progress = np.clip((s - WARMUP) / (steps - WARMUP), 0.0, 1.0)
+    eta = MIN_LR + (1 - MIN_LR) * 0.5 * (1 + np.cos(np.pi * progress))
+    return np.where(s < WARMUP, (s + 1) / WARMUP, eta)
+
+
+def law_curve(eta: np.ndarray, area: float = 1.0) -> np.ndarray:
+    """L after each update of a schedule ``eta`` (index s − 1: after s updates), S1 times
+    ``area``."""
+    drop = np.maximum(np.diff(eta, prepend=eta[0]) * -1, 0.0)
+    m = signal.lfilter([1.0], [1.0, -LAMBDA], drop)  # m_i = LAMBDA · m_{i-1} + drop_i
+    return L0 + A_LAW * (area * np.cumsum(eta)) ** -ALPHA_LAW - C_LAW * np.cumsum(m)
+
+
+def annealed(budgets: np.ndarray, area: float = 1.0) -> np.ndarray:
+    """The final loss of a WSD run of each budget."""
+    return np.array([law_curve(wsd(int(t)), area)[-1] for t in budgets])
+
+
+def within_run(area: float = 1.0) -> np.ndarray:
+    """The cosine run's loss at :data:`EVALS`."""
+    return law_curve(cosine(), area)[EVALS - 1]
+
+
+@functools.cache
+def true_multiplier(end: int = 600) -> float:
+    """What the variant's annealed loss at ``end`` is worth in the baseline's annealed budgets:
+    T* / end with L_base(T*) = L_var(end), linear between integer budgets (1.0444, below 1.05:
+    S2 is not scaled, so a 5% larger forward area is worth less than 5% more steps)."""
+    target = annealed(np.array([end]), AREA)[0]
+    budgets = np.arange(end, int(end * 1.2))
+    loss = annealed(budgets)
+    j = int(np.flatnonzero(loss <= target)[0])
+    return float(budgets[j - 1] + (loss[j - 1] - target) / (loss[j - 1] - loss[j])) / end
 
 
 def noisy_pair(rng: np.random.Generator, steps: np.ndarray, base: np.ndarray, var: np.ndarray):
@@ -175,26 +249,23 @@ def noisy_pair(rng: np.random.Generator, steps: np.ndarray, base: np.ndarray, va
 def annealed_study(draws: int = ANNEAL_DRAWS) -> dict[str, float]:
     """Per draw, :data:`ANNEAL_SEEDS` seeds read both ways: annealed points
     (:func:`annealed_step_multiplier`) and the within-run cosine curve (:func:`step_multiplier`),
-    each through compute_multiplier with speed 1. Coverage of 1.05 and of the noise-free
-    annealed reading, and the medians of k."""
+    each through compute_multiplier with speed 1. Coverage of the true multiplier and of the
+    noise-free annealed reading, and the medians of k."""
     rng = np.random.default_rng(2024)
-    exact = noise_free_annealed()
+    truth, exact = true_multiplier(), noise_free_annealed()
+    curves = {"ann": (annealed(BUDGETS), annealed(BUDGETS, AREA))}
+    curves["within"] = (within_run(), within_run(AREA))
     covered, covered_exact, k_annealed, k_within = 0, 0, [], []
     for _ in range(draws):
-        ann, within = [], []
-        for _ in range(ANNEAL_SEEDS):
-            ann.append(
-                annealed_step_multiplier(
-                    *noisy_pair(rng, BUDGETS, law(BUDGETS), law(TRUE_M * BUDGETS))
-                )
-            )
-            within.append(
-                step_multiplier(
-                    *noisy_pair(rng, EVALS, cosine_curve(EVALS, 1.0), cosine_curve(EVALS, TRUE_M))
-                )
-            )
+        ann = [
+            annealed_step_multiplier(*noisy_pair(rng, BUDGETS, *curves["ann"]))
+            for _ in range(ANNEAL_SEEDS)
+        ]
+        within = [
+            step_multiplier(*noisy_pair(rng, EVALS, *curves["within"])) for _ in range(ANNEAL_SEEDS)
+        ]
         r = compute_multiplier(ann, 1.0)
-        covered += r["ci"][0] <= TRUE_M <= r["ci"][1]
+        covered += r["ci"][0] <= truth <= r["ci"][1]
         covered_exact += r["ci"][0] <= exact <= r["ci"][1]
         k_annealed.append(r["k"])
         k_within.append(compute_multiplier(within, 1.0)["k"])
@@ -207,38 +278,70 @@ def annealed_study(draws: int = ANNEAL_DRAWS) -> dict[str, float]:
 
 
 def noise_free_annealed() -> float:
-    """The annealed reading of the law itself: below 1.05, since a chord in (ln T, loss) lies
-    above a convex law, so the variant seems to reach the baseline's loss later."""
-    base, var = list(law(BUDGETS)), list(law(TRUE_M * BUDGETS))
+    """The annealed reading of the law itself (the interpolation's own error, no noise)."""
+    base, var = list(annealed(BUDGETS)), list(annealed(BUDGETS, AREA))
     return annealed_step_multiplier((list(BUDGETS), base), (list(BUDGETS), var))
+
+
+def model_slopes() -> dict[str, float]:
+    """The calibration's two figures, nats per e-fold of steps: the annealed slope between
+    budgets 400 and 600, and the cosine curve's end slope over its last 4 evaluations."""
+    ann = annealed(np.array([400.0, 600.0]))
+    return {
+        "annealed": float((ann[0] - ann[1]) / math.log(1.5)),
+        "within_end": end_slope(list(EVALS), list(within_run()), 4),
+    }
+
+
+def test_the_law_is_calibrated_to_the_real_runs_slopes():
+    s = model_slopes()
+    assert s["annealed"] == pytest.approx(0.44, abs=0.002)
+    assert s["within_end"] == pytest.approx(0.23, abs=0.002)
+    assert annealed(np.array([600.0]))[0] == pytest.approx(1.98, abs=1e-3)
+    assert 1.04 < true_multiplier() < 1.05
 
 
 def test_the_annealed_reading_recovers_the_true_multiplier():
     r = annealed_study()
-    assert abs(r["median_annealed"] - TRUE_M) < 0.01
+    assert abs(r["median_annealed"] - true_multiplier()) < 0.01, r
     # the interval itself is right: it covers what the interpolation reads
     assert 0.93 <= r["coverage_noise_free"] <= 0.97, r
 
 
-@pytest.mark.xfail(reason="chord bias in (ln T, loss) between 450 and 600: 0.921", strict=True)
 def test_the_annealed_interval_covers_the_true_multiplier_in_93pc():
-    assert annealed_study()["coverage"] >= 0.93  # the issue asked for 95%
-
-
-def test_the_within_run_reading_of_a_cosine_curve_reads_the_multiplier_towards_one():
     r = annealed_study()
-    # at the end of a cosine run the decay of lr adds its own fall to the law's, so the curve
-    # falls faster per step than the annealed law and the same loss gap is worth fewer steps:
-    # read towards 1, more than the annealed reading (the gap grows with the multiplier)
-    assert r["median_within"] < min(TRUE_M - 0.002, r["median_annealed"]), r
+    # measured 0.947 with PCHIP (linear chords in (ln T, loss): 0.927); the issue asked for 95%
+    assert r["coverage"] >= 0.93, f"coverage of {true_multiplier():.4f}: {r['coverage']:.3f}"
+
+
+def test_the_within_run_reading_of_a_cosine_curve_overstates_the_multiplier():
+    r, truth = annealed_study(), true_multiplier()
+    # the cosine curve ends flatter than the annealed law (0.23 against 0.44 nats per e-fold):
+    # at its end the lr is small, so a larger forward area buys little per step, and the same
+    # loss gap spans more of its steps. The within-run reading lands beyond the truth, away
+    # from 1: here about twice as far in log k
+    assert r["median_within"] > max(truth, r["median_annealed"]) + 0.02, r
+    assert math.log(r["median_within"]) > 1.5 * math.log(truth), r
 
 
 def test_the_annealed_multiplier_without_noise_and_its_mirror():
-    base, var = list(law(BUDGETS)), list(law(TRUE_M * BUDGETS))
+    base, var = list(annealed(BUDGETS)), list(annealed(BUDGETS, AREA))
     m = annealed_step_multiplier((list(BUDGETS), base), (list(BUDGETS), var))
-    assert m == pytest.approx(TRUE_M, abs=0.005)
+    assert m == pytest.approx(true_multiplier(), abs=0.002)
     mirror = annealed_step_multiplier((list(BUDGETS), var), (list(BUDGETS), base))
-    assert mirror == pytest.approx(1 / TRUE_M, abs=0.005)
+    assert mirror == pytest.approx(1 / true_multiplier(), abs=0.002)
+
+
+def test_a_monotone_cubic_follows_a_convex_law_where_a_chord_reads_late():
+    # L(T) = 1.5 + a · T^-0.5, convex in ln T; the variant's loss at T is the baseline's at 1.05 T
+    a = 0.8 * 600**0.5
+    base, var = 1.5 + a * BUDGETS**-0.5, 1.5 + a * (1.05 * BUDGETS) ** -0.5
+    m = annealed_step_multiplier((list(BUDGETS), list(base)), (list(BUDGETS), list(var)))
+    assert m == pytest.approx(1.05, abs=0.001)  # linear chords in (ln T, loss) read 1.0470
+    # no overshoot: the first crossing of a running minimum with a flat stretch stays inside it
+    t, flat = [150.0, 300.0, 450.0, 600.0], [3.0, 2.5, 2.5, 2.0]
+    m = annealed_step_multiplier((t, flat), (t, [3.0, 2.6, 2.4, 2.25]))
+    assert 450 < m * 600 < 600
 
 
 def test_the_annealed_multiplier_does_not_extrapolate():
@@ -265,15 +368,19 @@ def test_annealed_slope_is_the_fall_per_e_fold_of_steps():
 def main() -> None:
     """Print the coverage table of the combined interval and the annealed study."""
     print(f"95% interval coverage of log k ({DRAWS} studies each, bench of {PAIRS} pairs)")
-    print(f"{'case':<18} {'n':>2} {'t, W-S df':>10} {'old z':>7} {'floored':>8}")
+    print(f"{'case':<18} {'n':>2} {'old z':>7} {'plain W-S':>10} {'adopted':>8}")
     for (case, n), c in coverage_table().items():
-        print(f"{case:<18} {n:>2} {c['ws']:>10.3f} {c['z']:>7.3f} {c['floor']:>8.3f}")
-    r = annealed_study()
-    print(f"\nTrue multiplier {TRUE_M}, {ANNEAL_SEEDS} seeds, {ANNEAL_DRAWS} draws")
+        print(f"{case:<18} {n:>2} {c['z']:>7.3f} {c['ws']:>10.3f} {c['adopted']:>8.3f}")
+    r, truth, slopes = annealed_study(), true_multiplier(), model_slopes()
+    print(
+        f"\nLR-annealing law: annealed slope 400-600 {slopes['annealed']:.3f}, cosine end slope "
+        f"{slopes['within_end']:.3f} nats per e-fold; S1 x {AREA} is worth k = {truth:.4f} in "
+        f"annealed budgets at 600 ({ANNEAL_SEEDS} seeds, {ANNEAL_DRAWS} draws)"
+    )
     print(
         f"annealed points:   median k {r['median_annealed']:.4f} (noise-free "
-        f"{noise_free_annealed():.4f}); the 95% CI covers {TRUE_M} in {r['coverage']:.3f}, the "
-        f"noise-free reading in {r['coverage_noise_free']:.3f}"
+        f"{noise_free_annealed():.4f}); the 95% CI covers {truth:.4f} in {r['coverage']:.3f}, "
+        f"the noise-free reading in {r['coverage_noise_free']:.3f}"
     )
     print(f"within-run cosine: median k {r['median_within']:.4f}")
 

@@ -22,6 +22,7 @@ from normlab.report import (
     write_report,
 )
 from normlab.report.compare import DEFAULT_MARGIN, load_step_bench, plan_study
+from normlab.report.ladder import comparison_at
 from normlab.report.markdown import best_text, compute_headline, fmt_ci, render_plan
 from normlab.report.runs import (
     SERIES_FILE,
@@ -351,22 +352,30 @@ def _ladder(
 
 
 def _print_ladder(lad) -> None:
-    """Per variant: each size's compute-equivalent headline, the trend and the 124M value;
-    per variant, the fitted loss-compute law."""
+    """Per variant: each size's compute-equivalent headline, the step multiplier's trend and its
+    124M value (or why there is none); per variant, the fitted loss-compute law."""
     for lab in lad.labels[1:]:
         for s in lad.sizes:
-            c = next(c for c in s["report"].comparisons if c["label"] == lab)
-            print(f"  {s['shape']}: {compute_headline(s['report'], c)}")
+            c = comparison_at(s, lab)
+            if c is not None:
+                print(f"  {s['shape']}: {compute_headline(s['report'], c)}")
         t, at = lad.trends[lab], lad.trends[lab]["at_target"]
+        value = (
+            f"no value: {at['refused']}"
+            if at.get("refused")
+            else f"m = {at['k']:.3f} {fmt_ci(at['ci'], '.3f')} (an extrapolation, "
+            f"{at['beyond']:.3g}x beyond the largest size)"
+        )
         print(
-            f"  {lab}: trend k ~ N^{t['slope']:+.4f} {fmt_ci(t['slope_ci'])} over {t['n']} "
-            f"sizes; at {at['params'] / 1e6:.0f}M parameters (an extrapolation, "
-            f"{at['beyond']:.3g}x beyond the largest size): k = {at['k']:.3f} "
-            f"{fmt_ci(at['ci'], '.3f')}"
+            f"  {lab}: step multiplier trend m ~ N^{t['slope']:+.4f} {fmt_ci(t['slope_ci'])} over "
+            f"{t['n']} sizes; at {at['params'] / 1e6:.0f}M parameters: {value}"
         )
     for lab, law in lad.laws.items():
         ci = fmt_ci(law["alpha_ci"], ".4f")
-        print(f"  {lab}: L = {law['form']}, alpha = {law['alpha']:.4f} {ci} ({law['n']} runs)")
+        print(
+            f"  {lab}: L = {law['form']}, alpha = {law['alpha']:.4f} {ci} ({law['n']} size means "
+            f"of {law.get('runs', 'n/a')} runs, {law['dof']} df)"
+        )
 
 
 def _print_summary(rep) -> None:
@@ -379,7 +388,7 @@ def _print_summary(rep) -> None:
     if rep.margin_compute is not None:
         print(
             f"  margin: {rep.margin_compute:g} of effective compute = {rep.margin:.4g} nats/token "
-            f"(baseline end slope {rep.slope:.3g} nats per e-fold of steps)"
+            f"(baseline {rep.slope_source} slope {rep.slope:.3g} nats per e-fold of steps)"
         )
     for c in rep.comparisons:
         print(f"  {compute_headline(rep, c)}")
@@ -389,7 +398,8 @@ def _print_summary(rep) -> None:
         if bench:
             print(
                 f"  speed (interleaved, {bench['pairs']} pairs): step time ratio median "
-                f"{bench['median']:.3f}, geometric mean {bench['gmean']:.3f}"
+                f"{bench['median']:.3f}, geometric mean {bench['gmean']:.3f}, sign test p = "
+                f"{bench['sign_p']:.3g}: {bench['verdict']}"
             )
         if not c["ratio"]["comparable"]:
             print("  warning: step times not comparable (see the report's step-time section)")

@@ -48,6 +48,7 @@ from normlab.report.runs import (
     load_runs,
     never_trained,
     override_key,
+    series_step_bench,
 )
 from normlab.report.series import (
     BETWEEN_LIMIT,
@@ -60,6 +61,8 @@ from normlab.report.series import (
 )
 from normlab.report.stats import (
     POWER,
+    annealed_slope,
+    annealed_step_multiplier,
     compute_for_nats,
     compute_multiplier,
     describe,
@@ -141,9 +144,14 @@ class Report:
     context: dict[str, Any] = field(default_factory=dict)
     #: run dirs that never trained (a refused run) with the reason, left out of everything
     skipped: list[tuple[Run, str]] = field(default_factory=list)
-    #: the end slope of the baseline's mean validation curve (nats per e-fold of steps,
-    #: :func:`~normlab.report.stats.end_slope`; nan with under 2 evaluations after step 0)
+    #: -dL/d ln(steps) of the baseline (nats per e-fold of steps) that converts margins: between
+    #: its annealed points when every baseline run has them, else its curve's end slope
     slope: float = NAN
+    #: the end slope of the baseline's mean validation curve (a within-run reading; nan with
+    #: under 2 evaluations after step 0), shown beside an annealed :attr:`slope`
+    slope_within: float = NAN
+    #: where :attr:`slope` comes from: "annealed" or "within-run"
+    slope_source: str = "within-run"
     #: the margin asked in effective compute (``--margin-compute``: a fraction), else None; the
     #: nats margin :attr:`margin` is then converted from it with :attr:`slope`
     margin_compute: float | None = None
@@ -324,7 +332,11 @@ def build_report(
     labels = [base] + sorted({r.label for r in runs} - {base})
     if tuned:
         rep.tuned = choose_best_lr(runs, labels, alpha)
-    rep.slope = baseline_slope(rep.included(base))
+    rep.slope_within = baseline_slope(rep.included(base))
+    annealed = annealed_baseline_slope(rep.included(base))
+    rep.slope, rep.slope_source = (
+        (annealed, "annealed") if math.isfinite(annealed) else (rep.slope_within, "within-run")
+    )
     if margin_compute is not None:
         rep.margin_compute = margin_compute
         rep.margin = margin_from_compute(margin_compute, rep.slope)
@@ -375,28 +387,68 @@ def _val_curve(run: Run) -> tuple[list[float], list[float]] | None:
     return (steps, [by_step[x] for x in steps]) if len(steps) >= 2 else None
 
 
+def annealed_curve(run: Run) -> tuple[list[float], list[float]] | None:
+    """``(budgets, val/loss)`` of ``run``'s annealed points (``annealed.jsonl``: its cool-down
+    branches and, under ``optim.schedule=wsd``, its own end), budgets increasing, finite losses
+    only; None with fewer than 2 points."""
+    points = {}
+    for row in run.annealed:
+        budget, loss = num(row.get("budget_steps")), num(row.get("val/loss"))
+        if math.isfinite(budget) and budget > 0 and math.isfinite(loss):
+            points[budget] = loss
+    budgets = sorted(points)
+    return (budgets, [points[b] for b in budgets]) if len(budgets) >= 2 else None
+
+
+def _multipliers(base: dict[Any, Run], var: dict[Any, Run], annealed: bool) -> dict[Any, float]:
+    """Seed -> step multiplier of the paired runs, read on their annealed points or within their
+    validation curves; seeds without a finite positive one are left out."""
+    read, mult = (
+        (annealed_curve, annealed_step_multiplier) if annealed else (_val_curve, step_multiplier)
+    )
+    mults = {}
+    for s in sorted(set(base) & set(var), key=str):
+        b, v = read(base[s]), read(var[s])
+        m = mult(b, v) if b and v else NAN
+        if math.isfinite(m) and m > 0:
+            mults[s] = m
+    return mults
+
+
 def compute_equivalent(
     rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str
 ) -> dict[str, Any]:
     """The compute-equivalent verdict of variant ``label`` (``var``: seed -> run) against the
-    baseline (``base``): per seed the step multiplier of the validation curves
-    (:func:`~normlab.report.stats.step_multiplier`), times the step-time ratio t_base / t_var,
-    paired across seeds (:func:`~normlab.report.stats.compute_multiplier`: geometric mean and a
-    1−alpha interval on log k). The speed part is the interleaved bench's ratio when
-    ``rep.bench`` has one for ``label`` (its interval widens k's), else the per-seed ratio of the
-    runs' median step times (``sequential``; ``comparable`` False when the report's step-time
-    checks fail for this variant, :func:`_ratio`).
+    baseline (``base``): per seed the step multiplier times the step-time ratio t_base / t_var,
+    paired across seeds (:func:`~normlab.report.stats.compute_multiplier`). The step multiplier
+    is read on annealed points when every paired seed has them (``reading`` "annealed"), else
+    within the validation curves (``reading`` "within-run"); with annealed points the within-run
+    reading is computed too (``within``: the same keys). The speed part is the interleaved
+    bench's ratio when ``rep.bench`` has one for ``label`` (``source`` "interleaved"), else the
+    per-seed ratio of the runs' median step times ("sequential"; ``comparable`` False when the
+    step-time checks fail, :func:`_ratio`).
 
     Returns:
-        ``compute_multiplier``'s keys and ``seeds``, ``step_mults`` (seed -> multiplier),
-        ``source`` ("interleaved" or "sequential"), ``comparable``.
+        ``compute_multiplier``'s keys and ``seeds``, ``step_mults`` (seed -> m), ``source``,
+        ``comparable``, ``reading``, ``within`` (None without annealed points).
     """
-    mults = {}
-    for s in sorted(set(base) & set(var), key=str):
-        b, v = _val_curve(base[s]), _val_curve(var[s])
-        m = step_multiplier(b, v) if b and v else NAN
-        if math.isfinite(m) and m > 0:
-            mults[s] = m
+    within = _multipliers(base, var, annealed=False)
+    annealed = _multipliers(base, var, annealed=True)
+    paired = set(base) & set(var)
+    use_annealed = bool(annealed) and all(
+        annealed_curve(base[s]) and annealed_curve(var[s]) for s in paired
+    )
+    out = _with_speed(rep, base, var, label, annealed if use_annealed else within)
+    out["reading"] = "annealed" if use_annealed else "within-run"
+    out["within"] = _with_speed(rep, base, var, label, within) if use_annealed else None
+    return out
+
+
+def _with_speed(
+    rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str, mults: dict[Any, float]
+) -> dict[str, Any]:
+    """:func:`~normlab.report.stats.compute_multiplier` of the step multipliers ``mults`` times
+    the speed part (the bench's, else the runs' sequential step times)."""
     bench = (rep.bench or {}).get("ratios", {}).get(label)
     comparable, speed_se = True, None
     if bench is not None and math.isfinite(bench["gmean"]) and bench["gmean"] > 0:
@@ -411,6 +463,20 @@ def compute_equivalent(
         comparable = next(c for c in rep.comparisons if c["label"] == label)["ratio"]["comparable"]
     r = compute_multiplier([mults[s] for s in seeds], speed, speed_se, rep.alpha)
     return {**r, "seeds": seeds, "step_mults": mults, "source": source, "comparable": comparable}
+
+
+def annealed_baseline_slope(runs: list[Run]) -> float:
+    """-dL/d ln T over the mean annealed points of ``runs`` (the baseline's included runs) at
+    the budgets every run has (:func:`~normlab.report.stats.annealed_slope`, nats per e-fold of
+    steps); nan when they share fewer than 2 budgets."""
+    curves = [c for r in runs if (c := annealed_curve(r)) is not None]
+    if not curves or len(curves) < len(runs):
+        return NAN
+    common = sorted(set.intersection(*(set(b) for b, _ in curves)))
+    if len(common) < 2:
+        return NAN
+    means = [float(np.mean([dict(zip(*c, strict=True))[b] for c in curves])) for b in common]
+    return annealed_slope(common, means)
 
 
 def baseline_slope(runs: list[Run]) -> float:
@@ -1046,13 +1112,16 @@ def load_step_bench(sources: list[Path]) -> tuple[Path, dict[str, Any]] | None:
             with ``a``, ``b`` and ``ratio.per_pair``).
     """
     for src in sources:
-        path = Path(src) / BENCH_FILE
-        if not path.is_file():
+        path, stored = Path(src) / BENCH_FILE, series_step_bench(Path(src))
+        if stored is not None:
+            path, bench = stored
+        elif not path.is_file():
             continue
-        try:
-            bench = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ReportError(f"cannot read {path}: {e.msg} (line {e.lineno})") from None
+        else:
+            try:
+                bench = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ReportError(f"cannot read {path}: {e.msg} (line {e.lineno})") from None
         ok = isinstance(bench, dict) and bench.get("mode") == "step"
         ok = ok and all(isinstance(bench.get(k), dict) for k in ("a", "b", "ratio"))
         if not ok or not bench["ratio"].get("per_pair"):

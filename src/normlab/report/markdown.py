@@ -38,7 +38,7 @@ from normlab.report.series import (
     diag_entries,
     diag_summary,
 )
-from normlab.report.stats import POWER
+from normlab.report.stats import POWER, compute_for_nats
 
 #: What the header says of the default margin.
 SCREEN = (
@@ -49,6 +49,10 @@ EMA_BETA = 0.95  # training-loss smoothing in the figure, per logged step
 
 
 # --- text helpers ---------------------------------------------------------------------------------
+
+#: Where the report's methods are explained (a report links there instead of re-explaining).
+METHODS = "`docs/reports.md`"
+ANNEALED_SECTION = '"Annealed budgets"'
 
 
 def _missing(x: Any) -> bool:
@@ -120,10 +124,26 @@ def _header(rep: Report) -> list[str]:
     ]
 
 
+def _slope_text(rep: Report) -> str:
+    if rep.slope_source == "annealed":
+        return (
+            f"the baseline's annealed slope, {fmt(rep.slope, '.3g')} nats per e-fold of steps "
+            f"between its annealed budgets (its curve's within-run end slope, "
+            f"{fmt(rep.slope_within, '.3g')}, would be worth "
+            f"{compute_for_nats(rep.margin, rep.slope_within):.2%})"
+            if math.isfinite(rep.slope_within) and rep.slope_within > 0
+            else f"the baseline's annealed slope, {fmt(rep.slope, '.3g')} nats per e-fold of steps"
+        )
+    return (
+        f"the baseline's end slope, {fmt(rep.slope, '.3g')} nats per e-fold of steps (a "
+        "within-run reading of one decaying curve, not of annealed budgets: see "
+        f"{METHODS}, {ANNEALED_SECTION})"
+    )
+
+
 def margin_text(rep: Report) -> str:
-    """The margin in effective compute and in nats, converted with the baseline's end slope
-    (:func:`~normlab.report.stats.nats_for_compute`)."""
-    slope = f"the baseline's end slope, {fmt(rep.slope, '.3g')} nats per e-fold of steps"
+    """The margin in effective compute and in nats, converted with the baseline's slope."""
+    slope = _slope_text(rep)
     if rep.margin_compute is not None:
         return (
             f"±{rep.margin_compute:.3g} of effective compute (`--margin-compute`), converted to "
@@ -135,6 +155,12 @@ def margin_text(rep: Report) -> str:
     return f"±{rep.margin:g} nats/token is worth {worth:.2%} of effective compute at {slope}"
 
 
+def _k_text(k: dict[str, Any]) -> str:
+    ci = f"[{fmt(k['ci'][0], '.3f')}, {fmt(k['ci'][1], '.3f')}]" if k["n"] >= 2 else "(n < 2)"
+    parts = f"steps x speed: {k['step_mult']:.3f} x {k['speed']:.3f}"
+    return f"{k['k']:.3f}x{{base}} {ci} (n = {k['n']}; {parts})"
+
+
 def compute_headline(rep: Report, c: dict[str, Any]) -> str:
     """One comparison's compute-equivalent verdict in one sentence: "norm=rms: 1.013x the
     effective compute of norm=layer [0.991, 1.036] (n = 3; steps x speed: 0.995 x 1.018)"."""
@@ -144,10 +170,24 @@ def compute_headline(rep: Report, c: dict[str, Any]) -> str:
             f"{c['label']}: no seed with both validation curves (>= 2 evaluations each) and "
             f"step times: no compute-equivalent verdict against {rep.baseline}"
         )
-    ci = f"[{fmt(k['ci'][0], '.3f')}, {fmt(k['ci'][1], '.3f')}]" if k["n"] >= 2 else "(n < 2)"
+    base = f" the effective compute of {rep.baseline}"
+    return f"{c['label']}: " + _k_text(k).format(base=base)
+
+
+def _reading_note(c: dict[str, Any]) -> str:
+    """Which curve the steps part was read on, and the other reading when there is one."""
+    k = c["compute"]
+    if k.get("reading") == "annealed":
+        w = k.get("within")
+        other = (
+            f"; read within the runs' own curves instead: {_k_text(w).format(base='')}"
+            if w and w["n"]
+            else ""
+        )
+        return f"steps read on annealed budgets{other}"
     return (
-        f"{c['label']}: {k['k']:.3f}x the effective compute of {rep.baseline} {ci} "
-        f"(n = {k['n']}; steps x speed: {k['step_mult']:.3f} x {k['speed']:.3f})"
+        "steps read within one decaying curve per run (no annealed points): a within-run "
+        f"reading, which leans as {METHODS}, {ANNEALED_SECTION}, says"
     )
 
 
@@ -170,17 +210,14 @@ def render_compute(rep: Report) -> list[str]:
         return []
     out = ["", "## Compute-equivalent verdict", ""]
     for c in rep.comparisons:
-        out += [f"- **{compute_headline(rep, c)}**; {_compute_note(rep, c)}"]
+        out += [f"- **{compute_headline(rep, c)}**; {_reading_note(c)}; {_compute_note(rep, c)}"]
     return out + [
         "",
         "k = (steps the baseline needs to reach the variant's final validation loss, per step "
-        "of the variant) × (baseline / variant step time): above 1 the variant gives more "
-        "effective compute. Per seed, the step multiplier is read on the paired validation "
-        "curves, linearly interpolated between evaluations (when the variant ends better, the "
-        "variant's steps to reach the baseline's loss are inverted, so nothing is "
-        f"extrapolated); k is the geometric mean over seeds with the {_conf(rep)} on log k "
-        "(Student t). Its parts follow: the loss difference (Verdict), the speed, and the time "
-        "to a target loss.",
+        "of the variant) × (baseline / variant step time); above 1 the variant gives more "
+        f"effective compute; geometric mean over seeds with the {_conf(rep)} on log k (Student "
+        f't, Welch-Satterthwaite df with a bench); method: {METHODS}, "The headline: effective '
+        'compute".',
     ]
 
 

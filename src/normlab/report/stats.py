@@ -1,9 +1,10 @@
 """Statistics of the report: descriptive statistics, Student t intervals, intervals of a sum of
-independent parts (Welch-Satterthwaite df), the paired difference with its two one-sided tests
-(TOST, Schuirmann 1987), ratio intervals on logs, the sign test, the power of the TOST, Holm's
-adjustment of a family, and the compute-equivalent verdict: the step multiplier that aligns two
-validation curves (or annealed points), times the step-time ratio, paired across seeds, with the
-conversion of a margin between nats and compute by the curve's end slope.
+independent parts (Welch-Satterthwaite df, never narrower than a part's own t interval), the paired
+difference with its two one-sided tests (TOST, Schuirmann 1987), ratio intervals on logs, the sign
+test, the power of the TOST, Holm's adjustment of a family, and the compute-equivalent verdict: the
+step multiplier that aligns two validation curves (or annealed points), times the step-time ratio,
+paired across seeds, with the conversion of a margin between nats and compute by the curve's end
+slope.
 
 Inputs are plain lists of floats in the caller's units (nats/token for losses; ratios are
 dimensionless). Nothing here reads files.
@@ -15,7 +16,7 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy import integrate, stats
+from scipy import integrate, interpolate, optimize, special, stats
 
 NAN = float("nan")
 POWER = 0.8  # the power that :func:`seeds_needed` plans for by default
@@ -49,34 +50,67 @@ def t_interval(values: list[float], confidence: float) -> tuple[float, float]:
 def combined_interval(
     parts: list[tuple[Any, Any]], estimate: Any, alpha: float = 0.05
 ) -> dict[str, Any]:
-    """The 1−alpha interval ``estimate ± t_{1−alpha/2, df} · se`` of a sum of independent
-    estimates, each part given as ``(se, df)``: ``se = sqrt(Σ se_i²)`` and the Welch-Satterthwaite
-    ``df = (Σ se_i²)² / Σ (se_i⁴ / df_i)`` (Satterthwaite 1946); one part gives its own t.
+    """The 1−alpha interval ``estimate ± half`` of a sum of independent estimates, each part given
+    as ``(se, df)``: ``se = sqrt(Σ se_i²)``, and ``half`` the larger of the Welch-Satterthwaite
+    half-width ``t_{1−alpha/2, df_ws} · se``, ``df_ws = (Σ se_i²)² / Σ (se_i⁴ / df_i)``
+    (Satterthwaite 1946, Welch 1947), and each part's own ``t_{1−alpha/2, df_i} · se_i``. The
+    floor is there because Behrens-Fisher has no exact answer at 1-2 df: when a 1-df part happens
+    to come out small, df_ws jumps towards the other part's and t falls just when that part's se
+    is underestimated (plain W-S covers 88% at n = 2 seeds in the coverage simulation).
 
-    Units of ``estimate`` and the ses (e.g. a log ratio). Elementwise: numpy arrays broadcast and
-    come back as arrays, scalars as floats. A part with se = 0 adds nothing (all zero: df = inf,
-    half = 0); a nan se or df, or df <= 0 where se > 0, gives nan.
+    ``df`` is the effective df, ``t_{1−alpha/2, df} · se = half``: df_ws where W-S wins, else
+    solved by brentq between the smallest df_i and df_ws, so ``(se, df)`` give the interval back.
+    One part gives its own t. Units of ``estimate`` and the ses (e.g. a log ratio). Elementwise:
+    numpy arrays broadcast and come back as arrays, scalars as floats. A part with se = 0 adds
+    nothing (all zero: df = inf, half = 0); a nan se or df, or df <= 0 where se > 0, gives nan.
 
     Returns:
         ``{"se", "df", "half", "ci"}`` with ``ci = (estimate − half, estimate + half)``.
     """
     both = np.broadcast_arrays(*[np.asarray(x, float) for part in parts for x in part])
     se, df = np.stack(both[0::2]), np.stack(both[1::2])
-    var = se**2
-    total = var.sum(axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # a part with se = 0 has var²/df = 0 whatever its df: it carries no weight
-        weight = np.where(var > 0, var**2 / np.where(df > 0, df, NAN), 0.0)
-        dfw = np.where(total > 0, total**2 / weight.sum(axis=0), np.inf)
-    dfw = np.where(np.isnan(total), NAN, dfw)
-    half = stats.t.ppf(1 - alpha / 2, dfw) * np.sqrt(total)
-    half = np.where(total == 0, 0.0, half)
+    total = (se**2).sum(axis=0)
+    dfw = _welch_satterthwaite_df(se, df)
+    q = 1 - alpha / 2
+    half = np.where(total == 0, 0.0, special.stdtrit(dfw, q) * np.sqrt(total))
+    with np.errstate(invalid="ignore"):
+        own = np.where(se > 0, special.stdtrit(np.where(se > 0, df, 1.0), q) * se, 0.0)
+    floor = own.max(axis=0)
+    wins = floor > half * (1 + 1e-12)  # a part's own interval is wider: the floor holds
+    half, dfw = np.where(wins, floor, half), np.array(dfw, float)
+    low = np.where(se > 0, df, np.inf).min(axis=0)
+    for i in map(tuple, np.argwhere(wins)):  # argwhere of a 0-d array: one index ()
+        dfw[i] = _df_for_half(half[i] / math.sqrt(total[i]), q, low[i], dfw[i])
     est = np.asarray(estimate, float)
     out = {"se": np.sqrt(total), "df": dfw, "half": half}
     out = {k: float(v) if np.ndim(v) == 0 else v for k, v in out.items()}
     lo, hi = est - half, est + half
     out["ci"] = (float(lo), float(hi)) if np.ndim(lo) == 0 else (lo, hi)
     return out
+
+
+def _welch_satterthwaite_df(se: np.ndarray, df: np.ndarray) -> np.ndarray:
+    """``(Σ se_i²)² / Σ (se_i⁴ / df_i)`` over axis 0 (parts): inf when every se is 0, nan when
+    an se is nan or a part with se > 0 has a nan df or df <= 0."""
+    var = se**2
+    total = var.sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # a part with se = 0 has var²/df = 0 whatever its df: it carries no weight
+        weight = np.where(var > 0, var**2 / np.where(df > 0, df, NAN), 0.0)
+        dfw = np.where(total > 0, total**2 / weight.sum(axis=0), np.inf)
+    return np.where(np.isnan(total), NAN, dfw)
+
+
+def _df_for_half(t: float, q: float, low: float, high: float) -> float:
+    """The df at which ``t_{q, df} = t`` (brentq on [low, high]; t_{q, low} >= t >= t_{q, high}
+    when a part of df ``low`` floors the interval and W-S gives df ``high``)."""
+
+    def excess(d: float) -> float:  # decreasing in d
+        return float(special.stdtrit(d, q)) - t
+
+    if excess(high) >= 0:
+        return high
+    return float(optimize.brentq(excess, low, high, xtol=1e-12, rtol=1e-14))
 
 
 def _fmt_ci(ci: tuple[float, float]) -> str:
@@ -324,12 +358,24 @@ def step_multiplier(
 
 
 def _annealed_steps_to_reach(budgets: np.ndarray, losses: np.ndarray, target: float) -> float:
-    """The budget at which annealed runs first reach ``target``, interpolated linearly in
-    (ln T, loss) over the running minimum (:func:`steps_to_reach` on ln T); nan outside the
-    points (never reached, or already below ``target`` at the smallest budget)."""
-    if losses[0] < target:  # reached before the smallest budget: where is unknown
+    """The budget at which annealed runs first reach ``target``: the running minimum of the
+    losses interpolated over ln T by a monotone cubic (PCHIP, Fritsch & Carlson 1980), inverted
+    by brentq between the two budgets around the first crossing. A chord in (ln T, loss) lies
+    above a convex law and reads the crossing late; PCHIP follows the curvature and never
+    overshoots the points. nan outside the points (never reached, or already below ``target``
+    at the smallest budget)."""
+    x, best = np.log(budgets), np.minimum.accumulate(losses)
+    hit = np.flatnonzero(best <= target)
+    if losses[0] < target or hit.size == 0:  # reached before the smallest budget, or never
         return NAN
-    return math.exp(steps_to_reach(list(np.log(budgets)), list(losses), target))
+    i = int(hit[0])
+    if best[i] == target:
+        return float(budgets[i])
+    if not math.isfinite(best[i - 1]):  # crossed from an infinite loss: where is unknown
+        return NAN
+    keep = np.isfinite(best)  # a nan stops the running minimum: the points after it are left out
+    curve = interpolate.PchipInterpolator(x[keep], best[keep])  # non-increasing: monotone pieces
+    return math.exp(optimize.brentq(lambda u: float(curve(u)) - target, x[i - 1], x[i]))
 
 
 def annealed_step_multiplier(
@@ -338,9 +384,9 @@ def annealed_step_multiplier(
     """:func:`step_multiplier` read on annealed points: budgets T (steps, increasing), each with
     the final validation loss (nats/token) of a run annealed to its end at T. With S the largest
     budget both have: ``m = T_base(L_var(S)) / S`` when the variant is no better at S (m <= 1),
-    else ``m = S / T_var(L_base(S))`` (m > 1); ``T_*(L)`` interpolates linearly in (ln T, loss),
-    read as a running minimum. No extrapolation: nan when the loss lies outside the other's
-    points, or when the two share no budget.
+    else ``m = S / T_var(L_base(S))`` (m > 1); ``T_*(L)`` interpolates the running minimum over
+    ln T by a monotone cubic (:func:`_annealed_steps_to_reach`). No extrapolation: nan when the
+    loss lies outside the other's points, or when the two share no budget.
 
     Raises:
         ValueError: a run's budgets and losses differ in length or number fewer than 2.
@@ -386,13 +432,14 @@ def compute_multiplier(
     as ``step_mults``) or one interleaved-bench figure. Geometric mean and a 1−alpha interval on
     ``log k`` (:func:`combined_interval`): the seeds' part has se = s/√n of log k and n − 1 df;
     when ``speed`` is one figure, ``speed_se = (se, df)`` of its log (:func:`ratio_interval`'s
-    ``se_log``, ``df``) is a second, independent part (Welch-Satterthwaite df). A ``speed_se``
-    that is not finite (a bench of one pair) is left out.
+    ``se_log``, ``df``) is a second, independent part (Welch-Satterthwaite df, floored at each
+    part's own t). A ``speed_se`` that is not finite (a bench of one pair) is left out.
 
     Returns:
         ``{"n", "k", "ci", "step_mult", "speed", "se_log", "df"}``: k, ci, step_mult and speed
         (geometric means) dimensionless; ``se_log`` the standard error of ln k and ``df`` its
-        degrees of freedom; the seeds with a finite k only; ci, se_log, df nan when n < 2.
+        effective degrees of freedom (``t_{1−alpha/2, df} · se_log`` is the half-width of ci on
+        ln k); the seeds with a finite k only; ci, se_log, df nan when n < 2.
     """
     m = np.asarray(step_mults, float)
     sp = np.broadcast_to(np.asarray(speed, float), m.shape)
