@@ -182,9 +182,12 @@ def test_one_part_gives_its_own_t_and_a_zero_part_adds_nothing():
 # curve (its last 4 evaluations): the within-run curve ends FLATTER than the annealed law.
 L0, A_LAW, ALPHA_LAW, C_LAW, LAMBDA = 1.29581, 15.90796, 0.5, 3.627972e-4, 0.999
 WARMUP, MIN_LR, DECAY = 50, 0.1, 0.2  # steps; fraction of lr_max; fraction of a WSD budget
-BUDGETS = np.array([150.0, 300.0, 450.0, 600.0])
+BUDGETS = np.array([160.0, 300.0, 460.0, 600.0])  # x 1.05: whole steps (168, 315, 483, 630)
 EVALS = np.arange(25, 601, 25)  # a 600-step cosine run evaluated every 25 steps
-AREA = 1.05  # the variant: the same law with S1 scaled by 1.05 (5% more progress per unit lr)
+# The variant: each of its steps is worth 1.05 of the baseline's, so its run of a schedule of T
+# steps ends where the baseline's run of the same schedule stretched to 1.05 T ends: a known
+# compute multiplier of 1.05 on annealed budgets.
+STRETCH = 1.05
 NOISE = 0.004  # std of each point's own noise, per run; a shared part of the same std per seed
 ANNEAL_SEEDS, ANNEAL_DRAWS = 7, 2000
 
@@ -207,30 +210,32 @@ def cosine(steps: int = 600) -> np.ndarray:
     return np.where(s < WARMUP, (s + 1) / WARMUP, eta)
 
 
-def law_curve(eta: np.ndarray, area: float = 1.0) -> np.ndarray:
-    """L after each update of a schedule ``eta`` (index s − 1: after s updates), S1 times
-    ``area``."""
+def law_curve(eta: np.ndarray) -> np.ndarray:
+    """L after each update of a schedule ``eta`` (index s − 1: after s updates)."""
     drop = np.maximum(np.diff(eta, prepend=eta[0]) * -1, 0.0)
     m = signal.lfilter([1.0], [1.0, -LAMBDA], drop)  # m_i = LAMBDA · m_{i-1} + drop_i
-    return L0 + A_LAW * (area * np.cumsum(eta)) ** -ALPHA_LAW - C_LAW * np.cumsum(m)
+    return L0 + A_LAW * np.cumsum(eta) ** -ALPHA_LAW - C_LAW * np.cumsum(m)
 
 
-def annealed(budgets: np.ndarray, area: float = 1.0) -> np.ndarray:
-    """The final loss of a WSD run of each budget."""
-    return np.array([law_curve(wsd(int(t)), area)[-1] for t in budgets])
+def annealed(budgets: np.ndarray, stretch: float = 1.0) -> np.ndarray:
+    """The final loss of a WSD run of each budget (of the variant: the baseline's of
+    ``stretch`` x the budget)."""
+    return np.array([law_curve(wsd(round(stretch * t)))[-1] for t in budgets])
 
 
-def within_run(area: float = 1.0) -> np.ndarray:
-    """The cosine run's loss at :data:`EVALS`."""
-    return law_curve(cosine(), area)[EVALS - 1]
+def within_run(stretch: float = 1.0) -> np.ndarray:
+    """The 600-step cosine run's loss at :data:`EVALS` (the variant's: the baseline's cosine run
+    of ``stretch`` x 600 steps at ``stretch`` x each evaluation step)."""
+    curve = law_curve(cosine(round(600 * stretch)))
+    return np.interp(stretch * EVALS, np.arange(1, curve.size + 1), curve)
 
 
 @functools.cache
 def true_multiplier(end: int = 600) -> float:
     """What the variant's annealed loss at ``end`` is worth in the baseline's annealed budgets:
-    T* / end with L_base(T*) = L_var(end), linear between integer budgets (1.0444, below 1.05:
-    S2 is not scaled, so a 5% larger forward area is worth less than 5% more steps)."""
-    target = annealed(np.array([end]), AREA)[0]
+    T* / end with L_base(T*) = L_var(end), linear between integer budgets: :data:`STRETCH` by
+    construction, found here by search as a check of the construction."""
+    target = annealed(np.array([end]), STRETCH)[0]
     budgets = np.arange(end, int(end * 1.2))
     loss = annealed(budgets)
     j = int(np.flatnonzero(loss <= target)[0])
@@ -253,8 +258,8 @@ def annealed_study(draws: int = ANNEAL_DRAWS) -> dict[str, float]:
     noise-free annealed reading, and the medians of k."""
     rng = np.random.default_rng(2024)
     truth, exact = true_multiplier(), noise_free_annealed()
-    curves = {"ann": (annealed(BUDGETS), annealed(BUDGETS, AREA))}
-    curves["within"] = (within_run(), within_run(AREA))
+    curves = {"ann": (annealed(BUDGETS), annealed(BUDGETS, STRETCH))}
+    curves["within"] = (within_run(), within_run(STRETCH))
     covered, covered_exact, k_annealed, k_within = 0, 0, [], []
     for _ in range(draws):
         ann = [
@@ -279,7 +284,7 @@ def annealed_study(draws: int = ANNEAL_DRAWS) -> dict[str, float]:
 
 def noise_free_annealed() -> float:
     """The annealed reading of the law itself (the interpolation's own error, no noise)."""
-    base, var = list(annealed(BUDGETS)), list(annealed(BUDGETS, AREA))
+    base, var = list(annealed(BUDGETS)), list(annealed(BUDGETS, STRETCH))
     return annealed_step_multiplier((list(BUDGETS), base), (list(BUDGETS), var))
 
 
@@ -298,7 +303,7 @@ def test_the_law_is_calibrated_to_the_real_runs_slopes():
     assert s["annealed"] == pytest.approx(0.44, abs=0.002)
     assert s["within_end"] == pytest.approx(0.23, abs=0.002)
     assert annealed(np.array([600.0]))[0] == pytest.approx(1.98, abs=1e-3)
-    assert 1.04 < true_multiplier() < 1.05
+    assert true_multiplier() == pytest.approx(STRETCH, abs=1e-9)
 
 
 def test_the_annealed_reading_recovers_the_true_multiplier():
@@ -310,14 +315,15 @@ def test_the_annealed_reading_recovers_the_true_multiplier():
 
 def test_the_annealed_interval_covers_the_true_multiplier_in_93pc():
     r = annealed_study()
-    # measured 0.947 with PCHIP (linear chords in (ln T, loss): 0.927); the issue asked for 95%
+    # measured 0.948 with PCHIP; the issue asked for 95%: the interval is right (it covers the
+    # noise-free reading in 0.950), the interpolation reads 1.0506 for 1.05
     assert r["coverage"] >= 0.93, f"coverage of {true_multiplier():.4f}: {r['coverage']:.3f}"
 
 
 def test_the_within_run_reading_of_a_cosine_curve_overstates_the_multiplier():
     r, truth = annealed_study(), true_multiplier()
     # the cosine curve ends flatter than the annealed law (0.23 against 0.44 nats per e-fold):
-    # at its end the lr is small, so a larger forward area buys little per step, and the same
+    # at its end the lr is small, so a step buys little, and the same
     # loss gap spans more of its steps. The within-run reading lands beyond the truth, away
     # from 1: here about twice as far in log k
     assert r["median_within"] > max(truth, r["median_annealed"]) + 0.02, r
@@ -325,7 +331,7 @@ def test_the_within_run_reading_of_a_cosine_curve_overstates_the_multiplier():
 
 
 def test_the_annealed_multiplier_without_noise_and_its_mirror():
-    base, var = list(annealed(BUDGETS)), list(annealed(BUDGETS, AREA))
+    base, var = list(annealed(BUDGETS)), list(annealed(BUDGETS, STRETCH))
     m = annealed_step_multiplier((list(BUDGETS), base), (list(BUDGETS), var))
     assert m == pytest.approx(true_multiplier(), abs=0.002)
     mirror = annealed_step_multiplier((list(BUDGETS), var), (list(BUDGETS), base))
@@ -374,7 +380,8 @@ def main() -> None:
     r, truth, slopes = annealed_study(), true_multiplier(), model_slopes()
     print(
         f"\nLR-annealing law: annealed slope 400-600 {slopes['annealed']:.3f}, cosine end slope "
-        f"{slopes['within_end']:.3f} nats per e-fold; S1 x {AREA} is worth k = {truth:.4f} in "
+        f"{slopes['within_end']:.3f} nats per e-fold; a run stretched {STRETCH}x is worth "
+        f"k = {truth:.4f} in "
         f"annealed budgets at 600 ({ANNEAL_SEEDS} seeds, {ANNEAL_DRAWS} draws)"
     )
     print(
