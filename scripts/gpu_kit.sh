@@ -7,8 +7,9 @@
 #             any other tag. Not carried: wandb (the check runs logger=none), datasets (the token
 #             cache below is ready, so nothing is tokenized there), torch / Triton (the machine's).
 #   cache/    the Shakespeare byte-token shards, prepared here (NORMLAB_CACHE on the device).
-#   sources.sha256  the sources the normlab wheel was built from: scripts/gpu_run.sh refuses a kit
-#             older than the working tree.
+#   sources.sha256  every file the normlab wheel packs, untracked ones too, hashed as packed
+#             (scripts/kit_sources.py): scripts/gpu_run.sh refuses a kit whose sources differ from
+#             the working tree's (a file edited, added or removed since).
 # Usage: bash scripts/gpu_kit.sh [--out DIR]   (default .gpu_kit; about a minute, about 20 MB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,7 +41,7 @@ timeout 120 "$PY" -m pip install -q --no-index --no-deps --target "$target" "$ou
 NORMLAB_CACHE="$(cd "$out/cache" && pwd)" PYTHONPATH="$target" timeout 600 \
   "$PY" -m normlab.commands.prepare data=shakespeare >/dev/null
 find "$out/cache" -name .lock -delete
-git ls-files src conf | LC_ALL=C sort | xargs sha256sum >"$out/sources.sha256"
+"$PY" scripts/kit_sources.py record "$out"/wheels/normlab-*.whl >"$out/sources.sha256"
 bytes=$(du -sb "$out" | cut -f1)
 if ((bytes > 64 * 1024 * 1024)); then
   echo "gpu_kit.sh: $out is $bytes bytes, over the 64 MiB a device run carries" >&2

@@ -27,12 +27,13 @@ if ! compgen -G "$kit/wheels/*.whl" >/dev/null || [[ ! -d "$kit/cache" ]]; then
   echo "gpu_run.sh: no kit at $kit (wheels/, cache/); build it with bash scripts/gpu_kit.sh" >&2
   exit 2
 fi
-if ! sha256sum --quiet -c "$kit/sources.sha256" >/dev/null 2>&1; then
-  echo "gpu_run.sh: the kit at $kit was built from other sources than src/ and conf/ here;" \
-    "rebuild it with bash scripts/gpu_kit.sh" >&2
+PY=${PYTHON:-python3}
+# the kit's wheel packs src/normlab and conf/ as they were: every file of it, untracked ones too
+if ! why=$("$PY" scripts/kit_sources.py check "$kit/sources.sha256" 2>&1); then
+  echo "gpu_run.sh: the kit at $kit was built from other sources than src/ and conf/ here" \
+    "(${why:-no record}); rebuild it with bash scripts/gpu_kit.sh" >&2
   exit 2
 fi
-PY=${PYTHON:-python3}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 t0=$SECONDS

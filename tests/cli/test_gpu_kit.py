@@ -8,7 +8,10 @@ report is held to :func:`tests.cli.test_gpu_check.check_dry_run`, so the dry run
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -93,3 +96,104 @@ def test_the_device_command_refuses_a_kit_built_from_other_sources(tmp_path):
     )
     assert proc.returncode == 2 and "rebuild it with bash scripts/gpu_kit.sh" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+# --- the kit's staleness record: every file the wheel packs (issue 37, kind 16) -----------------
+
+UNTRACKED = "conf/data/untracked_corpus.yaml"
+
+
+@pytest.fixture
+def kit_tree(tmp_path):
+    """A copy of this checkout's sources with one file git does not track (a new conf file), its
+    normlab wheel built as ``scripts/gpu_kit.sh`` builds it (offline: the installed hatchling) and
+    the kit's ``sources.sha256`` recorded from that wheel: ``(tree, kit)``."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for name in ("pyproject.toml", "README.md", ".gitignore"):
+        shutil.copy2(ROOT / name, tree / name)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("src", "conf"):
+        shutil.copytree(ROOT / name, tree / name, ignore=skip)
+    (tree / "scripts").mkdir()
+    for name in ("gpu_run.sh", "kit_sources.py"):
+        shutil.copy2(ROOT / "scripts" / name, tree / "scripts" / name)
+    (tree / UNTRACKED).write_text("name: untracked_corpus\n")
+    kit = tmp_path / "kit"
+    (kit / "cache").mkdir(parents=True)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+        + ["--disable-pip-version-check", "-w", str(kit / "wheels"), str(tree)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (kit / "wheels").glob("normlab-*.whl")
+    recorded = _kit_sources(tree, "record", str(wheel))
+    assert recorded.returncode == 0, recorded.stderr
+    (kit / "sources.sha256").write_text(recorded.stdout)
+    return tree, kit
+
+
+def _kit_sources(tree: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "scripts/kit_sources.py", *args],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _device_command(tree: Path, kit: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "scripts/gpu_run.sh", "--kit", str(kit), "--out", str(tree / "report")],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_kit_records_every_file_its_wheel_packs_untracked_ones_too(kit_tree):
+    tree, kit = kit_tree
+    (wheel,) = (kit / "wheels").glob("normlab-*.whl")
+    packed = {
+        n.replace("normlab/conf/", "conf/", 1) if n.startswith("normlab/conf/") else "src/" + n
+        for n in zipfile.ZipFile(wheel).namelist()
+        if n.startswith("normlab/") and not n.endswith("/")
+    }
+    recorded = {
+        line.split("  ", 1)[1] for line in (kit / "sources.sha256").read_text().splitlines()
+    }
+    assert recorded == packed and UNTRACKED in recorded
+    assert "src/normlab/training/loop.py" in recorded and "conf/train.yaml" in recorded
+    fresh = _kit_sources(tree, "check", str(kit / "sources.sha256"))
+    assert fresh.returncode == 0 and fresh.stderr == ""  # the tree the kit was built from
+
+
+def test_the_device_command_refuses_a_kit_whose_untracked_file_was_edited_since(kit_tree):
+    tree, kit = kit_tree
+    (tree / UNTRACKED).write_text("name: untracked_corpus\nformat: text\n")
+    proc = _device_command(tree, kit)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert f"({UNTRACKED} changed since the kit was built)" in proc.stderr
+    assert "rebuild it with bash scripts/gpu_kit.sh" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and not (tree / "report").exists()
+
+
+def test_the_device_command_refuses_a_kit_that_lacks_a_file_added_since_or_holds_a_removed_one(
+    kit_tree,
+):
+    tree, kit = kit_tree
+    (tree / "src/normlab/new_module.py").write_text("X = 1\n")
+    (tree / "src/normlab/__pycache__").mkdir(exist_ok=True)
+    (tree / "src/normlab/__pycache__/new_module.cpython-311.pyc").write_bytes(b"")  # not packed
+    proc = _device_command(tree, kit)
+    assert proc.returncode == 2
+    assert "(src/normlab/new_module.py is here but not in the kit)" in proc.stderr
+    (tree / "src/normlab/new_module.py").unlink()
+    (tree / UNTRACKED).unlink()
+    proc = _device_command(tree, kit)
+    assert proc.returncode == 2 and f"({UNTRACKED} is in the kit but not here)" in proc.stderr

@@ -79,6 +79,65 @@ def test_resume_replays_only_keys_of_the_schema(tmp_path, capsys):
     assert err.count("\n") == 1 and "not replayed" in err and "evil._target_" in err
 
 
+def test_resume_reads_the_run_dirs_overrides_within_limits(tmp_path):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".hydra").mkdir()
+    bomb = "- &a [x, x, x, x, x, x, x, x, x]\n- &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+    (run / ".hydra" / "overrides.yaml").write_text(bomb)
+    with pytest.raises(ConfigError) as e:
+        prepare_args([f"resume={run}"], CONF_DIR)
+    assert str(e.value) == (
+        f"resume={run}: cannot read {run / '.hydra' / 'overrides.yaml'}: a YAML anchor or alias "
+        "at line 1 (normlab writes none)"
+    )
+
+
+#: Every bool key of the schema, read from its dataclasses: a new one is covered with no edit.
+BOOL_KEYS = [k for k, t in train_args.leaf_types().items() if t in ((bool,), (bool, type(None)))]
+
+
+@pytest.mark.parametrize("key", BOOL_KEYS)
+def test_a_bool_key_takes_true_or_false_only_before_hydra(key):
+    assert len(BOOL_KEYS) > 20 and "norm.depth_scale" in BOOL_KEYS and "compile" in BOOL_KEYS
+    for value in ("2", "0", "yes", "'on'"):
+        with pytest.raises(ConfigError, match=rf"^{key}={value.strip(chr(39))} is not allowed: "):
+            check_overrides([*TINY, f"{key}={value}"], CONF_DIR)
+
+
+def test_depth_scale_2_is_one_line_exit_2_before_anything_runs(tmp_path, train_main):
+    code, out, err = train_main([*TINY, "norm.depth_scale=2"], tmp_path)
+    assert code == 2 and out == ""
+    assert err == "normlab: error: norm.depth_scale=2 is not allowed: true or false\n"
+    assert not (tmp_path / "outputs").exists()
+
+
+HUGE = [
+    ("norm.gate_rank=1000000000000", ["norm=gated"], "norm.gate_rank=1000000000000, model.d_"),
+    ("model.d_model=100000000", ["model.n_head=1"], "model.n_layer=2, model.d_model=100000000"),
+    ("model.n_layer=1000000000000", [], "model.n_layer=1000000000000, model.d_model=128"),
+    ("model.context_length=1000000000000", [], "data.batch_size=4, model.context_length=1000000"),
+    ("model.vocab_size=1000000000000", [], "model.vocab_size=1000000000000, model.d_model="),
+    ("data.batch_size=1000000000000", [], "data.batch_size=1000000000000, model.context_"),
+    ("max_steps=1000000000000", [], "max_steps=1000000000000, eval_batches=2"),
+    ("eval_batches=1000000000000", [], "max_steps=6, eval_batches=1000000000000"),
+]
+
+
+@pytest.mark.parametrize(("override", "with_", "named"), HUGE, ids=[h[0] for h in HUGE])
+def test_a_size_beyond_this_machines_memory_is_one_line_naming_the_rule(override, with_, named):
+    with pytest.raises(ConfigError) as e:
+        check_overrides([*TINY, *with_, override], CONF_DIR)
+    line = str(e.value)
+    assert line.startswith(f"{named}") and "\n" not in line
+    assert "more than this machine's physical memory" in line and train_args.MEMORY_RULE in line
+
+
+def test_an_int_beyond_64_bits_is_refused_before_hydra():
+    with pytest.raises(ConfigError, match=r"^optim\.grad_accum=100000000000000000000 is not"):
+        check_overrides([*TINY, "optim.grad_accum=100000000000000000000"], CONF_DIR)
+
+
 def test_an_output_dir_that_cannot_be_made_says_why():
     if train_args.filesystem_type(Path("/proc")) != "proc":
         pytest.skip("no proc filesystem at /proc here")

@@ -570,3 +570,27 @@ def test_a_leader_tested_ahead_of_the_runner_up_is_named_best(tmp_path):
 def test_one_comparison_names_no_best_design(tmp_path):
     rep = build_report(make_sweep(tmp_path))
     assert compare.best_design(rep) is None and "shown best" not in render_markdown(rep)
+
+
+def test_the_context_names_the_schedule_the_runs_trained_with(tmp_path):
+    cosine = build_report(make_sweep(tmp_path / "cosine"))
+    line = next(ln for ln in render_markdown(cosine).splitlines() if ln.startswith("- Schedule"))
+    assert "schedule `cosine`, decay " in line and "wsd" not in line
+    wsd = tmp_path / "wsd"
+    edits = {
+        "optim.schedule": "wsd",
+        "optim.decay_fraction": 0.2,
+        "optim.decay_shape": "sqrt",
+        "optim.anneal_at": [0.25, 0.5],
+    }
+    for seed in (0, 1):
+        write_run(wsd, "layer", seed, 3.0 + seed / 100, edits=edits)
+        write_run(wsd, "rms", seed, 3.01 + seed / 100, edits=edits)
+    line = next(
+        ln for ln in render_markdown(build_report(wsd)).splitlines() if ln.startswith("- Sched")
+    )
+    assert (
+        "schedule `wsd` (decay over the last `0.2` of each budget, shape `sqrt`; cool-down "
+        "branches at `[0.25, 0.5]` of the run), decay "
+    ) in line
+    assert "cosine" not in line

@@ -1,5 +1,6 @@
 """The compute-equivalent verdict (normlab.report.stats) on synthetic curves of known shift, and
-the conversion of margins between nats and compute with the end slope."""
+the conversion of margins between nats and compute with the end slope, and the planner (seeds
+and hours from a pilot; a pilot too short to time says why and what max_steps would time it)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from normlab.commands.report import main
 from normlab.report import build_report, report_tables
+from normlab.report.compare import steps_to_time
 from normlab.report.series import series
 from normlab.report.stats import (
     compute_for_nats,
@@ -268,6 +270,54 @@ def test_plan_prints_seeds_and_hours_from_a_pilot_and_writes_nothing(tmp_path, c
     assert f": {need} seeds, {need * 2 * run_s / 3600:.2f} h;" in out
     assert f": {upper} seeds, {upper * 2 * run_s / 3600:.2f} h" in out
     assert upper > need
+
+
+def test_plan_on_a_pilot_too_short_to_time_says_why_and_the_max_steps_that_times_it(
+    tmp_path, capsys
+):
+    rng = np.random.default_rng(6)
+    for seed in range(3):
+        for norm in ("layer", "rms"):  # 4 steps, all inside the 5-step timing warm-up
+            d = curve_run(tmp_path, norm, seed, 1.0, 0.003, rng, steps_done=4)
+            s = json.loads((d / "summary.json").read_text())
+            s |= {"step_time_ms_median": None, "step_times_ms": [], "max_steps": 4}
+            s["config"] |= {"max_steps": 4, "timing_warmup_steps": 5}
+            (d / "summary.json").write_text(json.dumps(s))
+    assert main([str(tmp_path), "--plan", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out and "n/a" not in out
+    assert (
+        "one run here: not timed: the pilot is too short to time: its runs did 4 steps and the "
+        "first 5 (the timing warm-up, `timing_warmup_steps`) are not timed, so no run has a step "
+        "time and no hours follow; rerun it with max_steps=9 (so that 4 steps are timed after "
+        "the warm-up) to time it\n"
+    ) in out
+    need = seeds_needed(build_report(tmp_path, margin=0.01).comparisons[0]["std"], 0.01)
+    assert f": {need} seeds; at the std's 95% upper bound " in out
+    assert out.rstrip().endswith("seeds (hours: not timed)")
+
+
+def test_plan_on_a_pilot_long_enough_but_without_step_times_says_they_are_not_recorded(
+    tmp_path, capsys
+):
+    rng = np.random.default_rng(6)
+    for seed in range(3):
+        for norm in ("layer", "rms"):  # 600 steps: well past the warm-up, yet no step time
+            d = curve_run(tmp_path, norm, seed, 1.0, 0.003, rng, step_time_ms_median=None)
+            s = json.loads((d / "summary.json").read_text())
+            s["config"] |= {"timing_warmup_steps": 5}
+            (d / "summary.json").write_text(json.dumps(s))
+    assert main([str(tmp_path), "--plan", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert "one run here: not timed: its runs did 600 steps, enough to time, but record no " in out
+    assert "too short" not in out and "max_steps=" not in out and "nan" not in out
+
+
+def test_the_max_steps_that_times_a_run_counts_its_warm_up_and_its_diagnosed_steps():
+    assert steps_to_time(5, None) == 9  # 5 warm-up steps, then 4 timed
+    assert steps_to_time(0, None) == 4
+    assert steps_to_time(5, 3) == 13  # steps 3, 6, 9, 12 have diagnostics: not timed
+    assert steps_to_time(5, 1) is None  # every step has diagnostics: none is ever timed
 
 
 def test_plan_refusals(tmp_path, capsys):

@@ -1,7 +1,8 @@
 """The model-size ladder (normlab.report.ladder): the fitted loss-compute law on points drawn from
 a known power law, fitted to size means with its lack-of-fit test and leave-largest-out prediction,
 the trend of the step multiplier across sizes (none when it is the same at every size, found when
-it grows; no 124M value unless the laws pass), and the ladder report a sweep over sizes gets."""
+it grows; no 124M value unless the laws pass), the sizes every law spans (those left out named),
+and the ladder report a sweep over sizes gets, with a margin per size under --margin-compute."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from scipy import optimize, stats
 
 from normlab.commands.report import main
 from normlab.report import ReportError, build_ladder, load_runs, markdown, write_ladder_figures
+from normlab.report.compare import margin_from_compute
 from normlab.report.ladder import (
     FULL,
     PURE,
@@ -46,11 +48,11 @@ def flops(size: tuple[int, int, int, int]) -> tuple[int, float]:
     return steps, (6 * n + 12 * layers * width * CTX) * steps * TOKENS_PER_STEP
 
 
-def ladder_run(root, norm, size, seed, shift, rng, noise=0.002, step_ms=100.0, bump=0.0):
+def ladder_run(root, norm, size, seed, shift, rng, noise=0.002, step_ms=100.0, bump=0.0, drop=2.0):
     """A run dir of one rung whose validation curve ends at the law's loss (plus ``bump``) for
     the baseline (``shift`` = 1) and is the baseline's curve stretched in steps by ``shift`` for a
     variant (it needs ``shift`` x the steps: a step multiplier of 1 / shift); ``step_ms``: its
-    median step time."""
+    median step time; ``drop``: how far the curve falls (nats), which sets its end slope."""
     layers, width, heads, n = size
     steps, compute = flops(size)
     edits = {"model.n_layer": layers, "model.d_model": width, "model.n_head": heads}
@@ -61,7 +63,7 @@ def ladder_run(root, norm, size, seed, shift, rng, noise=0.002, step_ms=100.0, b
     at = np.linspace(0, steps, 17)
     tau = steps / 10
     loss = true_law(compute) + bump
-    loss = loss + 2.0 * ((1 + at / (shift * tau)) ** -0.5 - (1 + steps / tau) ** -0.5)
+    loss = loss + drop * ((1 + at / (shift * tau)) ** -0.5 - (1 + steps / tau) ** -0.5)
     loss = loss + rng.normal(0, noise, size=loss.shape)
     rows = [{"step": int(s), "val/loss": v, "train/loss": v} for s, v in zip(at, loss, strict=True)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -72,20 +74,24 @@ def ladder_run(root, norm, size, seed, shift, rng, noise=0.002, step_ms=100.0, b
     return d
 
 
-def ladder_sweep(root, shifts, seeds=3, noise=0.002, rms_ms=None, bumps=None, skip=()):
+def ladder_sweep(root, shifts, seeds=3, noise=0.002, rms_ms=None, bumps=None, skip=(), drops=None):
     """LayerNorm and RMSNorm at every rung of SIZES; RMSNorm stretched by ``shifts[i]`` at
     rung i, with a median step time of ``rms_ms[i]`` ms (LayerNorm's: 100); both variants'
-    losses raised by ``bumps[i]`` nats; ``skip``: (norm, rung index) pairs not run."""
+    losses raised by ``bumps[i]`` nats, their curves falling by ``drops[i]`` nats (default 2);
+    ``skip``: (norm, rung index) pairs not run."""
     rng = np.random.default_rng(0)
     (root / "multirun.yaml").parent.mkdir(parents=True, exist_ok=True)
     (root / "multirun.yaml").write_text("hydra: {}\n")
     rms_ms, bumps = rms_ms or [100.0] * len(SIZES), bumps or [0.0] * len(SIZES)
+    drops = drops or [2.0] * len(SIZES)
     for i, (size, shift) in enumerate(zip(SIZES, shifts, strict=True)):
         for seed in range(seeds):
             if ("layer", i) not in skip:
-                ladder_run(root, "layer", size, seed, 1.0, rng, noise, bump=bumps[i])
+                ladder_run(root, "layer", size, seed, 1.0, rng, noise, bump=bumps[i], drop=drops[i])
             if ("rms", i) not in skip:
-                ladder_run(root, "rms", size, seed, shift, rng, noise, rms_ms[i], bumps[i])
+                ladder_run(
+                    root, "rms", size, seed, shift, rng, noise, rms_ms[i], bumps[i], drops[i]
+                )
     return root
 
 
@@ -253,6 +259,19 @@ def test_a_size_missing_a_variant_is_left_out_of_every_law_and_named(tmp_path):
     assert all(p is not None and p.stat().st_size > 10_000 for p in figures.values())
 
 
+def test_a_size_where_a_variants_runs_record_no_compute_is_left_out_of_every_law(tmp_path):
+    sweep = ladder_sweep(tmp_path, [1.0] * 4, seeds=2)
+    for d in sweep.glob("3x96-rms-*"):  # written before summary.json had params: no compute
+        s = json.loads((d / "summary.json").read_text())
+        (d / "summary.json").write_text(json.dumps({k: v for k, v in s.items() if k != "params"}))
+    lad = build_ladder(sweep)
+    assert lad.law_sizes == ["2x48", "3x64", "4x128"]
+    assert lad.left_out == {"3x96": "no training compute for norm=rms (params or tokens unknown)"}
+    for law in lad.laws.values():  # not the baseline over 4 sizes beside the variant over 3
+        assert [m["shape"] for m in law["means"]] == lad.law_sizes and law["n"] == 3
+    assert "3x96 (no training compute for norm=rms" in markdown.render_ladder(lad)
+
+
 def test_no_124m_value_when_a_law_misses_the_left_out_largest_size(tmp_path):
     lad = build_ladder(ladder_sweep(tmp_path, [1.0] * 4, seeds=2, bumps=[0, 0, 0, 0.1]))
     assert lad.laws["norm=layer"]["loo"]["error"] < -0.02  # the margin, 0.02 nats
@@ -313,6 +332,45 @@ def test_normlab_report_on_a_sweep_over_sizes_writes_the_ladder_report(tmp_path,
         )
     for fig in ("ladder_loss.png", "ladder_multiplier.png"):
         assert (sweep / "report" / fig).stat().st_size > 10_000 and f"]({fig})" in md
+
+
+def test_normlab_report_names_the_sizes_the_laws_span_and_those_left_out(tmp_path, capsys):
+    sweep = ladder_sweep(tmp_path / "sweep", [1.0] * 4, seeds=2, skip={("rms", 2)})
+    assert main([str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "  margin: ±0.02 nats/token at each size\n" in out
+    assert (
+        "  laws over the sizes every variant has: 2x48, 3x64, 4x128; left out: 3x96 (no "
+        "completed run of norm=rms)\n"
+    ) in out
+    assert out.count("(3 size means of") == 2  # each variant's law, over the same 3 sizes
+
+
+def test_a_compute_margin_is_stated_per_size_each_converted_at_its_own_slope(tmp_path, capsys):
+    sweep = ladder_sweep(tmp_path / "sweep", [1.0] * 4, seeds=2, drops=[1.0, 2.0, 3.0, 4.0])
+    assert main([str(sweep), "--margin-compute", "0.05"]) == 0
+    out = capsys.readouterr().out
+    lad = build_ladder(sweep, margin_compute=0.05)
+    margins = {s["shape"]: s["report"].margin for s in lad.sizes}
+    for s in lad.sizes:  # each size's own baseline slope converts the fraction
+        assert s["report"].margin == pytest.approx(margin_from_compute(0.05, s["report"].slope))
+    assert len({f"{m:.4g}" for m in margins.values()}) == 4  # four margins, not one
+    md = (sweep / "report" / "report.md").read_text()
+    assert (
+        "- Margin: per size: ±0.05 of effective compute (`--margin-compute`), converted to nats "
+        "at each size's own baseline slope, so no one margin in nats holds for every size"
+    ) in md
+    assert "at each size;" not in md and "at each size" not in out
+    sizes = md.split("## Sizes")[1].split("\n## ")[0]
+    assert "| margin (nats/token) | baseline slope (nats/e-fold) |" in sizes
+    for s in lad.sizes:
+        shape, rep = s["shape"], s["report"]
+        row = next(line for line in sizes.splitlines() if line.startswith(f"| {shape} |"))
+        assert f"| ±{rep.margin:.4g} | {rep.slope:.3g} (within-run) |" in row
+        assert (
+            f"  {shape}: margin ±{rep.margin:.4g} nats/token = 0.05 of effective compute at its "
+            f"baseline's within-run slope {rep.slope:.3g} nats per e-fold of steps\n"
+        ) in out
 
 
 def test_a_ladder_refuses_the_options_of_one_comparison_and_plan(tmp_path, capsys):

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -69,6 +73,58 @@ def test_unreadable_config_yaml_is_refused_naming_the_file(tmp_path):
     run = write_run(tmp_path, "rms", 0, 3.0)
     (run / ".hydra" / "config.yaml").write_text("norm: [unclosed\n")
     with pytest.raises(ReportError, match=r"cannot read .*config.yaml"):
+        build_report(tmp_path)
+
+
+#: Billion laughs (9 levels of 9 aliases: 9**9 strings once expanded), under a config key.
+ALIAS_BOMB = "lol0: &l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+    f"lol{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]\n" for i in range(1, 10)
+)
+#: Runs ``normlab-report`` and prints its own run time (s) on stdout.
+TIMED_REPORT = (
+    "import sys, time; from normlab.commands.report import main; t = time.perf_counter(); "
+    "code = main(sys.argv[1:]); print(f'{time.perf_counter() - t:.3f}'); sys.exit(code)"
+)
+
+
+def _at_most_4_gib():  # a regression must not take the machine's memory with it
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+def test_a_yaml_alias_bomb_in_a_run_dir_is_refused_in_one_line_within_seconds(tmp_path):
+    make_sweep(tmp_path)
+    config = tmp_path / "rms-seed1" / ".hydra" / "config.yaml"
+    config.write_text(config.read_text() + ALIAS_BOMB)
+    r = subprocess.run(
+        [sys.executable, "-c", TIMED_REPORT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=_at_most_4_gib,
+        env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "src")),
+    )
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert r.stderr.count("\n") == 1 and f"cannot read {config}: a YAML anchor or alias" in r.stderr
+    assert float(r.stdout.split()[-1]) < 5.0
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "overrides.yaml"])
+def test_run_dir_yaml_and_json_are_read_within_limits(tmp_path, name):
+    run = write_run(tmp_path, "rms", 0, 3.0)
+    (run / ".hydra" / name).write_text("[" * 40 + "]" * 40)
+    with pytest.raises(ReportError, match=rf"cannot read .*{name}: nested deeper than 32"):
+        build_report(tmp_path)
+    (run / ".hydra" / name).write_text("x: '" + "y" * (1 << 20) + "'\n")
+    with pytest.raises(ReportError, match=rf"cannot read .*{name}: larger than 1 MiB"):
+        build_report(tmp_path)
+    (run / ".hydra" / name).unlink()
+    os.mkfifo(run / ".hydra" / name)  # would block a reader that waits for a writer
+    with pytest.raises(ReportError, match=rf"cannot read .*{name}: not a regular file"):
+        build_report(tmp_path)
+    (run / ".hydra" / name).unlink()
+    (run / "summary.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ReportError, match=r"cannot read .*summary.json: nested deeper than 32"):
         build_report(tmp_path)
 
 

@@ -449,17 +449,18 @@ def test_an_evaluation_row_without_training_seconds_takes_its_steps_time(tmp_pat
 
 def figure_texts(monkeypatch) -> dict[str, list[str]]:
     """Record every text drawn on each figure the report saves (file name -> texts)."""
-    from matplotlib.figure import Figure
     from matplotlib.text import Text
 
+    from normlab.report import plots
+
     seen: dict[str, list[str]] = {}
-    save = Figure.savefig
+    save = plots._save  # every figure file is written through it
 
-    def savefig(fig, path, *args, **kwargs):
+    def spy(fig, path):
         seen[Path(path).name] = [t.get_text() for t in fig.findobj(Text)]
-        return save(fig, path, *args, **kwargs)
+        return save(fig, path)
 
-    monkeypatch.setattr(Figure, "savefig", savefig)
+    monkeypatch.setattr(plots, "_save", spy)
     return seen
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,7 +30,7 @@ from normlab.training.sample import (
 )
 
 from ..conftest import REPO, TINY, run_cli
-from .conftest import write_run
+from .conftest import corpus_lines, train_bpe_run, write_run
 
 CONTEXT = 32  # TINY's model.context_length
 
@@ -198,6 +200,82 @@ def test_a_bpe_run_finds_its_tokenizer_in_its_token_folder_or_the_summarys(tmp_p
     monkeypatch.undo()
     with pytest.raises(DataError, match="does not exist"):
         run_tokenizer(data)  # no folder to read it from, and no corpus to prepare it again
+
+
+# --- the tokenizer a run used, by digest (issue 37, kind 6) ------------------------------------
+
+
+@pytest.fixture
+def bpe_run(tmp_path, cfg_tiny, one_thread):
+    """``(run dir, corpus file, summary, data config)`` of a 2-step run with a BPE trained on its
+    corpus."""
+    return train_bpe_run(tmp_path, cfg_tiny)
+
+
+def test_a_run_records_the_digest_of_the_tokenizer_it_trained_with(bpe_run):
+    run_dir, _, summary, _ = bpe_run
+    recorded = summary["data"]["tokenizer_digest"]
+    cache = Path(summary["data"]["cache"])
+    assert recorded == tt.digest(tt.load(tt.Tokenizer.bpe, cache)) and len(recorded) == 64
+    assert (
+        json.loads((run_dir / "summary.json").read_text())["data"]["tokenizer_digest"] == recorded
+    )
+    assert tt.digest(tt.ByteTokenizer()) != recorded  # a digest names one tokenizer
+    run = load_run(run_dir, "cpu")
+    assert run.tokenizer_notice is None and tt.digest(run.tokenizer) == recorded
+
+
+def test_a_bpe_tokenizer_trained_again_on_a_changed_corpus_is_refused_naming_both_digests(
+    bpe_run, capsys
+):
+    """The run's token cache is gone and its corpus changed: the tokenizer trained again is
+    another one, and scoring or sampling with it would be silently wrong."""
+    run_dir, corpus, summary, _ = bpe_run
+    shutil.rmtree(summary["data"]["cache"])
+    corpus.write_text(corpus_lines(300, seed=3, words="other words entirely now".split()))
+    with pytest.raises(DataError) as e:
+        load_run(run_dir, "cpu")
+    recorded = summary["data"]["tokenizer_digest"]
+    assert f"not the {recorded} the run trained with" in str(e.value)
+    found = str(e.value).split("has digest ")[1].split(",")[0]
+    assert len(found) == 64 and found != recorded
+    code, out, err = _main([run_dir, "--device", "cpu"], capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert f"has digest {found}, not the {recorded}" in err and "put back " in err
+
+
+def test_a_bpe_tokenizer_trained_again_on_the_same_corpus_is_the_one_the_run_used(bpe_run):
+    run_dir, _, summary, _ = bpe_run
+    shutil.rmtree(summary["data"]["cache"])  # prepared again from the unchanged corpus
+    run = load_run(run_dir, "cpu")
+    assert tt.digest(run.tokenizer) == summary["data"]["tokenizer_digest"]
+    assert run.tokenizer_notice is None
+
+
+def test_a_bpe_run_passes_over_the_token_folder_of_its_changed_corpus_for_its_own(bpe_run):
+    """The corpus changed and was prepared again (its own folder, its own BPE); the run's folder
+    is still there: the run's tokenizer is the one loaded, not the corpus's new one."""
+    run_dir, corpus, summary, data = bpe_run
+    corpus.write_text(corpus_lines(300, seed=3, words="other words entirely now".split()))
+    new = prepare(data)
+    assert str(new.directory) != summary["data"]["cache"]
+    assert tt.digest(new.load_tokenizer()) != summary["data"]["tokenizer_digest"]
+    run = load_run(run_dir, "cpu")
+    assert tt.digest(run.tokenizer) == summary["data"]["tokenizer_digest"]
+
+
+def test_a_run_that_recorded_no_tokenizer_digest_loads_as_before_with_a_notice(tiny_run, capsys):
+    run_dir, _ = tiny_run  # a checkpoint and no summary.json: a run from before digests
+    run = load_run(run_dir, "cpu")
+    assert run.tokenizer.name == "byte" and "records no tokenizer digest" in run.tokenizer_notice
+    (run_dir / "summary.json").write_text(json.dumps({"data": {"cache": "/gone"}}))
+    code, out, err = _main([run_dir, "--device", "cpu", "--max-new-tokens", "3"], capsys)
+    assert code == 0 and out.endswith("---------------\n")
+    notices = [line for line in err.splitlines() if "records no tokenizer digest" in line]
+    assert notices == [
+        f"normlab-sample: {run_dir} records no tokenizer digest (a run from before they were "
+        "recorded): its byte tokenizer is used unchecked"
+    ]
 
 
 @pytest.mark.slow
@@ -386,3 +464,31 @@ def test_an_old_post_norm_checkpoint_with_a_final_norm_is_refused_in_one_line():
     assert list(renamed) == ["blocks.3.mlp_out.bias"]
     current = {"blocks.0.attn_in.weight": torch.ones(4)}
     assert upgrade_model_state(current, "pre") is current
+
+
+def test_a_resume_whose_bpe_was_trained_again_on_a_changed_corpus_is_refused_changing_nothing(
+    bpe_run, cfg_tiny
+):
+    """Resuming tokenizes as the run did: the same check as normlab-eval and normlab-sample, in
+    train (issue 37, kind 6: 'checked wherever it is loaded again')."""
+    from normlab.config import RunOptions
+    from normlab.training.loop import train
+
+    run_dir, corpus, summary, data = bpe_run
+    shutil.rmtree(summary["data"]["cache"])
+    corpus.write_text(corpus_lines(300, seed=3, words="other words entirely now".split()))
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    cfg = cfg_tiny(
+        "data=text_files",
+        f"data.path={corpus}",
+        f"data.cache_dir={data.cache_dir}",
+        "data.tokenizer=bpe",
+        "data.bpe_vocab_size=300",
+        "data.val_fraction=0.2",
+        "max_steps=4",
+        "eval_interval=2",
+    )
+    with pytest.raises(DataError) as e:
+        train(cfg, run_dir, RunOptions(resume="auto", force=True))  # force: max_steps differs
+    assert f"not the {summary['data']['tokenizer_digest']} the run trained with" in str(e.value)
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before

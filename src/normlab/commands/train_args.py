@@ -24,6 +24,8 @@ import sys
 import tempfile
 import textwrap
 import tokenize
+import types
+import typing
 import urllib.parse
 from collections.abc import Callable
 from enum import Enum
@@ -39,6 +41,7 @@ from omegaconf import OmegaConf
 from normlab import config
 from normlab.compose import compose_dict, validate
 from normlab.config import CliConfig, ConfigError
+from normlab.config.files import load_yaml
 
 # --- Hydra's override grammar
 
@@ -444,7 +447,13 @@ def _resume_by_path(args: list[str], resume: str, multirun: bool, conf_dir: Path
             f"({run_dir / 'checkpoints'} does not exist)"
         )
     record = run_dir / ".hydra" / "overrides.yaml"
-    original = (yaml.safe_load(record.read_text()) or []) if record.is_file() else []
+    try:  # within limits, no alias (normlab.config.files): a run dir is not trusted
+        original = (load_yaml(record) or []) if record.is_file() else []
+    except (OSError, ValueError, yaml.YAMLError) as e:  # RunFileError is a ValueError
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"resume={resume}: cannot read {record}: {first}") from None
+    if not isinstance(original, list):
+        raise ConfigError(f"resume={resume}: {record} is not a list of overrides")
     keep = [str(o) for o in original if replayable(str(o), conf_dir)]
     if dropped := [str(o) for o in original if not replayable(str(o), conf_dir)]:
         if launch_rank() == 0:
@@ -508,19 +517,75 @@ def one_line(e: BaseException) -> str:
     return ": ".join(parts) or type(e).__name__
 
 
-def _check_value(key: str, default: Any, values: list[Any]) -> None:
-    """Refuse a value that is no member of a closed choice, or not of the key's type."""
+#: The largest value of an int key: torch and numpy keep ints in 64 bits.
+INT64_MAX = 2**63 - 1
+
+
+@cache
+def leaf_types() -> dict[str, tuple[Any, ...]]:
+    """``dotted key -> the types its annotation allows`` (``bool | None`` -> ``(bool,
+    NoneType)``) for every leaf of :class:`CliConfig` annotated with plain types (lists and
+    ``Any`` left out); a ``norm.positions.<position>`` key takes its ``norm`` key's types or null.
+    """
+    out: dict[str, tuple[Any, ...]] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        if cls is config.NormOverride:  # each mirrors the NormConfig key of its name
+            hints = {k: v | None for k, v in typing.get_type_hints(config.NormConfig).items()}
+        for f in dataclasses.fields(cls):
+            hint = hints.get(f.name)
+            if dataclasses.is_dataclass(hint):
+                walk(hint, f"{prefix}{f.name}.")
+                continue
+            union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            args = typing.get_args(hint) if union else (hint,)
+            if all(isinstance(a, type) and a is not Any for a in args):
+                out[prefix + f.name] = args
+
+    walk(config.CliConfig, "")
+    return out
+
+
+def _check_type(key: str, values: list[Any]) -> None:
+    """Refuse a value OmegaConf would coerce or torch cannot hold: a bool key takes ``true`` or
+    ``false`` only (OmegaConf turns 2 or ``yes`` into true), an int key at most :data:`INT64_MAX`
+    in size. Keys from :func:`leaf_types`: a new key of the schema is covered as it is added."""
+    allowed = leaf_types().get(key, ())
+    nullable = type(None) in allowed
     for v in values:
-        if isinstance(default, Enum) and isinstance(v, str) and "${" not in v:
-            members = list(type(default).__members__)
+        if v is None and nullable or isinstance(v, str) and "${" in v:
+            continue
+        if bool in allowed and int not in allowed and float not in allowed:
+            if not (isinstance(v, bool) or str(v).lower() in ("true", "false")):
+                also = " (or null)" if nullable else ""
+                raise ConfigError(f"{key}={_shown(v)} is not allowed: true or false{also}")
+        elif int in allowed and isinstance(v, int) and abs(v) > INT64_MAX:
+            raise ConfigError(f"{key}={v} is not allowed: a 64-bit integer (at most {INT64_MAX})")
+
+
+def _check_value(key: str, default: Any, values: list[Any]) -> None:
+    """Refuse a value that is no member of a closed choice, or not of the key's type
+    (:func:`_check_type`). A ``norm.positions.<position>`` key takes the type of the ``norm`` key
+    of its name, or null (:class:`~normlab.config.NormOverride` types its fields ``Any``)."""
+    _check_type(key, values)
+    enums = [t for t in leaf_types().get(key, ()) if isinstance(t, type) and issubclass(t, Enum)]
+    choice = type(default) if isinstance(default, Enum) else next(iter(enums), None)
+    for v in values:
+        if choice is not None and isinstance(v, str) and "${" not in v:
+            members = list(choice.__members__)
             if v not in members:
                 hint = suggest_key(v, members)
                 fix = f"; did you mean {key}={hint}?" if hint and " or " not in hint else ""
                 raise ConfigError(f"{key}={v} is not allowed (allowed: {', '.join(members)}){fix}")
-    node = OmegaConf.structured(CliConfig)
+    node, path = OmegaConf.structured(CliConfig), key
+    if key.startswith("norm.positions."):
+        node, path = OmegaConf.structured(config.NormConfig), key.rsplit(".", 1)[1]
     for v in values:
+        if v is None and path != key:
+            continue  # a position's null: the norm key's value
         try:
-            OmegaConf.update(node, key, v, merge=True)
+            OmegaConf.update(node, path, v, merge=True)
         except Exception as e:  # OmegaConf's ValidationError: a value of the wrong type
             raise ConfigError(f"{key}={v}: {one_line(e)}") from None
 
@@ -539,10 +604,107 @@ def hub_unreachable() -> str | None:
     return None
 
 
+#: The memory rule's bytes: a parameter trains in 16 (fp32 weight, gradient, AdamW's two
+#: moments), an activation kept for the backward pass in at least 2 (bf16), and each step and
+#: validation batch keeps at least 8 (its step time, its loss).
+PARAM_BYTES, ACTIVATION_BYTES, RECORD_BYTES = 16, 2, 8
+MEMORY_RULE = (
+    f"{PARAM_BYTES} bytes a parameter (weight, gradient, AdamW's two moments) + "
+    f"{ACTIVATION_BYTES} bytes a value of one micro-batch's activations (data.batch_size x "
+    "model.context_length x (model.n_layer x model.d_model + vocabulary)) + "
+    f"{RECORD_BYTES} bytes a step and a validation batch must fit in the memory it trains in"
+)
+
+
+def gate_params(full: CliConfig) -> int:
+    """The parameters of the norms' gates (GatedNorm: W_down (r, d) and W_up (d, r)) of the
+    model of ``full``, one norm per position and block (a lower bound: qk has 2 or 3), counted
+    per run of blocks that share their norms (Mix-LN's post blocks, ``norm.blocks`` entries)."""
+    norm, m = full.norm, full.model
+    L, C = m.n_layer, m.d_model
+    per_head = norm.qk == config.QKNorm.head or norm.placement == config.Placement.hybrid
+    qk_size = C // m.n_head if per_head else C
+    edges = {0, L, norm.post_blocks(L)} | {e.start for e in norm.schedule}
+    edges |= {e.stop + 1 for e in norm.schedule}
+    cuts = sorted(e for e in edges if 0 <= e <= L)
+    total = 0
+    for a, b in zip(cuts, cuts[1:], strict=False):
+        for pos in norm.block_positions(a, L):
+            rank = norm.at(pos, a).resolved_gate_rank or 0
+            total += (b - a) * 2 * rank * (qk_size if pos == "qk" else C)
+    for pos in {"embedding", "final"} & set(norm.used_positions()):
+        total += 2 * (norm.at(pos).resolved_gate_rank or 0) * C
+    return total
+
+
+def memory_parts(full: CliConfig) -> list[tuple[str, int]]:
+    """A lower bound of the memory a run of ``full`` trains in (:data:`MEMORY_RULE`), in parts:
+    ``(the keys that size it, with their values; bytes)``. The vocabulary is at least 256."""
+    m, n, B = full.model, full.norm, full.data.batch_size
+    L, C, T, V = m.n_layer, m.d_model, m.context_length, m.vocab_size or 256
+    vocab = f"model.vocab_size={m.vocab_size}" if m.vocab_size else "the vocabulary (>= 256)"
+    rank = max((c.resolved_gate_rank or 0, w) for w, c in n.derived())
+    gates = f"{rank[1]}.gate_rank={rank[0]}".replace("norm.blocks=", "gate_rank of norm.blocks=")
+    shape = f"model.n_layer={L}, model.d_model={C}"
+    return [
+        (f"{vocab}, model.d_model={C}", PARAM_BYTES * V * C * (1 if m.tie_head else 2)),
+        (f"model.context_length={T}, model.d_model={C}", PARAM_BYTES * T * C),
+        (shape, PARAM_BYTES * 12 * L * C * C),  # attention 4 C^2, MLP 8 C^2 a block
+        (f"{gates}, model.d_model={C}", PARAM_BYTES * gate_params(full)),
+        (
+            f"data.batch_size={B}, model.context_length={T}, {shape}, {vocab}",
+            ACTIVATION_BYTES * B * T * (L * C + V),
+        ),
+        (
+            f"max_steps={full.max_steps}, eval_batches={full.eval_batches}",
+            RECORD_BYTES * (full.max_steps + full.eval_batches * (1 + len(full.eval_data))),
+        ),
+    ]
+
+
+def memory_limit(device: str) -> tuple[int, str]:
+    """The memory a run on ``device`` trains in, and its name: the GPU's for ``cuda``/``cuda:N``
+    (when that GPU is here), else this machine's physical memory."""
+    if device.startswith("cuda"):
+        import torch
+
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if torch.cuda.is_available() and index < torch.cuda.device_count():
+            return torch.cuda.get_device_properties(index).total_memory, f"GPU {index}'s memory"
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return pages, "this machine's physical memory"
+
+
+def _size(n: int) -> str:
+    units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]
+    i = min(max(0, (n.bit_length() - 1) // 10), len(units) - 1)
+    return f"{n / 2 ** (10 * i):.3g} {units[i]}"
+
+
+def check_memory(full: CliConfig) -> None:
+    """Refuse a run whose lower bound of memory (:func:`memory_parts`) exceeds what it trains in
+    (:func:`memory_limit`), naming the values of the largest part.
+
+    Raises:
+        ConfigError: one line: the values, the bytes needed and there, and the rule.
+    """
+    parts = memory_parts(full)
+    need = sum(b for _, b in parts)
+    limit, where = memory_limit(str(full.device))
+    if need <= limit:
+        return
+    keys, most = max(parts, key=lambda p: p[1])
+    raise ConfigError(
+        f"{keys}: a run needs at least {_size(need)} of memory ({_size(most)} for these values), "
+        f"more than {where} ({_size(limit)}); the rule: {MEMORY_RULE}"
+    )
+
+
 def check_needs(full: CliConfig) -> None:
     """Refuse a config that needs what this machine lacks, before any job starts: a CUDA GPU
-    (``device: cuda``, as the GPU studies' files set it), or the Hugging Face Hub for a Hub corpus
-    whose tokens are not prepared here (``normlab-prepare``) when the Hub cannot be reached.
+    (``device: cuda``, as the GPU studies' files set it), more memory than it has
+    (:func:`check_memory`), or the Hugging Face Hub for a Hub corpus whose tokens are not prepared
+    here (``normlab-prepare``) when the Hub cannot be reached.
 
     Raises:
         ConfigError: one line naming the key, what it needs and what to do instead.
@@ -556,6 +718,7 @@ def check_needs(full: CliConfig) -> None:
                 f"{torch.__version__}, CUDA {torch.version.cuda or 'not built in'}): run it on a "
                 "GPU machine, or choose a CPU experiment (train --help lists them)"
             )
+    check_memory(full)
     data = full.data
     if data.format.name != "hub" or (data.hf_path and Path(data.hf_path).expanduser().exists()):
         return

@@ -297,7 +297,7 @@ class TrainConfig:
     )
     debug: bool = False  # show tracebacks for user errors instead of one line
     divergence_factor: float | None = 2.0  # loss > factor x max(first loss, ln vocab): diverged
-    max_skipped_fraction: float | None = 0.5  # fp16 scaler skipped more steps: not completed
+    max_skipped_fraction: float | None = 0.5  # more fp16 skips (calibration aside): diverged
     eval_data: list[str] = field(default_factory=list)  # held-out corpora: conf/data/*.yaml names
     max_time_s: float | None = None  # budget in training-step seconds: then evaluate and complete
     sample_interval: int | None = None  # text sample to train.log/wandb every N steps, at the end

@@ -14,11 +14,15 @@ sampled sequence can) gives U+FFFD for the broken bytes instead of raising.
 tiktoken downloads the GPT-2 files on first use and caches them (``$TIKTOKEN_CACHE_DIR``, else
 ``$DATA_GYM_CACHE_DIR``, else ``<tmp>/data-gym-cache``), with no timeout; :func:`load` checks the
 cache and the network (3 s) first, so an offline machine gets one line instead of a hang.
+
+:func:`digest` names a tokenizer by what it computes (a run records it in ``summary.json``), so a
+``bpe`` tokenizer trained again on a changed corpus is told apart from the one a run used.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import tempfile
@@ -103,6 +107,10 @@ class ByteTokenizer:
             raise TokenizerError(f"byte ids must be in [0, 256); got {bad[0]}")
         return bytes(values).decode("utf-8", errors="replace")
 
+    def serialized(self) -> bytes:
+        """What makes it this tokenizer (:func:`digest`): the byte of each id."""
+        return bytes(range(256))
+
 
 class GPT2Tokenizer:
     name = "gpt2"
@@ -132,6 +140,11 @@ class GPT2Tokenizer:
         if bad:
             raise TokenizerError(f"gpt2 ids must be in [0, {self.n_vocab}); got {bad[0]}")
         return self.enc.decode(values, errors="replace")
+
+    def serialized(self) -> bytes:
+        """What makes it this tokenizer (:func:`digest`): each id's bytes, length-prefixed."""
+        pieces = (self.enc.decode_single_token_bytes(i) for i in range(self.n_vocab))
+        return b"".join(len(b).to_bytes(4, "little") + b for b in pieces)
 
 
 class BPETokenizer:
@@ -163,6 +176,19 @@ class BPETokenizer:
         if bad:
             raise TokenizerError(f"bpe ids must be in [0, {self.n_vocab}); got {bad[0]}")
         return self.tok.decode(values, skip_special_tokens=False)
+
+    def serialized(self) -> bytes:
+        """What makes it this tokenizer (:func:`digest`): its ``tokenizer.json`` (vocabulary,
+        merges, pre-tokenizer, decoder, special tokens) as canonical JSON (sorted keys)."""
+        doc = json.loads(self.tok.to_str())
+        return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def digest(tok) -> str:
+    """sha256 (hex) of a tokenizer's name and :meth:`serialized` form: equal for the same
+    tokenizer whichever file or process it was loaded in (a ``bpe`` one trained again on the same
+    texts included), different for one that encodes any text differently."""
+    return hashlib.sha256(tok.name.encode() + b"\0" + tok.serialized()).hexdigest()
 
 
 def load(kind: Tokenizer, directory: Path | None = None):

@@ -196,6 +196,17 @@ class TokenData:
         except tt.TokenizerError as e:
             raise DataError(str(e)) from None
 
+    def tokenizer_digest(self) -> str | None:
+        """:func:`~normlab.data.tokenizer.digest` of the tokenizer these shards were made with
+        (``summary.json``'s ``data.tokenizer_digest``); None when it cannot be loaded here without
+        the network (gpt2 files not in tiktoken's cache)."""
+        if self.meta.get("tokenizer") == Tokenizer.gpt2.name and not tt.gpt2_cached():
+            return None
+        try:
+            return tt.digest(self.load_tokenizer())
+        except DataError:
+            return None
+
     @property
     def val(self) -> np.ndarray:
         return self.val_shards[0] if len(self.val_shards) == 1 else np.concatenate(self.val_shards)

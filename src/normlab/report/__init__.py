@@ -27,7 +27,14 @@ from normlab.report.compare import Report, build_report
 from normlab.report.ladder import Ladder, build_ladder, is_ladder
 from normlab.report.markdown import EMA_BETA, render_ladder, render_markdown
 from normlab.report.plots import write_figures, write_ladder_figures
-from normlab.report.runs import INERT_KEYS, METRIC_RENAMES, ReportError, Run, load_runs
+from normlab.report.runs import (
+    INERT_KEYS,
+    METRIC_RENAMES,
+    ReportError,
+    Run,
+    load_runs,
+    write_atomic,
+)
 from normlab.report.stats import (
     describe,
     holm,
@@ -68,6 +75,8 @@ __all__ = [
 
 def write_report(rep: Report, out_dir: str | Path) -> Path:
     """Write the figures and ``report.md`` into ``out_dir`` (created); returns ``report.md``'s path.
+    Each file is replaced atomically (:func:`~normlab.report.runs.write_atomic`), never written
+    through a link.
 
     Raises:
         OSError: ``out_dir`` cannot be created or written.
@@ -75,15 +84,13 @@ def write_report(rep: Report, out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rep.figures = write_figures(rep, out, EMA_BETA)
-    path = out / "report.md"
-    path.write_text(render_markdown(rep))
-    return path
+    return write_atomic(out / "report.md", render_markdown(rep).encode())
 
 
 def write_ladder(lad: Ladder, out_dir: str | Path) -> Path:
     """Write a ladder's report into ``out_dir`` (created): each size's full report in
     ``<shape>/`` (:func:`write_report`), the ladder's figures and its ``report.md``; returns the
-    ladder's ``report.md`` path.
+    ladder's ``report.md`` path. Files are replaced as :func:`write_report` replaces them.
 
     Raises:
         OSError: ``out_dir`` cannot be created or written.
@@ -93,6 +100,4 @@ def write_ladder(lad: Ladder, out_dir: str | Path) -> Path:
     for size in lad.sizes:
         write_report(size["report"], out / size["shape"])
     lad.figures = write_ladder_figures(lad, out)
-    path = out / "report.md"
-    path.write_text(render_ladder(lad))
-    return path
+    return write_atomic(out / "report.md", render_ladder(lad).encode())

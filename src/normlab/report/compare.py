@@ -49,9 +49,11 @@ from normlab.report.runs import (
     never_trained,
     override_key,
     series_step_bench,
+    unfinished_sweep,
 )
 from normlab.report.series import (
     BETWEEN_LIMIT,
+    MIN_STEPS,
     aggregate,
     between_runs_problem,
     num,
@@ -159,6 +161,9 @@ class Report:
     stability: dict[str, Any] | None = None
     #: downstream tasks paired like held-out corpora (:func:`downstream_comparisons`)
     downstream: dict[str, Any] = field(default_factory=dict)
+    #: per source sweep dir whose record lists jobs that never started or did not finish:
+    #: :func:`~normlab.report.runs.unfinished_sweep`
+    unfinished: list[dict[str, Any]] = field(default_factory=list)
 
     def included(self, label: str) -> list[Run]:
         """The runs of variant ``label`` that count in the statistics (completed, not set aside)."""
@@ -303,22 +308,25 @@ def build_report(
     """Load, check and compare runs (no files written); ``paths``: a sweep dir, a run dir, or a
     list of either, anywhere; ``margin`` and ``target`` (time to target; None: the worst final
     loss) in nats/token; ``margin_compute``: the margin as a fraction of effective compute
-    instead (0.01: within 1%), converted to nats with the end slope of the baseline's mean
-    validation curve (:func:`margin_from_compute`; ``margin`` is then ignored). A sweep over
+    instead (0.01: within 1%), converted to nats with the baseline's slope (``Report.slope``:
+    between its annealed budgets when its runs have them, else its curve's end slope;
+    :func:`margin_from_compute`; ``margin`` is then ignored). A sweep over
     ``optim.lr`` and other keys is a tuned comparison: labels leave the lr out, each variant is
     compared at its best lr (:func:`choose_best_lr`). More than one variant against the baseline
     is a family: each comparison gets ``holm`` (:func:`~normlab.report.stats.holm_verdicts`)
     next to its plain per-pair values. Each comparison gets ``compute``, the compute-equivalent
     verdict (:func:`compute_equivalent`). Run dirs that never trained
     (:func:`~normlab.report.runs.never_trained`: a refused run) are left out of everything and
-    listed in :attr:`Report.skipped`.
+    listed in :attr:`Report.skipped`; the jobs of a source sweep that never started or did not
+    finish (from its ``multirun.yaml``), in :attr:`Report.unfinished`.
 
     Raises:
         ReportError: a refusal (see :func:`~normlab.report.runs.load_runs`,
             :func:`~normlab.report.runs.check_comparable`,
             :func:`~normlab.report.runs.choose_baseline`), no run dir that trained, a variant
-            with two completed runs of one seed (pairing would be ambiguous), or a compute
-            margin that cannot be converted (:func:`margin_from_compute`).
+            with two completed runs of one seed (pairing would be ambiguous), a compute margin
+            that cannot be converted (:func:`margin_from_compute`), or a sweep record
+            (``multirun.yaml``) that cannot be read.
     """
     sources = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
     runs, skipped = _trained(load_runs(sources), sources)
@@ -329,6 +337,7 @@ def build_report(
     check_comparable(runs)
     base = choose_baseline(runs, baseline)
     rep = Report(sources, margin, alpha, base, runs, common, skipped=skipped)
+    rep.unfinished = unfinished_sweeps(sources, runs + [r for r, _ in skipped])
     labels = [base] + sorted({r.label for r in runs} - {base})
     if tuned:
         rep.tuned = choose_best_lr(runs, labels, alpha)
@@ -359,6 +368,18 @@ def build_report(
     rep.downstream = downstream_comparisons({lab: rep.included(lab) for lab in labels}, base, alpha)
     _speed_and_compute(rep, by_seed)
     return rep
+
+
+def unfinished_sweeps(sources: list[Path], runs: list[Run]) -> list[dict[str, Any]]:
+    """:func:`~normlab.report.runs.unfinished_sweep` of each source that is a sweep dir (holds a
+    ``multirun.yaml``) whose record lists a job that never started or did not finish; ``runs``:
+    every run dir loaded, those that never trained too.
+
+    Raises:
+        ReportError: a ``multirun.yaml`` that cannot be read.
+    """
+    found = [unfinished_sweep(src, runs) for src in sources if (src / "multirun.yaml").is_file()]
+    return [u for u in found if u is not None]
 
 
 def _speed_and_compute(rep: Report, by_seed: dict[str, dict[Any, Run]]) -> None:
@@ -492,7 +513,8 @@ def baseline_slope(runs: list[Run]) -> float:
 
 def margin_from_compute(fraction: float, slope: float) -> float:
     """The nats margin (nats/token) that ``fraction`` of effective compute is worth at the
-    baseline's end slope ``slope`` (:func:`~normlab.report.stats.nats_for_compute`).
+    baseline's slope ``slope`` (nats per e-fold of steps: annealed, or its curve's end slope;
+    :func:`~normlab.report.stats.nats_for_compute`).
 
     Raises:
         ReportError: ``slope`` is nan or under :data:`MIN_SLOPE` (the baseline's curve has
@@ -501,7 +523,7 @@ def margin_from_compute(fraction: float, slope: float) -> float:
     if not (math.isfinite(slope) and slope >= MIN_SLOPE):
         raise ReportError(
             f"--margin-compute {fraction:g}: cannot convert to nats, the baseline's validation "
-            f"curve has end slope {slope:.3g} nats per e-fold of steps (need >= {MIN_SLOPE:g}: "
+            f"curve has slope {slope:.3g} nats per e-fold of steps (need >= {MIN_SLOPE:g}: "
             "at least 2 evaluations after step 0 on a falling curve); give --margin in nats"
         )
     return nats_for_compute(fraction, slope)
@@ -509,7 +531,8 @@ def margin_from_compute(fraction: float, slope: float) -> float:
 
 def margin_in_compute(rep: Report) -> float:
     """The fraction of effective compute that the report's nats margin is worth at the
-    baseline's end slope (:func:`~normlab.report.stats.compute_for_nats`; nan without a slope)."""
+    baseline's slope (``Report.slope``: annealed, or its curve's end slope;
+    :func:`~normlab.report.stats.compute_for_nats`; nan without a slope)."""
     return compute_for_nats(rep.margin, rep.slope) if math.isfinite(rep.slope) else NAN
 
 
@@ -664,6 +687,10 @@ def build_context(included: dict[str, list[Run]], baseline: str, margin: float) 
         "optim.min_lr",
         "optim.warmup_steps",
         "optim.decay",
+        "optim.schedule",
+        "optim.decay_fraction",
+        "optim.decay_shape",
+        "optim.anneal_at",
         "optim.weight_decay",
         "optim.norm_weight_decay",
         "max_steps",
@@ -1276,6 +1303,42 @@ def swept_points(rep: Report) -> tuple[str, Points] | None:
 # --- planning a study from a pilot sweep ---------------------------------------------------------
 
 
+def steps_to_time(warmup: int, diag_interval: int | None, timed: int = MIN_STEPS) -> int | None:
+    """The fewest ``max_steps`` whose step time a run measures on ``timed`` steps: the trainer
+    times neither its first ``warmup`` timed steps (``timing_warmup_steps``) nor a step with
+    diagnostics (every ``diag_interval``-th); None when every step has them (1)."""
+    if diag_interval == 1:
+        return None
+    n = counted = 0
+    while counted < warmup + timed:
+        n += 1
+        counted += not (diag_interval and n % diag_interval == 0)
+    return n
+
+
+def untimed(runs: list[Run], steps: float) -> dict[str, Any]:
+    """Why a pilot ``runs`` of ``steps`` steps (median) with no median step time has none, from
+    its configs: ``warmup`` (the largest ``timing_warmup_steps``), ``diag_interval`` (the
+    smallest, None when off), ``max_steps`` (the largest :func:`steps_to_time` over the runs;
+    None when none records its warm-up or one has diagnostics at every step) and ``short``:
+    True unless the runs did ``max_steps`` steps or more (then they recorded no step time)."""
+    need, warmups, diags = [], [], []
+    for r in runs:
+        w, d = r.resolved("timing_warmup_steps"), r.resolved("diag_interval")
+        d = d if isinstance(d, int) and d > 0 else None
+        diags += [d] if d else []
+        if isinstance(w, int):
+            warmups.append(w)
+            need.append(steps_to_time(w, d))
+    max_steps = max(need) if need and None not in need else None
+    return {
+        "warmup": max(warmups, default=None),
+        "diag_interval": min(diags, default=None),
+        "max_steps": max_steps,
+        "short": max_steps is None or not steps >= max_steps,
+    }
+
+
 def plan_study(rep: Report) -> dict[str, Any]:
     """What a TOST at ``rep.margin`` (nats/token) needs, planned from a pilot sweep ``rep``: per
     variant the paired std of its final losses, the std's one-sided 1−alpha upper confidence
@@ -1289,8 +1352,9 @@ def plan_study(rep: Report) -> dict[str, Any]:
     Returns:
         ``{"margin", "alpha", "variants" (count, baseline included), "steps" (median steps
         done), "step_s" (median of the runs' median step time, seconds), "overhead_s" (per run,
-        seconds, nan when not recorded), "run_s" (one run, seconds), "rows": [{"label", "n",
-        "std", "std_upper", "seeds", "seeds_upper", "hours", "hours_upper"}]}``.
+        seconds, nan when not recorded), "run_s" (one run, seconds), "untimed" (None, or for a
+        pilot too short to time, :func:`untimed`), "rows": [{"label", "n", "std",
+        "std_upper", "seeds", "seeds_upper", "hours", "hours_upper"}]}``; hours nan untimed.
     """
     runs = [r for lab in rep.labels for r in rep.included(lab)]
     steps = _median([float(x) for r in runs if (x := steps_done(r)) is not None])
@@ -1329,6 +1393,7 @@ def plan_study(rep: Report) -> dict[str, Any]:
         "step_s": step_s,
         "overhead_s": overhead,
         "run_s": run_s,
+        "untimed": None if math.isfinite(step_s) else untimed(runs, steps),
         "rows": rows,
     }
 
@@ -1451,7 +1516,7 @@ def downstream_comparisons(
     return out
 
 
-# --- a best design: only when its lead over the runner-up is tested -----------------------------
+# --- a best design: a tested lead beyond the margin, over a baseline that has runs --------------
 
 
 def best_design(rep: Report) -> dict[str, Any] | None:
@@ -1460,12 +1525,18 @@ def best_design(rep: Report) -> dict[str, Any] | None:
     are the leader and the runner-up; the leader is shown best only if the paired difference
     runner-up − leader (nats/token, over the seeds both completed) is detectable: its two-sided
     paired t-test p-value (two-sided, since the leader was picked by the same data), Holm-adjusted
-    together with the family's tests of each variant against the baseline, is below alpha.
+    together with the family's tests of each variant against the baseline, is below alpha; and
+    only if nothing withholds it (:func:`best_withheld`: a baseline with no completed run, a lead
+    inside the study's margin). Seeds of the two that did not complete are named
+    (:func:`not_completed`): the claim is over the seeds that did.
 
     Returns:
         None for a single comparison; else ``leader``, ``runner_up``, the paired difference's
-        ``n``, ``mean``, ``ci`` (1−alpha), ``p`` and ``p_holm`` (over ``family`` tests), and
-        ``shown`` (True: the leader is the best design).
+        ``n``, ``mean``, ``ci`` (1−alpha), ``equivalent`` (its TOST at the margin), ``p`` and
+        ``p_holm`` (over ``family`` tests), ``detectable`` (``p_holm`` < alpha), ``withheld``
+        (why no best design is named whatever the test says, or None), ``exclusions`` (the
+        two's seeds that did not complete, as text) and ``shown`` (True: the leader is the best
+        design).
     """
     if len(rep.comparisons) < 2:
         return None
@@ -1483,14 +1554,55 @@ def best_design(rep: Report) -> dict[str, Any] | None:
     p = p_two_sided(pd)
     family = [c["holm"]["p_diff"] for c in rep.comparisons if c.get("holm")] + [p]
     p_holm = holm(family)[-1]
+    detectable = bool(math.isfinite(p_holm) and p_holm < rep.alpha)
+    withheld = best_withheld(rep, leader, runner, pd, detectable)
     return {
         "leader": leader,
         "runner_up": runner,
         "n": pd["n"],
         "mean": pd["mean"],
         "ci": pd["ci"],
+        "equivalent": pd["equivalent"],
         "p": p,
         "p_holm": p_holm,
         "family": sum(math.isfinite(x) for x in family),
-        "shown": bool(math.isfinite(p_holm) and p_holm < rep.alpha),
+        "detectable": detectable,
+        "withheld": withheld,
+        "exclusions": not_completed(rep, leader) + not_completed(rep, runner),
+        "shown": detectable and withheld is None,
     }
+
+
+def best_withheld(
+    rep: Report, leader: str, runner: str, lead: dict[str, Any], detectable: bool
+) -> str | None:
+    """Why no best design is named whatever the leader's test says (a phrase), or None: the
+    baseline has no completed run (every variant is then measured against nothing), or a
+    detectable lead (``lead``: runner-up − leader, :func:`paired_difference`, nats/token) whose
+    mean is not beyond the study's margin (a lead the report would call equivalent)."""
+    if not rep.included(rep.baseline):
+        n = sum(r.label == rep.baseline for r in rep.runs)
+        return (
+            f"the baseline `{rep.baseline}` has no completed run ({n} excluded, see Excluded "
+            "runs): no variant is measured against it"
+        )
+    if detectable and not lead["mean"] > rep.margin:
+        tost = " (TOST: equivalent)" if lead["equivalent"] else ""
+        return (
+            f"the lead of `{leader}` over `{runner}`, {lead['mean']:+.4f} nats/token, is inside "
+            f"the study's margin ±{rep.margin:g}{tost}, within which the report calls variants "
+            "equivalent"
+        )
+    return None
+
+
+def not_completed(rep: Report, label: str) -> list[str]:
+    """The seeds of the study (those of every run) that variant ``label`` did not complete, as
+    ``"`label` seed S: reason"``: its run's exclusion reason, or ``no run`` (a seed it has no
+    run of that trained). In a tuned study only its runs at its own best learning rate count."""
+    runs = [r for r in rep.runs if r.label == label]
+    if rep.tuned is not None:
+        runs = [r for r in runs if run_lr(r) == rep.tuned["best"].get(label)]
+    out = [f"`{label}` seed {r.seed}: {r.excluded}" for r in runs if r.excluded is not None]
+    missing = {r.seed for r in rep.runs if r.seed is not None} - {r.seed for r in runs}
+    return out + [f"`{label}` seed {s}: no run" for s in sorted(missing, key=str)]

@@ -265,14 +265,19 @@ def law_value(law: dict[str, Any], compute: np.ndarray) -> np.ndarray:
     return e + law["A"] * (np.asarray(compute, float) / law["c0"]) ** -law["alpha"]
 
 
+def usable(point: dict[str, Any]) -> bool:
+    """Whether a point of :attr:`Ladder.points` can enter a law: a training compute > 0 (nan
+    when the run records no ``params`` or tokens) and a finite final loss."""
+    return point["compute"] > 0 and math.isfinite(point["loss"])
+
+
 def size_means(points: list[dict[str, Any]], shapes: list[str]) -> list[dict[str, Any]]:
     """Per shape of ``shapes`` (in that order, smallest first), the mean of one variant's runs
     there (``points``: :attr:`Ladder.points`): ``{"shape", "compute"`` (geometric mean, FLOPs),
     ``"loss"`` (mean, nats/token), ``"losses"``, ``"n"}``; a shape without a finite run left out."""
     out = []
     for shape in shapes:
-        pts = [p for p in points if p["shape"] == shape]
-        pts = [p for p in pts if p["compute"] > 0 and math.isfinite(p["loss"])]
+        pts = [p for p in points if p["shape"] == shape and usable(p)]
         if pts:
             losses = [p["loss"] for p in pts]
             c = float(np.exp(np.mean(np.log([p["compute"] for p in pts]))))
@@ -338,16 +343,25 @@ def ladder_law(points: list[dict[str, Any]], shapes: list[str], alpha: float) ->
     return {**law, "means": means, "runs": runs, **extra}
 
 
-def law_sizes(sizes: list[dict[str, Any]], labels: list[str]) -> tuple[list[str], dict[str, str]]:
-    """The shapes of ``sizes`` where every variant of ``labels`` has a completed run (the laws'
-    sizes, so that the variants' laws span the same sizes), and per other shape why not."""
+def law_sizes(
+    shapes: list[str], points: dict[str, list[dict[str, Any]]]
+) -> tuple[list[str], dict[str, str]]:
+    """The shapes (of ``shapes``, in order) where every variant of ``points`` (per label,
+    :attr:`Ladder.points`) has a :func:`usable` point: the laws' sizes, so that every variant's
+    law spans the same sizes and their alphas compare. Per other shape, why not: the variants
+    with no completed run there, and those whose runs there record no training compute."""
     keep, left_out = [], {}
-    for s in sizes:
-        missing = [lab for lab in labels if not included(s, lab)]
-        if missing:
-            left_out[s["shape"]] = "no completed run of " + ", ".join(missing)
+    for shape in shapes:
+        runs = {lab: [p for p in pts if p["shape"] == shape] for lab, pts in points.items()}
+        absent = [lab for lab, pts in runs.items() if not pts]
+        blind = [lab for lab, pts in runs.items() if pts and not any(map(usable, pts))]
+        why = ["no completed run of " + ", ".join(absent)] if absent else []
+        if blind:
+            why.append(f"no training compute for {', '.join(blind)} (params or tokens unknown)")
+        if why:
+            left_out[shape] = "; ".join(why)
         else:
-            keep.append(s["shape"])
+            keep.append(shape)
     return keep, left_out
 
 
@@ -598,9 +612,9 @@ def build_ladder(
     labels, names = _labels(sizes)
     sizes = [{**s, "names": n} for s, n in zip(sizes, names, strict=True)]
     lad = Ladder(sources, alpha, labels[0], labels, sizes)
-    lad.law_sizes, lad.left_out = law_sizes(sizes, labels)
+    lad.points = {lab: _points(sizes, lab) for lab in labels}
+    lad.law_sizes, lad.left_out = law_sizes([s["shape"] for s in sizes], lad.points)
     for lab in labels:
-        lad.points[lab] = _points(sizes, lab)
         lad.laws[lab] = ladder_law(lad.points[lab], lad.law_sizes, alpha)
     for lab in labels[1:]:
         lad.trends[lab] = _trend(lad, lab)

@@ -221,29 +221,68 @@ def render_compute(rep: Report) -> list[str]:
     ]
 
 
+def _untimed_text(plan: dict[str, Any]) -> str:
+    """Why the pilot of ``plan`` (:func:`~normlab.report.compare.plan_study`) has no step time,
+    and the ``max_steps`` that would time it (:func:`~normlab.report.compare.untimed`)."""
+    u = plan["untimed"]
+    warmup, diag, need = u["warmup"], u["diag_interval"], u["max_steps"]
+    if not u["short"]:
+        return (
+            f"its runs did {fmt(plan['steps'], '.0f')} steps, enough to time, but record no "
+            "step time (`step_time_ms_median` in summary.json), so no hours follow"
+        )
+    why = f"the pilot is too short to time: its runs did {fmt(plan['steps'], '.0f')} steps"
+    if warmup is not None:
+        why += f" and the first {warmup} (the timing warm-up, `timing_warmup_steps`) are not timed"
+    if diag is not None:
+        why += f", nor is a step with diagnostics (every {diag}: `diag_interval`)"
+    why += ", so no run has a step time and no hours follow"
+    if need is not None:
+        return why + (
+            f"; rerun it with max_steps={need} (so that {MIN_STEPS} steps are timed after the "
+            "warm-up) to time it"
+        )
+    if diag == 1:
+        return why + "; rerun it with diag_interval=null (every step had diagnostics) to time it"
+    return why + "; rerun it with more steps than its timing warm-up (not recorded) to time it"
+
+
+def _plan_row(plan: dict[str, Any], r: dict[str, Any], baseline: str) -> str:
+    """One variant's line of :func:`render_plan`: seeds (and hours, when the pilot was timed)
+    at the paired std and at its upper bound."""
+    if r["n"] < 2:
+        return f"  {r['label']} vs {baseline}: n = {r['n']} paired seeds, need >= 2"
+    timed = plan["untimed"] is None
+    seeds = r["seeds"] or "more than 100000"
+    upper = r["seeds_upper"] or "more than 100000"
+    hours, hours_upper = (
+        f", {fmt(h, '.2f')} h" if timed else "" for h in (r["hours"], r["hours_upper"])
+    )
+    tail = f" (seeds x {plan['variants']} variants x one run)" if timed else " (hours: not timed)"
+    return (
+        f"  {r['label']} vs {baseline}: paired std {fmt(r['std'])} (n = {r['n']}): "
+        f"{seeds} seeds{hours}; at the std's {1 - plan['alpha']:.0%} upper bound "
+        f"{fmt(r['std_upper'])}: {upper} seeds{hours_upper}{tail}"
+    )
+
+
 def render_plan(plan: dict[str, Any], baseline: str) -> list[str]:
-    """The lines ``normlab-report --plan`` prints (:func:`~normlab.report.compare.plan_study`)."""
+    """The lines ``normlab-report --plan`` prints (:func:`~normlab.report.compare.plan_study`):
+    the seeds per variant, and the hours when the pilot was timed, else why it was not."""
     over = plan["overhead_s"]
     outside = f" + {over:.1f} s outside training" if math.isfinite(over) else ""
-    out = [
+    one_run = (
+        f"{plan['steps']:g} steps x {plan['step_s'] * 1000:.1f} ms (the pilot's median step)"
+        f"{outside} = {plan['run_s']:.1f} s"
+        if plan["untimed"] is None
+        else f"not timed: {_untimed_text(plan)}"
+    )
+    head = (
         f"plan for a TOST at ±{plan['margin']:g} nats/token, {POWER:.0%} power, alpha = "
         f"{plan['alpha']:g}, {plan['variants']} variants, {plan['steps']:g} steps per run; "
-        f"one run here: {plan['steps']:g} steps x {plan['step_s'] * 1000:.1f} ms (the pilot's "
-        f"median step){outside} = {plan['run_s']:.1f} s"
-    ]
-    for r in plan["rows"]:
-        if r["n"] < 2:
-            out.append(f"  {r['label']} vs {baseline}: n = {r['n']} paired seeds, need >= 2")
-            continue
-        seeds = r["seeds"] or "more than 100000"
-        upper = r["seeds_upper"] or "more than 100000"
-        out.append(
-            f"  {r['label']} vs {baseline}: paired std {fmt(r['std'])} (n = {r['n']}): "
-            f"{seeds} seeds, {fmt(r['hours'], '.2f')} h; at the std's "
-            f"{1 - plan['alpha']:.0%} upper bound {fmt(r['std_upper'])}: {upper} seeds, "
-            f"{fmt(r['hours_upper'], '.2f')} h (seeds x {plan['variants']} variants x one run)"
-        )
-    return out
+        f"one run here: {one_run}"
+    )
+    return [head, *(_plan_row(plan, r, baseline) for r in plan["rows"])]
 
 
 # --- the ladder report (one comparison across model sizes) ---------------------------------------
@@ -259,18 +298,36 @@ def si(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _one_margin(lad: Ladder) -> float | None:
-    """The margin (nats/token) when every size has the same, else None (``--margin-compute``
-    converts it at each size's own end slope)."""
+def one_margin(lad: Ladder) -> float | None:
+    """The margin (nats/token) every size used, or None when each size has its own:
+    ``--margin-compute`` converts its fraction at each size's own baseline slope."""
+    if any(s["report"].margin_compute is not None for s in lad.sizes):
+        return None
     margins = {s["report"].margin for s in lad.sizes}
     return margins.pop() if len(margins) == 1 else None
+
+
+def _ladder_margin(lad: Ladder) -> str:
+    """The header's margin: the one every size used, or that each size has its own (Sizes)."""
+    one = one_margin(lad)
+    if one is not None:
+        return f"±{one:.4g} nats/token at each size"
+    low, high = (f(s["report"].margin for s in lad.sizes) for f in (min, max))
+    span = f"±{low:.4g} to ±{high:.4g} nats/token: see Sizes"
+    fractions = {s["report"].margin_compute for s in lad.sizes}
+    if len(fractions) == 1 and None not in fractions:
+        return (
+            f"per size: ±{fractions.pop():.3g} of effective compute (`--margin-compute`), "
+            f"converted to nats at each size's own baseline slope, so no one margin in nats "
+            f"holds for every size ({span})"
+        )
+    return f"per size ({span})"
 
 
 def _ladder_header(lad: Ladder) -> list[str]:
     links = ", ".join(f"[{s['shape']}]({s['shape']}/report.md)" for s in lad.sizes)
     variants = ", ".join(f"`{lab}`" for lab in lad.labels[1:])
-    one, k = _one_margin(lad), len(lad.law_sizes)
-    margin = f"±{one:.4g} nats/token at each size" if one is not None else "per size (Sizes)"
+    k = len(lad.law_sizes)
     return [
         "# normlab ladder report",
         "",
@@ -279,7 +336,7 @@ def _ladder_header(lad: Ladder) -> list[str]:
         f"each kind at its own best learning rate, model size). `{lad.baseline}` against "
         f"{variants} at {len(lad.sizes)} sizes, paired by seed within each size; each size's "
         f"full report: {links}.",
-        f"- Margin: {margin}; alpha = {lad.alpha:g}.",
+        f"- Margin: {_ladder_margin(lad)}; alpha = {lad.alpha:g}.",
         "- N: `summary.json`'s `params` (`model.num_params`: every weight but the position "
         "embedding; the token embedding, tied with the head, counted once). Training compute C "
         "= (6 N + 12 L d T) FLOPs per token (`GPT.flops_per_token`: Kaplan et al. 2020) x the "
@@ -293,18 +350,21 @@ def _ladder_header(lad: Ladder) -> list[str]:
 
 
 def _ladder_sizes(lad: Ladder) -> list[str]:
-    one = _one_margin(lad)
+    """Per size: N, tokens, compute, runs, its own margin and the baseline slope that converted
+    it (when the sizes have no one margin: :func:`one_margin`), and whether the laws use it."""
+    one = one_margin(lad)
     rows = []
     for s in lad.sizes:
-        runs = s["report"].runs
-        done = sum(r.excluded is None for r in runs)
+        rep = s["report"]
+        done = sum(r.excluded is None for r in rep.runs)
         why = lad.left_out.get(s["shape"])
         row = [s["shape"], si(s["params"]), si(s["tokens"]), fmt(s["tokens"] / s["params"], ".3g")]
-        row += [fmt(s["compute"], ".3g"), f"{done}/{len(runs)}"]
-        row += [] if one is not None else [f"±{s['report'].margin:.4g}"]
+        row += [fmt(s["compute"], ".3g"), f"{done}/{len(rep.runs)}"]
+        if one is None:
+            row += [f"±{rep.margin:.4g}", f"{fmt(rep.slope, '.3g')} ({rep.slope_source})"]
         rows.append([*row, "yes" if why is None else f"**no**: {why}"])
     head = ["size (layers x width)", "N", "tokens", "tokens / N", "C (FLOPs)", "runs completed"]
-    head += [] if one is not None else ["margin (nats/token)"]
+    head += [] if one is not None else ["margin (nats/token)", "baseline slope (nats/e-fold)"]
     return ["", "## Sizes", "", *table([*head, "in the laws"], rows)]
 
 
@@ -471,6 +531,80 @@ def render_ladder(lad: Ladder) -> str:
 def _skipped(rep: Report) -> str:
     """The run dirs that never trained, each with its reason, on one line."""
     return "; ".join(f"`{run.name}` ({why})" for run, why in rep.skipped)
+
+
+# --- an unfinished sweep -------------------------------------------------------------------------
+
+#: At most this many jobs of an unfinished sweep are named in each list; the rest are counted.
+JOBS_NAMED = 20
+
+
+def _jobs(rows: list[tuple[int, str, str]], why: bool, code: bool) -> str:
+    """``job N (overrides: why)`` for each of ``rows`` (at most :data:`JOBS_NAMED`)."""
+    q = "`" if code else ""
+    named = []
+    for num, swept, reason in rows[:JOBS_NAMED]:
+        shown = [f"{q}{swept}{q}"] if swept else []
+        inner = ": ".join(shown + ([reason] if why else []))
+        named.append(f"job {num} ({inner})" if inner else f"job {num}")
+    more = f" and {len(rows) - JOBS_NAMED} more" if len(rows) > JOBS_NAMED else ""
+    return ", ".join(named) + more
+
+
+def unfinished_text(u: dict[str, Any], code: bool = True) -> str:
+    """One unfinished sweep (:func:`~normlab.report.runs.unfinished_sweep`) in one line: how many
+    jobs its record lists and how many ended, which did not finish (and why) and which never
+    started, by Hydra's job numbers with their swept overrides (as code when ``code``)."""
+    never, unfinished = u["never_started"], u["unfinished"]
+    q = "`" if code else ""
+    parts = [
+        f"its {q}multirun.yaml{q} lists {u['jobs']} jobs (numbered from 0, as its job dirs), "
+        f"{u['jobs'] - len(never) - len(unfinished)} ended"
+    ]
+    if unfinished:
+        parts.append(f"{len(unfinished)} did not finish: {_jobs(unfinished, True, code)}")
+    if never:
+        parts.append(f"{len(never)} never started: {_jobs(never, False, code)}")
+    return "; ".join(parts)
+
+
+def unfinished_notes(rep: Report) -> list[str]:
+    """What ``normlab-report`` prints of each unfinished sweep: one line with its jobs and the
+    command that continues it."""
+    return [
+        f"warning: unfinished sweep {u['dir']}: {unfinished_text(u, code=False)}; "
+        f"continue it with: {u['command']}"
+        for u in rep.unfinished
+    ]
+
+
+def render_unfinished(rep: Report) -> list[str]:
+    """``## Unfinished sweep`` for each source sweep whose record lists jobs that never started
+    or did not finish: which (:func:`unfinished_text`), that the report holds only the runs that
+    ended, and the command that continues the sweep."""
+    out = []
+    for u in rep.unfinished:
+        text = unfinished_text(u)
+        left = (
+            " Left out of the command (they name code to import, or hold control characters): "
+            + ", ".join(f"`{o!r}`" for o in u["left_out"])
+            + "."
+            if u["left_out"]
+            else ""
+        )
+        out += [
+            "",
+            f"## Unfinished sweep: `{u['dir']}`",
+            "",
+            f"{text[0].upper()}{text[1:]}. This report holds only the runs that ended. Continue "
+            "the sweep with the command below (`resume=auto`: a job that completed does nothing, "
+            f"one that was stopped continues from its checkpoint, the others start).{left}",
+            "",
+            "```",
+            u["command"],
+            "```",
+        ]
+    return out
 
 
 def _variants(rep: Report) -> list[str]:
@@ -653,9 +787,11 @@ def _family(rep: Report) -> list[str]:
 
 
 def best_text(rep: Report) -> str:
-    """Whether the family shows a best design (:func:`~normlab.report.compare.best_design`): the
-    leader named best only when its lead over the runner-up is tested; else "no variant is
-    shown best". Empty for a single comparison."""
+    """Whether the family shows a best design (:func:`~normlab.report.compare.best_design`), in
+    one sentence: the leader named best only when its lead over the runner-up is tested, with
+    the two's seeds that did not complete named in the same sentence; "no best design" with the
+    reason that withholds it (a baseline with no completed run, a lead inside the margin); else
+    "no variant is shown best". Empty for a single comparison."""
     b = best_design(rep)
     if b is None:
         return ""
@@ -666,11 +802,21 @@ def best_text(rep: Report) -> str:
         f"p = {fmt(b['p'], '.3g')}, Holm-adjusted over the family's {b['family']} tests "
         f"p = {fmt(b['p_holm'], '.3g')}"
     )
+    if b["withheld"]:
+        return f"**No best design:** {b['withheld']} ({test})."
+    over = (
+        f", over the seeds that completed (left out: {'; '.join(b['exclusions'])})"
+        if b["exclusions"]
+        else ""
+    )
     if b["shown"]:
-        return f"**Best design: `{b['leader']}`**, ahead of the runner-up ({test} < {rep.alpha:g})."
+        return (
+            f"**Best design: `{b['leader']}`**, ahead of the runner-up ({test} < {rep.alpha:g})"
+            f"{over}."
+        )
     return (
         f"**No variant is shown best:** the lowest mean final loss, `{b['leader']}`, is not "
-        f"shown ahead of the runner-up `{b['runner_up']}` ({test}; needs < {rep.alpha:g})."
+        f"shown ahead of the runner-up `{b['runner_up']}` ({test}; needs < {rep.alpha:g}){over}."
     )
 
 
@@ -754,6 +900,21 @@ def _joined(values: list[str], unset: str = "not recorded") -> str:
     return " / ".join(f"`{v}`" for v in shown) if shown else unset
 
 
+def _schedule_text(st: dict[str, list[str]]) -> str:
+    """The lr schedule after warm-up as the runs set it: ``cosine`` (runs before 2026-12-03
+    recorded no ``optim.schedule``: theirs was cosine), or ``wsd`` with its decay's fraction and
+    shape and the cool-down branches (``optim.anneal_at``); whether it decays at all."""
+    kinds = [v for v in st["optim.schedule"] if v not in ("None", "")] or ["cosine"]
+    text = f"schedule {' / '.join(f'`{k}`' for k in kinds)}"
+    if "wsd" in kinds:
+        text += (
+            f" (decay over the last {_joined(st['optim.decay_fraction'])} of each budget, shape "
+            f"{_joined(st['optim.decay_shape'])}; cool-down branches at "
+            f"{_joined(st['optim.anneal_at'], 'none')} of the run)"
+        )
+    return f"{text}, decay {_joined(st['optim.decay'])}"
+
+
 def _params(c: dict[str, Any]) -> str:
     """``N parameters`` when every variant has N; else each variant's count (no median of two
     counts that no run has)."""
@@ -808,8 +969,8 @@ def render_context(rep: Report) -> list[str]:
         f"{_joined(st['data.batch_size'])}; tokens seen {fmt(c['tokens_seen'], ',.0f')} per run "
         f"(median), {fmt(c['epochs'], '.3g')} epochs of the training split",
         f"- Schedule: peak lr {_joined(st['optim.lr'])}, min lr {_joined(st['optim.min_lr'])}, "
-        f"warm-up {_joined(st['optim.warmup_steps'])} steps, cosine decay "
-        f"{_joined(st['optim.decay'])}, weight decay {_joined(st['optim.weight_decay'])} "
+        f"warm-up {_joined(st['optim.warmup_steps'])} steps, {_schedule_text(st)}, "
+        f"weight decay {_joined(st['optim.weight_decay'])} "
         f"(norm gains: {_joined(st['optim.norm_weight_decay'], '`none`')}); "
         f"max_steps {_joined(st['max_steps'])}, "
         f"max_time_s {_joined(st['max_time_s'], 'none (no time budget)')}",
@@ -1284,7 +1445,8 @@ def _figures(rep: Report) -> list[str]:
 
 def render_markdown(rep: Report) -> str:
     """The report as Markdown (losses in nats/token, times in ms)."""
-    lines = [*_header(rep), *render_compute(rep), *render_context(rep), *_variants(rep)]
+    lines = [*_header(rep), *render_unfinished(rep), *render_compute(rep), *render_context(rep)]
+    lines += _variants(rep)
     lines += render_outcome(rep)
     lines += [*_verdict(rep), *_paired_table(rep), *_family(rep), *render_tuned(rep)]
     lines += render_bpb(rep)

@@ -12,6 +12,7 @@ display nor changes the pyplot backend of the calling process. Losses in nats/to
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from normlab.report.compare import (
     time_curves,
 )
 from normlab.report.ladder import Ladder, law_value, trend_value
-from normlab.report.runs import Run
+from normlab.report.runs import Run, write_atomic
 from normlab.report.series import (
     Diag,
     aggregate,
@@ -68,12 +69,19 @@ def zoom_to_losses(ax: Any, curves: list[tuple[np.ndarray, np.ndarray]]) -> None
         ax.set_ylim(lo, hi)
 
 
+def _save(fig: Figure, path: Path) -> Path:
+    """Render ``fig`` (a PNG at 120 dpi) and replace ``path`` with it atomically, never through a
+    link (:func:`~normlab.report.runs.write_atomic`); returns ``path``."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    return write_atomic(path, buf.getvalue())
+
+
 def _finish(fig: Figure, ax: Any, path: Path, title: str, xlabel: str, ylabel: str) -> Path:
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, path)
 
 
 def _mark(fig: Figure, ax: Any, mark: str | None) -> None:
@@ -177,8 +185,7 @@ def plot_step_times(
     )
     ax.grid(axis="y", alpha=0.3)
     _mark(fig, ax, mark)
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, path)
 
 
 def plot_val_diff(rep: Report, path: Path) -> Path | None:
@@ -322,8 +329,7 @@ def plot_resid_depth(diag: Diag, path: Path) -> Path | None:
     if positive:
         axes[0].set_yscale("log")
     fig.suptitle("Residual-stream RMS vs depth (mean over runs)")
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, path)
 
 
 def plot_gains(diag: Diag, path: Path) -> Path | None:
@@ -357,8 +363,7 @@ def plot_gains(diag: Diag, path: Path) -> Path | None:
     fig.suptitle(
         "Norm gains over training: mean per norm, band min–max of its elements (over runs)"
     )
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(fig, path)
 
 
 def write_diag_figures(diag: Diag, out_dir: Path) -> dict[str, Path | None]:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import itertools
 import json
 import math
 import os
 import re
+import shlex
 import stat
 import tempfile
 import zlib
@@ -29,6 +31,15 @@ from typing import Any
 import yaml
 
 from normlab.config import norm_table
+from normlab.config.files import (
+    ROWS_MAX_BYTES,
+    RunFileError,
+    depth,
+    load_json,
+    load_yaml,
+    read_limited,
+    yaml_text,
+)
 from normlab.config.schedule import norm_tag
 
 NAN = float("nan")
@@ -175,14 +186,23 @@ def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of ``path``, one a line (``metrics.jsonl``, ``annealed.jsonl``), as
-    written; blank, truncated (a killed run's last) and non-object lines are skipped."""
+    written; blank, truncated (a killed run's last), non-object and too deeply nested lines are
+    skipped.
+
+    Raises:
+        ReportError: ``path`` is not a regular file of at most ``ROWS_MAX_BYTES``.
+    """
+    try:
+        text = read_limited(path, ROWS_MAX_BYTES).decode(errors="replace")
+    except (OSError, RunFileError) as e:
+        raise ReportError(f"cannot read {path}: {e}") from None
     rows = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             row = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
-        if isinstance(row, dict):
+        if isinstance(row, dict) and depth(row) <= SERIES_MAX_DEPTH:
             rows.append(row)
     return rows
 
@@ -196,7 +216,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
             under its new or old name (not written by ``train``).
     """
     rows = [normalise_row(r) for r in read_rows(path)]
-    has_lines = bool(rows) or any(ln.strip() for ln in path.read_text().splitlines())
+    has_lines = bool(rows) or bool(path.read_bytes().strip())  # read_rows checked its size
     if has_lines and not any("step" in r and any(k in r for k in KNOWN_METRICS) for r in rows):
         names = ", ".join(KNOWN_METRICS) + " (or the old " + ", ".join(METRIC_RENAMES) + ")"
         raise ReportError(f"cannot read {path}: no row has 'step' and one of {names}")
@@ -220,19 +240,32 @@ def corpus_name_problem(run: Run) -> str | None:
 
 
 def _yaml(path: Path) -> Any:
+    """A run dir's YAML file within the limits of :mod:`normlab.config.files` (None if absent).
+
+    Raises:
+        ReportError: one line naming ``path``: not YAML, too big, an alias, too deep.
+    """
     try:
-        return yaml.safe_load(path.read_text()) if path.exists() else None
-    except yaml.YAMLError as e:
+        return load_yaml(path) if path.exists() else None
+    except (OSError, RunFileError, yaml.YAMLError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ReportError(f"cannot read {path}: {first}") from None
 
 
 def _summary(path: Path) -> dict[str, Any] | None:
+    """``summary.json`` within the limits of :mod:`normlab.config.files`; None when absent or
+    not JSON (a version that wrote it in place, killed while writing).
+
+    Raises:
+        ReportError: one line naming ``path``: too big, too deep, not an object.
+    """
     if not path.exists():
         return None
     try:
-        summary = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        summary = load_json(path)
+    except (OSError, RunFileError) as e:
+        raise ReportError(f"cannot read {path}: {e}") from None
+    except ValueError:
         return None  # a run killed while writing it did not finish
     if not isinstance(summary, dict):
         raise ReportError(f"cannot read {path}: a JSON object was expected")
@@ -371,8 +404,9 @@ def series_record(run: Run) -> dict[str, Any]:
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in its folder (created) and a rename:
-    a reader never sees half a file, and a link at ``path`` is replaced, never written through.
+    """Write ``data`` to ``path`` through a temporary file in its folder (created; the file
+    ``O_EXCL | O_NOFOLLOW``, by ``mkstemp``), fsynced, then renamed over ``path``: a reader never
+    sees half a file, and a link at ``path`` is replaced, never written through.
 
     Raises:
         OSError: the folder cannot be created or written, or ``path`` is a directory.
@@ -385,6 +419,8 @@ def write_atomic(path: Path, data: bytes) -> Path:
         os.fchmod(fd, 0o666 & ~umask)  # as open() would make it, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -468,24 +504,13 @@ def read_series(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _depth(doc: Any) -> int:
-    """How deep JSON containers nest in ``doc`` (a scalar: 0), without recursion."""
-    deepest, stack = 0, [(doc, 1)]
-    while stack:
-        node, d = stack.pop()
-        if isinstance(node, (dict, list)):
-            deepest = max(deepest, d)
-            stack += [(c, d + 1) for c in (node.values() if isinstance(node, dict) else node)]
-    return deepest
-
-
 def series_problem(doc: Any) -> str | None:
     """What makes ``doc`` (a parsed series file) unreadable, in a few words, or None."""
     if not isinstance(doc, dict) or doc.get("format") != SERIES_FORMAT:
         return f"not a series file (a JSON object with format {SERIES_FORMAT!r})"
     if doc.get("version") != SERIES_VERSION:
         return f"series version {doc.get('version')!r}: this normlab reads {SERIES_VERSION}"
-    if _depth(doc) > SERIES_MAX_DEPTH:
+    if depth(doc) > SERIES_MAX_DEPTH:
         return f"nested deeper than {SERIES_MAX_DEPTH}"
     ok = isinstance(doc.get("runs"), list) and isinstance(doc.get("options", {}), dict)
     if not ok or not isinstance(doc.get("step_bench"), (dict, type(None))):
@@ -654,7 +679,18 @@ def _effect(run: Run, key: str, override: str | None) -> str:
         return _canon(sub)
     if override is None:
         return "<unset>"
-    return _canon(yaml.safe_load(override.split("=", 1)[1]) if "=" in override else override)
+    return override_value(override) if "=" in override else _canon(override)
+
+
+def override_value(override: str) -> str:
+    """The value of ``key=value`` as YAML reads it, canonical (``False`` and ``false`` are one
+    value); its text when YAML refuses it. A run dir's text: no alias expands it
+    (:mod:`normlab.config.files`)."""
+    value = override.split("=", 1)[1]
+    try:
+        return _canon(yaml_text(value))
+    except (RunFileError, yaml.YAMLError):
+        return _canon(value)
 
 
 def _label_overrides(run: Run, ignore: tuple[str, ...] = ()) -> dict[str, str]:
@@ -783,13 +819,26 @@ def choose_baseline(runs: list[Run], requested: str | None = None) -> str:
     return layer[0] if len(layer) == 1 else labels[0]
 
 
+def _left_out(labels: list[str]) -> str:
+    """The warning that the confound checks leave out ``labels`` (variants with no included run)."""
+    each = ", ".join(f"`{lab}`" for lab in labels)
+    settings = ", ".join(CONFOUNDS.values())
+    return (
+        f"the checks that the variants agree in {settings} leave out {each}: no included run "
+        "(see Excluded runs), so no value to compare"
+    )
+
+
 def confounds(runs: list[Run], labels: list[str]) -> list[str]:
     """One warning per setting of :data:`CONFOUNDS` whose resolved value differs between the
     variants ``labels`` (``norm.impl`` as the run resolved it, see :meth:`Run.resolved`), and one
     when variants of different ``norm.kind`` use an implementation outside
-    :data:`SAME_CODE_FOR_EVERY_KIND`."""
+    :data:`SAME_CODE_FOR_EVERY_KIND`. A label with no run in ``runs`` has no value to differ
+    in: it is left out of the checks, and one warning names it."""
     by_label = {lab: [r for r in runs if r.label == lab] for lab in labels}
-    out = []
+    empty = [lab for lab, rs in by_label.items() if not rs]
+    by_label = {lab: rs for lab, rs in by_label.items() if rs}
+    out = [_left_out(empty)] if empty else []
     for key, what in CONFOUNDS.items():
         values = {lab: sorted({str(r.resolved(key)) for r in rs}) for lab, rs in by_label.items()}
         if len({tuple(v) for v in values.values()}) > 1:
@@ -810,3 +859,182 @@ def confounds(runs: list[Run], labels: list[str]) -> list[str]:
             f"norm.impl={' or '.join(SAME_CODE_FOR_EVERY_KIND)}"
         )
     return out
+
+
+# --- an unfinished sweep: the jobs its own record lists ------------------------------------------
+
+#: A sweep record (``multirun.yaml``) that lists more jobs than this is not expanded.
+MAX_SWEEP_JOBS = 10_000
+#: The statuses of a run that ended, whatever its outcome; a job whose run dir has none of them
+#: (no ``summary.json``, ``running``, ``interrupted``) did not finish: killed, or still running.
+ENDED = ("completed", "diverged", "failed", "refused")
+#: Overrides the command that continues a sweep sets itself (:func:`continue_command`).
+CONTINUE_SETS = ("resume", "hydra.sweep.dir", "hydra.mode")
+
+
+def split_top(text: str) -> list[str]:
+    """``text`` split at the commas outside brackets, parentheses and quotes, as Hydra's
+    grammar splits a sweep (``a,[b,c]`` -> ``a``, ``[b,c]``); each part stripped."""
+    parts, level, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            level += 1
+        elif ch in ")]}":
+            level -= 1
+        elif ch == "," and level == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    return [*parts, text[start:].strip()]
+
+
+def sweep_values(value: str) -> list[str] | None:
+    """The values an override's ``value`` sweeps as Hydra's BasicSweeper expands them: a comma
+    list, ``choice(...)``, ``range(start, stop[, step])`` of ints; else the one value. None for
+    a sweep this does not expand (``glob``, ``interval``, ``sort``, ``shuffle``, a float range)
+    or one of more than :data:`MAX_SWEEP_JOBS` values."""
+    call = re.fullmatch(r"(\w+)\((.*)\)", value.strip(), re.S)
+    if call is None:
+        return split_top(value)
+    if call[1] == "choice":
+        return split_top(call[2])
+    if call[1] != "range":
+        return None
+    try:
+        values = range(*(int(a) for a in split_top(call[2])))
+    except (TypeError, ValueError):
+        return None
+    return [str(x) for x in values] if len(values) <= MAX_SWEEP_JOBS else None
+
+
+def _at(node: Any, *keys: str) -> Any:
+    """``node[k1][k2]...`` through dicts only; None where a level is missing or not a dict."""
+    for k in keys:
+        node = node.get(k) if isinstance(node, dict) else None
+    return node
+
+
+def sweep_record(sweep_dir: Path) -> dict[str, Any] | None:
+    """What the sweep's own record (``multirun.yaml``, written by Hydra when the sweep starts)
+    says of its jobs: ``task`` and ``hydra``, its command line's overrides; ``jobs``, each job's
+    overrides, in the order of Hydra's job numbers (BasicSweeper's: one slot per key,
+    ``hydra.sweeper.params`` first and the command line after, a key given again replacing its
+    slot's values, the last slot varying fastest); ``swept``, the keys with more than one value.
+    None without a record listing ``hydra.overrides.task``, or with a sweep this does not
+    expand (:func:`sweep_values`).
+
+    Raises:
+        ReportError: ``multirun.yaml`` cannot be read (:mod:`normlab.config.files`' limits).
+    """
+    hydra = _at(_yaml(sweep_dir / "multirun.yaml"), "hydra")
+    task, params = _at(hydra, "overrides", "task"), _at(hydra, "sweeper", "params") or {}
+    if not isinstance(task, list) or not isinstance(params, dict):
+        return None
+    slots: dict[str, list[str]] = {}
+    for o in [f"{k}={v}" for k, v in params.items()] + [str(o) for o in task]:
+        key, eq, value = o.partition("=")
+        values = sweep_values(value) if eq else [None]
+        if values is None:
+            return None
+        slots[key] = [o if v is None else f"{key}={v}" for v in values]
+    if math.prod(len(v) for v in slots.values()) > MAX_SWEEP_JOBS:
+        return None
+    own = _at(hydra, "overrides", "hydra")
+    return {
+        "task": [str(o) for o in task],
+        "hydra": [str(o) for o in own] if isinstance(own, list) else [],
+        "jobs": [list(job) for job in itertools.product(*slots.values())],
+        "swept": [override_key(k) for k, v in slots.items() if len(v) > 1],
+    }
+
+
+def hydra_quoted(value: str) -> str:
+    """``value`` as one value of Hydra's override grammar: bare when it is a plain path, else
+    single-quoted, quotes escaped and backslashes doubled only where they precede a quote or
+    the end (as ``train``'s command line quotes a path)."""
+    if re.fullmatch(r"[\w/.+-]+", value, re.ASCII):
+        return value
+    body = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)
+    return f"'{body}'"
+
+
+def continue_command(sweep_dir: Path, record: dict[str, Any]) -> tuple[str, list[str]]:
+    """The shell command that continues the sweep in ``sweep_dir``, and the overrides of its
+    record left out of it. The command: ``train -m`` with the sweep's own overrides (its record's
+    command line, :func:`sweep_record`), ``hydra.sweep.dir`` set to ``sweep_dir`` (absolute) and
+    ``resume=auto``, with which a job that completed does nothing, one that was stopped
+    continues from its checkpoint and one that never started starts. Left out: overrides that
+    name a ``_target_`` (code Hydra would import: a run dir is data) or hold a control
+    character."""
+    given = [o for o in record["task"] + record["hydra"] if override_key(o) not in CONTINUE_SETS]
+    kept = [o for o in given if "_target_" not in o and o.isprintable()]
+    where = f"hydra.sweep.dir={hydra_quoted(str(sweep_dir.resolve()))}"
+    words = ["train", "-m", *kept, where, "resume=auto"]
+    return " ".join(shlex.quote(w) for w in words), [o for o in given if o not in kept]
+
+
+def job_value(override: str) -> str:
+    """The value of ``key=value`` as a job's record compares: a number as a float (Hydra writes a
+    swept ``1e-3`` into the job's ``overrides.yaml`` as ``0.001``), else :func:`override_value`."""
+    try:
+        return _canon(float(override.split("=", 1)[1]))
+    except ValueError:
+        return override_value(override)
+
+
+def _why_unfinished(run: Run) -> str:
+    """Why a job's run did not finish, in a few words."""
+    status = (run.summary or {}).get("status")
+    if run.summary is None:
+        return "no summary.json"
+    if status == "interrupted":
+        return f"interrupted at step {run.summary.get('interrupted_at_step', '?')}"
+    return f"status {status!r}: killed, or still running"
+
+
+def unfinished_sweep(sweep_dir: Path, runs: list[Run]) -> dict[str, Any] | None:
+    """The jobs of the sweep in ``sweep_dir`` (:func:`sweep_record`) that never started (no run
+    dir of ``runs`` below it has the job's swept overrides) or did not finish (its run has no
+    status of :data:`ENDED`), and the command that continues the sweep
+    (:func:`continue_command`); None when every job ended or the record lists no jobs.
+
+    Returns:
+        ``dir``, ``jobs`` (how many the record lists), ``never_started`` and ``unfinished``
+        (``(job number, its swept overrides, why)``, Hydra's numbers from 0), ``command``,
+        ``left_out`` (overrides the command leaves out).
+
+    Raises:
+        ReportError: ``multirun.yaml`` cannot be read.
+    """
+    record = sweep_record(sweep_dir)
+    if record is None:
+        return None
+    root = sweep_dir.resolve()
+    own = [
+        (r, {override_key(o): job_value(o) for o in r.overrides if "=" in o})
+        for r in runs
+        if root in r.path.resolve().parents
+    ]
+    never, unfinished = [], []
+    for num, job in enumerate(record["jobs"]):
+        swept = [o for o in job if override_key(o) in record["swept"]]
+        want = {override_key(o): job_value(o) for o in swept}
+        run = next((r for r, got in own if all(got.get(k) == v for k, v in want.items())), None)
+        if run is None:
+            never.append((num, " ".join(swept), "never started"))
+        elif (run.summary or {}).get("status") not in ENDED:
+            unfinished.append((num, " ".join(swept), _why_unfinished(run)))
+    if not never and not unfinished:
+        return None
+    command, left_out = continue_command(sweep_dir, record)
+    return {
+        "dir": sweep_dir,
+        "jobs": len(record["jobs"]),
+        "never_started": never,
+        "unfinished": unfinished,
+        "command": command,
+        "left_out": left_out,
+    }

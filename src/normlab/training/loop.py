@@ -40,18 +40,27 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from normlab.config import RunOptions, TrainConfig
+from normlab.config import ConfigError, RunOptions, TrainConfig
 from normlab.config.schedule import norm_tag
+from normlab.data.corpus import DataError
 from normlab.training import distributed
 from normlab.training import step as training_step
 from normlab.training.anneal import Annealer, open_annealer
 from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
 from normlab.training.diagnostics import ActivationRecorder, gain_stats
 from normlab.training.evaluation import TextSamples, eval_row
+from normlab.training.lock import own_run_dir
 from normlab.training.metrics import NAMES, Limits, MetricsBuffer, SpikeCounter
-from normlab.training.record import RunRecord, start_record, write_summary
+from normlab.training.precision import calibration_skips_max
+from normlab.training.record import RunRecord, failed_summary, start_record, write_summary
 from normlab.training.resume import rng_state
-from normlab.training.setup import Run, build_run, describe_error, free_memory
+from normlab.training.setup import (
+    Run,
+    build_run,
+    describe_error,
+    forbid_eager_fallback,
+    free_memory,
+)
 from normlab.training.step import lr_at
 from normlab.training.tracking import MetricsLogger, NoSink, StepTimer, variant_label
 
@@ -64,36 +73,60 @@ def train(
     cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None, downstream: Any = None
 ) -> dict[str, Any]:
     """Train one model as ``cfg`` says; write ``metrics.jsonl``, ``summary.json`` and checkpoints
-    in ``run_dir``. ``downstream``: the :class:`normlab.evals.DownstreamEval` of ``cfg.eval_tasks``
-    (required with them, refused without), scored at every evaluation.
+    in ``run_dir``, which this process owns for the run (:func:`~normlab.training.lock.
+    own_run_dir`). ``downstream``: the :class:`normlab.evals.DownstreamEval` of
+    ``cfg.eval_tasks`` (required with them, refused without), scored at every evaluation.
 
     Returns the summary (also written to ``run_dir/summary.json``): ``status`` is ``completed``;
     ``diverged`` (a non-finite loss or gradient norm, a loss above ``max_loss`` or above
-    ``divergence_factor`` x the first loss, or more than ``max_skipped_fraction`` of the steps
-    skipped by the fp16 grad scaler); ``interrupted`` (SIGTERM, SIGINT or SIGUSR2: a checkpoint
-    was saved) or ``failed`` (an exception, re-raised). Whatever the outcome, the wandb run is
+    ``divergence_factor`` x the first loss, the fp16 grad scaler skipping every step or more
+    than ``max_skipped_fraction`` of those after its start-up calibration); ``interrupted``
+    (SIGTERM, SIGINT or SIGUSR2: a checkpoint was saved) or ``failed`` (an exception, re-raised;
+    one before the run started too: :func:`start`). Whatever the outcome, the wandb run is
     closed and memory is released (:func:`~normlab.training.setup.free_memory`, here only).
 
     Raises:
         ConfigError, DataError: bad input, before any training step or file of the run.
+        RunDirBusy (a ConfigError): another live process owns ``run_dir``; nothing is changed.
     """
     opts = opts or RunOptions()
     try:
-        run = build_run(cfg, run_dir, opts, downstream)
-        record, metrics, timer, out = open_run(run, run_dir, opts)
-        try:
-            train_loop(run, record, metrics, timer, out)
-        except KeyboardInterrupt:
-            record.interrupt("SIGINT", checkpointed=False)
-            raise
-        except Exception as e:
-            record.fail(describe_error(e), traceback.format_exc())
-            raise
-        finally:
-            finish(run, record, metrics, timer, out)
-        return record.summary
+        with own_run_dir(run_dir):
+            run, record, metrics, timer, out = start(cfg, run_dir, opts, downstream)
+            try:
+                train_loop(run, record, metrics, timer, out)
+            except KeyboardInterrupt:
+                record.interrupt("SIGINT", checkpointed=False)
+                raise
+            except Exception as e:
+                record.fail(describe_error(e), traceback.format_exc())
+                raise
+            finally:
+                finish(run, record, metrics, timer, out)
+            return record.summary
     finally:
         free_memory()
+
+
+def start(
+    cfg: TrainConfig, run_dir: Path, opts: RunOptions, downstream: Any
+) -> tuple[Run, RunRecord, MetricsBuffer, StepTimer, Outputs]:
+    """:func:`~normlab.training.setup.build_run`, then :func:`open_run`. An exception other than
+    a refusal (ConfigError, DataError: nothing written) leaves ``summary.json`` saying ``failed``
+    (:func:`~normlab.training.record.failed_summary`), as a failure inside the loop does."""
+    try:
+        run = build_run(cfg, run_dir, opts, downstream)
+        return (run, *open_run(run, run_dir, opts))
+    except (ConfigError, DataError):
+        raise
+    except Exception as e:
+        if distributed.is_main():
+            summary = failed_summary(cfg, opts, describe_error(e), traceback.format_exc())
+            try:
+                write_summary(run_dir, summary)
+            except OSError as write_error:  # the run's own exception is the one to see
+                log.error("could not write %s/summary.json (%s)", run_dir, write_error)
+        raise
 
 
 def train_loop(
@@ -102,7 +135,8 @@ def train_loop(
     """The loop: from ``run.start`` to ``max_steps`` or the ``max_time_s`` budget; sets the
     record's status at its end (``completed``, ``diverged`` or ``interrupted``)."""
     cfg, progress = run.cfg, record.progress
-    with distributed.StopSignals() as stop:
+    # compilation never falls back to eager silently, for this run's steps only (no global change)
+    with distributed.StopSignals() as stop, forbid_eager_fallback(cfg):
         if run.start == 0:  # the curves start at the initial model (a resumed run logged it)
             out.log_initial_eval(record, eval_row(run))
         out.anneal.after_step(run, run.start, stop)  # a branch a signal cut before this resume
@@ -240,6 +274,7 @@ class Outputs:
             "last_finite_loss": metrics.last_finite_loss,
             "first_loss": metrics.first_loss,
             "skipped_steps": metrics.skipped_steps,
+            "calibration_skips": metrics.calibration_skips,
             "spikes": metrics.spikes.state(),
             "max_grad_norm": metrics.max_grad_norm,
             "step_times_ms": list(timer.measured_ms),
@@ -282,6 +317,7 @@ def open_run(
         sink = NoSink()
     limits = Limits(
         scaler_enabled=run.scaler.is_enabled(),
+        scaler_calibration=calibration_skips_max(cfg.precision),
         max_loss=opts.max_loss,
         divergence_factor=cfg.divergence_factor,
         vocab_size=cfg.model.vocab_size,
@@ -293,6 +329,7 @@ def open_run(
         first_loss=state.get("first_loss"),
         last_finite_loss=state.get("last_finite_loss"),
         skipped_steps=state.get("skipped_steps", 0),
+        calibration_skips=state.get("calibration_skips", 0),
         spikes=SpikeCounter.from_state(state.get("spikes")),
         max_grad_norm=state.get("max_grad_norm"),
     )

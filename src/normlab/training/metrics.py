@@ -154,9 +154,12 @@ class Limits:
     """What ends a run as diverged (``loop.py``): a non-finite loss; a non-finite gradient norm
     unless an fp16 grad scaler skips that step (``scaler_enabled``); a loss above ``max_loss``; a
     loss above ``divergence_factor * max(first loss, ln vocab_size)`` (the first loss of the run:
-    about ``ln vocab_size`` for a freshly initialised model). None turns a rule off."""
+    about ``ln vocab_size`` for a freshly initialised model). None turns a rule off.
+    ``scaler_calibration``: the most skips at a run's start that are the fp16 scaler's calibration
+    (:func:`normlab.training.precision.calibration_skips_max`)."""
 
     scaler_enabled: bool = False
+    scaler_calibration: int = 0
     max_loss: float | None = None
     divergence_factor: float | None = None
     vocab_size: int = 2
@@ -188,8 +191,11 @@ class MetricsBuffer:
     one transfer (the host sync), and checks every step in order, so divergence is found at the
     step it happened however many steps a flush covers. ``skipped_steps`` counts the steps whose
     gradient norm was non-finite with an fp16 grad scaler: the scaler skipped their optimizer step.
-    ``spikes`` counts loss spikes (:class:`SpikeCounter`); ``max_grad_norm`` is the largest finite
-    global gradient norm before clipping so far (None before the first step).
+    ``calibration_skips`` counts those of them that were its start-up calibration: skips from step
+    1 on, every step before skipped too, at most ``limits.scaler_calibration`` (the scale halving
+    from ``init_scale``); the ``max_skipped_fraction`` rule leaves them out. ``spikes`` counts
+    loss spikes (:class:`SpikeCounter`); ``max_grad_norm`` is the largest finite global gradient
+    norm before clipping so far (None before the first step).
     """
 
     grad_accum: int
@@ -198,6 +204,7 @@ class MetricsBuffer:
     first_loss: float | None = None  # the run's first training loss (kept in checkpoints)
     last_finite_loss: float | None = None
     skipped_steps: int = 0
+    calibration_skips: int = 0
     spikes: SpikeCounter = field(default_factory=SpikeCounter)
     max_grad_norm: float | None = None
     _pending: list[tuple[int, float, float, dict[str, float]]] = field(default_factory=list)
@@ -244,8 +251,17 @@ class MetricsBuffer:
             self._track(step, loss, grad)
             out[-1][NAMES["spikes"]] = self.spikes.count
             self.last_finite_loss = loss
-            self.skipped_steps += self.limits.scaler_enabled and not math.isfinite(grad)
+            self._count_skip(step, grad)
         return out, None
+
+    def _count_skip(self, step: int, grad: float) -> None:
+        """Count step ``step`` (1-based) if the scaler skipped it, as calibration if every step
+        before it was a calibration skip and the scale had not yet halved down to 1."""
+        if not (self.limits.scaler_enabled and not math.isfinite(grad)):
+            return
+        self.skipped_steps += 1
+        if self.calibration_skips == step - 1 and step <= self.limits.scaler_calibration:
+            self.calibration_skips += 1
 
     def _track(self, step: int, loss: float, grad: float) -> None:
         """The run's stability record: the spike count and the largest finite gradient norm."""

@@ -3,12 +3,15 @@
 Parameters and optimizer state stay fp32 in every precision; ``bf16``/``fp16`` run the forward pass
 under ``torch.autocast`` (matmuls in low precision, reductions and softmax in fp32 as autocast
 decides). ``fp16`` adds a ``torch.amp.GradScaler`` against gradient underflow (Micikevicius et al.
-2018, "Mixed Precision Training").
+2018, "Mixed Precision Training"). The scaler starts at ``init_scale`` and halves the scale at each
+step whose gradients overflow, skipping that step: the skips from a run's first step, before any
+step succeeds, are the scaler finding its scale (:func:`calibration_skips_max`), not instability.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 
@@ -60,8 +63,29 @@ def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractC
     return torch.autocast(device_type=device.type, dtype=DTYPES[precision])
 
 
+#: The grad scaler multiplies its scale by this at each skipped step (torch's default).
+BACKOFF = 0.5
+
+
 def grad_scaler(cfg: PrecisionConfig, device: torch.device) -> torch.amp.GradScaler:
     """A GradScaler, enabled only for fp16 (a disabled one passes calls straight through)."""
     return torch.amp.GradScaler(
-        device.type, init_scale=cfg.init_scale, enabled=cfg.dtype == Precision.fp16
+        device.type,
+        init_scale=cfg.init_scale,
+        backoff_factor=BACKOFF,
+        enabled=cfg.dtype == Precision.fp16,
     )
+
+
+def calibration_skips_max(cfg: PrecisionConfig) -> int:
+    """The most skipped steps at the start of a run that are :func:`grad_scaler`'s calibration:
+    it skips step k (1-based, every step before it skipped) at ``init_scale * BACKOFF ** (k - 1)``,
+    and a skip counts as calibration while that scale is above 1 (16 for the default 2^16). Past
+    that, scaling the loss down no longer helps: the overflow is the model's. 0 without a scaler
+    (fp32, bf16)."""
+    if cfg.dtype != Precision.fp16:
+        return 0
+    scale, n = cfg.init_scale, 0
+    while 1.0 < scale < math.inf:
+        n, scale = n + 1, scale * BACKOFF
+    return n

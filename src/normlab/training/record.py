@@ -4,7 +4,8 @@
 (:func:`start_record`), then exactly one of :meth:`~RunRecord.complete` (``completed``, or
 ``diverged`` when the fp16 grad scaler skipped too many steps), :meth:`~RunRecord.diverge`,
 :meth:`~RunRecord.interrupt` or :meth:`~RunRecord.fail`. :meth:`~RunRecord.close` adds the keys of
-the outcome whatever it was, and :func:`write_summary` writes the file atomically.
+the outcome whatever it was, and :func:`write_summary` writes the file atomically. A run that fails
+before its record exists (building the model) gets :func:`failed_summary`: ``failed`` all the same.
 
 Keys of the outcome (besides status, step times, MFU): ``steps_completed`` and ``steps_done``
 (the same count: optimizer steps done), ``stopped_by`` (``max_steps`` or ``max_time_s`` for a
@@ -14,7 +15,9 @@ completed run, else null), ``train_time_s`` (the training steps' wall time, the 
 record: ``loss_spikes`` (the count of ``metrics.SpikeCounter``'s rule, whose parameters are
 ``loss_spike_rule``: ``{"window", "k"}``), ``loss_spike_steps`` (the first step of each, at most
 100) and ``max_grad_norm`` (the largest finite global gradient norm
-before clipping, after fp16 unscaling; null before the first step); ``final_downstream``: ``{task:
+before clipping, after fp16 unscaling; null before the first step), ``skipped_steps`` (the steps
+the fp16 grad scaler skipped) and ``calibration_skips`` (those of them that were its start-up
+calibration, which ``max_skipped_fraction`` leaves out); ``final_downstream``: ``{task:
 {"n", "chance", "acc", "acc_ci", "acc_norm", "acc_norm_ci", "bpb", ...}}`` of the ``eval_tasks`` at
 the last evaluation (``normlab-eval``'s fields; empty without tasks, null unless completed);
 ``annealed`` (``optim.schedule=wsd`` only): ``[{"budget_steps", "val_loss", "val_bpb"}]`` of the
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from normlab.config import RunOptions
+from normlab.config import RunOptions, TrainConfig, to_plain
 from normlab.norms.backends import impl_class, kernel_backend
 from normlab.training import distributed
 from normlab.training.diagnostics import ZERO_ROWS_SUFFIX, named_norms
@@ -124,16 +127,22 @@ class RunRecord:
         self, stopped_by: str, metrics: MetricsBuffer, max_skipped_fraction: float | None
     ) -> None:
         """The loop reached ``max_steps`` or the time budget (``stopped_by``): ``completed``, unless
-        the fp16 grad scaler skipped every optimizer step or more than ``max_skipped_fraction`` of
-        them (then ``diverged``)."""
+        the fp16 grad scaler skipped every optimizer step, or more than ``max_skipped_fraction`` of
+        the steps after its start-up calibration (then ``diverged``). The calibration's skips
+        (``metrics.calibration_skips``: the scale halving down from ``init_scale``) do not count
+        toward the fraction."""
         skipped, steps, frac = metrics.skipped_steps, self.progress.done, max_skipped_fraction
-        if skipped and (skipped >= steps or (frac is not None and skipped > frac * steps)):
+        calib = metrics.calibration_skips
+        counted, after = skipped - calib, steps - calib  # the steps after the calibration
+        if skipped and (skipped >= steps or (frac is not None and counted > frac * after)):
             limit = "every step" if frac is None else f"max_skipped_fraction={frac:g}"
+            of = f"{skipped} of {steps}" if skipped >= steps else f"{counted} of {after}"
+            calibration = f" after its start-up calibration ({calib} skips)" if calib else ""
             self._set(
                 "diverged",
                 diverged_at_step=steps,
                 diverged_reason=(
-                    f"the fp16 grad scaler skipped {skipped} of {steps} optimizer steps "
+                    f"the fp16 grad scaler skipped {of} optimizer steps{calibration} "
                     f"(non-finite gradients; limit: {limit})"
                 ),
                 last_finite_loss=metrics.last_finite_loss,
@@ -192,6 +201,7 @@ class RunRecord:
             final_val_loss=p.val_loss if completed else None,
             last_val_loss=p.val_loss,
             skipped_steps=metrics.skipped_steps,
+            calibration_skips=metrics.calibration_skips,
             loss_spikes=metrics.spikes.count,
             loss_spike_steps=metrics.spikes.steps,
             loss_spike_rule={"window": metrics.spikes.window, "k": metrics.spikes.k},
@@ -224,7 +234,7 @@ def start_record(run: Run, opts: RunOptions, t_start: float) -> RunRecord:
         "versions": versions(run.device, cfg.compile),
         "preflight": run.preflight,
         "kernels": kernels_record(run.model, run.device, cfg.compile),
-        "data": _data_record(run.data),
+        "data": {**_data_record(run.data), "tokenizer_digest": run.data.tokenizer_digest()},
         "eval_data": {s.name: _data_record(s.data) for s in run.evals},
         "config": run.config_dict,
         "config_hash": config_hash(run.config_dict),
@@ -248,6 +258,27 @@ def start_record(run: Run, opts: RunOptions, t_start: float) -> RunRecord:
         t_start=t_start,
     )
     return RunRecord(progress=progress, summary=summary)
+
+
+def failed_summary(
+    cfg: TrainConfig, opts: RunOptions, error: str, traceback: str
+) -> dict[str, Any]:
+    """The summary of a run that failed before its record existed (building the model, opening
+    its outputs): ``failed`` with ``error`` and ``traceback``, what it was to train, no step."""
+    config = to_plain(cfg)
+    summary: dict[str, Any] = {
+        "status": "failed",
+        "error": error,
+        "failed_at_step": None,
+        "seed": cfg.seed,
+        "max_steps": cfg.max_steps,
+        "config": config,
+        "config_hash": config_hash(config),
+        "run_options": dataclasses.asdict(opts),
+        "traceback": traceback,
+    }
+    assert summary["status"] in STATUSES
+    return summary
 
 
 def kernels_record(model, device, compiled: bool) -> dict[str, dict[str, str]]:

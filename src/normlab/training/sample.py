@@ -3,12 +3,13 @@
 :func:`load_run` rebuilds the GPT from the checkpoint's own resolved config (the model shape and
 the norm it trained with: kind, eps, placement, affine, bias, upcast and implementation) and loads
 its weights; the tokenizer is the run's (``data.tokenizer``; a ``bpe`` one is read from the run's
-token folder, prepared again only when that folder is gone). :func:`generate` samples
-autoregressively (nanoGPT's ``sample.py``): the context is cropped to ``model.context_length``
-(no KV cache: each step recomputes the cropped context), the last position's logits are divided
-by ``temperature``, cut to the ``top_k`` largest, and one token is drawn from their softmax with a
-``torch.Generator`` seeded by the caller. Sampling runs in fp32 with dropout off (``eval()``),
-whatever precision the run trained in.
+token folder, prepared again only when that folder is gone), held to the digest the run recorded
+(:func:`check_tokenizer`: a ``bpe`` tokenizer trained again on a changed corpus is refused).
+:func:`generate` samples autoregressively (nanoGPT's ``sample.py``): the context is cropped to
+``model.context_length`` (no KV cache: each step recomputes the cropped context), the last
+position's logits are divided by ``temperature``, cut to the ``top_k`` largest, and one token is
+drawn from their softmax with a ``torch.Generator`` seeded by the caller. Sampling runs in fp32
+with dropout off (``eval()``), whatever precision the run trained in.
 
 Prompts (:func:`encode_prompt`): the sample's text is ``decode(encode(prompt) + new ids)``, so a
 prompt is refused unless ``decode(encode(prompt)) == prompt``. Byte, GPT-2 and byte-level BPE
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 
 from normlab.config import ConfigError, DataConfig, ModelConfig, NormConfig, NormImpl, Tokenizer
+from normlab.config.files import load_json
 from normlab.data import tokenizer as tt
 from normlab.data.corpus import DataError
 from normlab.data.shards import META
@@ -90,6 +92,7 @@ class TrainedRun:
     skipped: list[str]  # damaged newer checkpoints, "name: why"
     norm: NormConfig  # the resolved norm the model was built with
     device: torch.device
+    tokenizer_notice: str | None = None  # a run that recorded no tokenizer digest: unchecked
 
 
 def _build(cls, section: str, values: Any):
@@ -122,12 +125,17 @@ def run_tokenizer(data: DataConfig, run_dir: Path | None = None):
 
     ``byte`` and ``gpt2`` need no corpus. ``bpe`` is read from ``tokenizer.json`` in the run's token
     folder: :func:`~normlab.data.tokens.token_dir` of ``data``, else the folder the run's
-    ``summary.json`` names (a run dir copied from elsewhere); only when neither holds one is the
-    corpus prepared (:func:`~normlab.data.tokens.prepare`, which reuses whatever is cached).
+    ``summary.json`` names (a run dir copied from elsewhere), else this machine's cache folder
+    for it (:func:`local_cache`), passing over one whose tokenizer is not the digest the run
+    recorded; only when none holds one is the corpus prepared, in this machine's cache
+    (:func:`~normlab.data.tokens.prepare`, which reuses whatever is cached), never at a path
+    the run's config names. The caller holds
+    the result to the recorded digest (:func:`check_tokenizer`).
 
     Raises:
         DataError: the tokenizer cannot be loaded (gpt2 offline and not cached, the corpus gone).
     """
+    recorded = _run_data(run_dir).get("tokenizer_digest")
     try:
         if data.tokenizer != Tokenizer.bpe:
             return tt.load(data.tokenizer)
@@ -138,23 +146,74 @@ def run_tokenizer(data: DataConfig, run_dir: Path | None = None):
                 data.bpe_vocab_size
             )
             if same and (folder / tt.BPE_FILE).is_file():
-                return tt.load(Tokenizer.bpe, folder)
+                tok = tt.load(Tokenizer.bpe, folder)
+                if not isinstance(recorded, str) or tt.digest(tok) == recorded:
+                    return tok
     except tt.TokenizerError as e:
         raise DataError(str(e)) from None
-    return prepare(data).load_tokenizer()
+    # prepared again in this machine's cache, never at a cache_dir or token_dir the run's
+    # config names: a received run dir's config is not a place to write to
+    return prepare(local_cache(data)).load_tokenizer()
+
+
+def local_cache(data: DataConfig) -> DataConfig:
+    """``data`` with this machine's cache (``$NORMLAB_CACHE`` or ``~/.cache/normlab``) in place of
+    the ``cache_dir`` and ``token_dir`` a run recorded: where its tokens may be prepared again."""
+    return dataclasses.replace(data, cache_dir=None, token_dir=None)
+
+
+def check_tokenizer(tokenizer, run_dir: Path) -> str | None:
+    """Hold the tokenizer loaded (or trained again) for ``run_dir`` to the one the run used:
+    ``summary.json``'s ``data.tokenizer_digest`` (:func:`normlab.data.tokenizer.digest`).
+    Returns a one-line notice for a run that recorded none (one from before digests: loaded
+    unchecked, as before), else None.
+
+    Raises:
+        DataError: another tokenizer (a ``bpe`` one trained again on a corpus that changed since
+            the run): one line naming both digests and what to do.
+    """
+    record = _run_data(run_dir)
+    recorded = record.get("tokenizer_digest")
+    if not isinstance(recorded, str):
+        return (
+            f"{run_dir} records no tokenizer digest (a run from before they were recorded): its "
+            f"{tokenizer.name} tokenizer is used unchecked"
+        )
+    found = tt.digest(tokenizer)
+    if found != recorded:
+        folder = record.get("cache") if isinstance(record.get("cache"), str) else "its token folder"
+        raise DataError(
+            f"the {tokenizer.name} tokenizer found for {run_dir} has digest {found}, not the "
+            f"{recorded} the run trained with (summary.json's data.tokenizer_digest): trained "
+            f"again on a corpus that changed since the run; put back {folder} (its "
+            f"{tt.BPE_FILE}) or the corpus the run trained on, then try again"
+        )
+    return None
+
+
+def _run_data(run_dir: Path | None) -> dict[str, Any]:
+    """The ``data`` section of ``run_dir/summary.json`` (empty without one)."""
+    summary = run_dir / "summary.json" if run_dir is not None else None
+    if summary is None or not summary.is_file():
+        return {}
+    try:  # within limits: a run dir is not trusted (normlab.config.files)
+        doc = load_json(summary)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {summary}: {e}") from None
+    data_record = doc.get("data") if isinstance(doc, dict) else None
+    return data_record if isinstance(data_record, dict) else {}
 
 
 def _token_folders(data: DataConfig, run_dir: Path | None) -> list[Path]:
     found = []
-    try:
-        found.append(token_dir(data))
-    except DataError:  # the corpus is not here: the summary may still name the folder
-        pass
-    summary = run_dir / "summary.json" if run_dir is not None else None
-    if summary is not None and summary.is_file():
-        cache = (json.loads(summary.read_text()).get("data") or {}).get("cache")
-        if cache:
-            found.append(Path(cache))
+    for where in (data, local_cache(data)):  # the run's folder, then where it is prepared again
+        try:
+            found.append(token_dir(where))
+        except DataError:  # the corpus is not here: the summary may still name the folder
+            pass
+    cache = _run_data(run_dir).get("cache")
+    if cache and isinstance(cache, str):
+        found.append(Path(cache))
     return found
 
 
@@ -168,7 +227,8 @@ def load_run(run_dir: Path, device: str = "auto", norm_impl: NormImpl | None = N
         ConfigError: no such dir, no valid checkpoint in ``run_dir/checkpoints`` (the message names
             the dir and any damaged files), a norm implementation that cannot run on ``device``,
             weights that do not fit the config, a tokenizer larger than the model's vocabulary.
-        DataError: the tokenizer cannot be loaded.
+        DataError: the tokenizer cannot be loaded, or is not the one the run recorded
+            (:func:`check_tokenizer`; a run that recorded none gets ``tokenizer_notice``).
     """
     run_dir = Path(run_dir)
     if not _DEVICE.match(device):
@@ -200,14 +260,14 @@ def load_run(run_dir: Path, device: str = "auto", norm_impl: NormImpl | None = N
     model.load_state_dict(weights)
     model.to(dev).eval()
     tokenizer = run_tokenizer(data, run_dir)
+    notice = check_tokenizer(tokenizer, run_dir)
     if tokenizer.n_vocab > model_cfg.vocab_size:
         raise ConfigError(
             f"the {tokenizer.name} tokenizer has {tokenizer.n_vocab} ids, more than the model's "
             f"vocab_size={model_cfg.vocab_size}: it is not the tokenizer this run trained with"
         )
-    return TrainedRun(
-        model, tokenizer, int(loaded.state["step"]), loaded.path, loaded.skipped, norm, dev
-    )
+    step = int(loaded.state["step"])
+    return TrainedRun(model, tokenizer, step, loaded.path, loaded.skipped, norm, dev, notice)
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:

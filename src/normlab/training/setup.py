@@ -7,9 +7,12 @@ Every check that can refuse a run comes first, before anything is built or writt
 corpora's names (``eval_data``), the device, the norm implementation, the precision, the norm's
 preflight against its oracle, the token cache (and the held-out corpora's, prepared like it),
 the vocabulary, ``optim.grad_accum`` against the number of processes, the checkpoint to resume from
-and its config and model shape, the free space for checkpoints, and (with ``torch.compile``) the
-rule that compilation never falls back to eager silently. Then the model is built from the seed,
-the optimizer and scaler next to it, the resumed state loaded, and the forward compiled.
+and its config and model shape (and a BPE tokenizer against the digest the run recorded: one
+trained again on a changed corpus is refused), and the free space for checkpoints. Then the model
+is built from the seed, the optimizer and scaler next to it, the resumed state loaded, and the
+forward compiled. The rule that compilation never falls back to eager silently is a context
+around the steps (:func:`forbid_eager_fallback`), so building a run changes no global setting of
+torch.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import logging
 import platform
 import sys
 from collections.abc import Callable
@@ -33,6 +37,7 @@ from normlab.config import (
     OptimConfig,
     OptimName,
     RunOptions,
+    Tokenizer,
     TrainConfig,
     to_plain,
 )
@@ -50,12 +55,15 @@ from normlab.training.host_memory import host_memory, keep_freed_memory, release
 from normlab.training.peak import device_name
 from normlab.training.precision import DTYPES, autocast, check_precision, grad_scaler
 from normlab.training.resume import check_free_space, check_resumable, find_resume_point
+from normlab.training.sample import check_tokenizer
 
 #: Devices where AdamW runs fused (one kernel over all parameters; on CUDA its step counters and
 #: the grad scaler's inf check stay on the device). CPU keeps foreach, bit-identical to the for-loop
 #: AdamW of earlier runs; fused AdamW also runs on CPU (torch >= 2.4) but rounds differently in the
 #: last bits, so switching needs a measured speed-up worth changing every CPU result.
 FUSED_ADAMW_DEVICES = ("cuda",)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -162,13 +170,20 @@ def build_model(cfg: TrainConfig, device: torch.device | str) -> GPT:
     return GPT(cfg.model, cfg.norm).to(device)
 
 
-def forbid_eager_fallback() -> None:
-    """Make ``torch.compile`` raise when a function hits its recompile limit
+def forbid_eager_fallback(cfg: TrainConfig) -> contextlib.AbstractContextManager:
+    """A context in which ``torch.compile`` raises when a function hits its recompile limit
     (``torch._dynamo.config.recompile_limit``, 8 by default) instead of silently running it eagerly
-    from then on: a benchmark or a run would otherwise measure another program than it says."""
+    from then on: a benchmark or a run would otherwise measure another program than it says.
+
+    For a ``cfg`` that compiles (``compile=true`` or a resolved ``norm.impl=compiled``) it is
+    ``torch._dynamo.config.patch``, which restores dynamo's config exactly on exit; otherwise a
+    no-op (importing dynamo is slow). The loop enters it around a run's steps
+    (``loop.train_loop``); the benchmarks' ``bench_step.recompile_limit`` sets the same flag."""
+    if not (cfg.compile or cfg.norm.impl == NormImpl.compiled):
+        return contextlib.nullcontext()
     import torch._dynamo
 
-    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    return torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
 
 
 def describe_error(e: BaseException) -> str:
@@ -265,10 +280,11 @@ def build_run(
     with torch.device("meta"):  # shapes and sizes only: no memory, no random numbers
         shapes = GPT(cfg.model, cfg.norm)
     forced = check_resumable(resume, config_dict, shapes, opts.force) if resume else []
+    if resume and cfg.data.tokenizer == Tokenizer.bpe:  # only a BPE is trained again, and differs
+        if notice := check_tokenizer(data.load_tokenizer(), run_dir):
+            log.warning(notice)
     if run_dir is not None:
         check_free_space(run_dir, shapes, opts.ckpt_keep)
-    if cfg.compile or cfg.norm.impl == NormImpl.compiled:
-        forbid_eager_fallback()
     # --- build: the model from the seed, AdamW, the grad scaler, the resumed state, the forward
     if device.type == "cpu":  # no page faults for the same activations every step (host_memory)
         keep_freed_memory()

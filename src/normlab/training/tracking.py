@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from normlab.config import LoggerKind, TrainConfig, to_plain
+from normlab.config.files import MAX_DEPTH, ROWS_MAX_BYTES, depth, read_limited
 from normlab.config.schedule import TAG_KEYS, norm_tag
 
 log = logging.getLogger(__name__)
@@ -246,13 +247,20 @@ class MetricsLogger:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl``; a torn last line (a kill mid-write) is left out."""
+    """The rows of a ``metrics.jsonl``; a torn last line (a kill mid-write) is left out, and so
+    is a line that is not a JSON object or nests too deep (:mod:`normlab.config.files`).
+
+    Raises:
+        RunFileError: not a regular file of at most ``ROWS_MAX_BYTES``.
+    """
     rows = []
-    for line in path.read_text().splitlines():
+    for line in read_limited(path, ROWS_MAX_BYTES).decode(errors="replace").splitlines():
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
             continue
+        if isinstance(row, dict) and depth(row) <= MAX_DEPTH:
+            rows.append(row)
     return rows
 
 
