@@ -69,6 +69,7 @@ from normlab.report.stats import (
     compute_multiplier,
     describe,
     end_slope,
+    finite_median,
     holm,
     holm_verdicts,
     nats_for_compute,
@@ -179,7 +180,7 @@ class Report:
 
 def _median_of(runs: list[Run], key: str) -> float:
     """Median over runs of a summary field (each run's median step time, tokens/s); nan if none."""
-    return _median([r.summary_float(key) for r in runs])
+    return finite_median([r.summary_float(key) for r in runs])
 
 
 def _by_seed(rep: Report, label: str) -> dict[Any, Run]:
@@ -659,12 +660,6 @@ def steps_worth(steps: np.ndarray, mean: np.ndarray, margin: float) -> dict[str,
     return {**out, "step": at, "steps": float(steps[-1]) - at}
 
 
-def _median(values: list[float]) -> float:
-    """Median of the finite ``values`` (nan when none is)."""
-    v = [x for x in values if math.isfinite(x)]
-    return float(np.median(v)) if v else NAN
-
-
 def build_context(included: dict[str, list[Run]], baseline: str, margin: float) -> dict[str, Any]:
     """The context section's facts: ``setting`` (key -> values over the runs, as text),
     ``params``, ``tokens_seen``, ``epochs`` (medians over runs), ``params_by`` (label -> median
@@ -719,15 +714,15 @@ def build_context(included: dict[str, list[Run]], baseline: str, margin: float) 
     steps, mean, _, _ = aggregate([series(r.metrics, "val/loss") for r in base])
     return {
         "setting": setting,
-        "params": _median([(r.summary or {}).get("params") or NAN for r in runs]),
+        "params": finite_median([(r.summary or {}).get("params") or NAN for r in runs]),
         "params_by": {
-            lab: _median([(r.summary or {}).get("params") or NAN for r in rs])
+            lab: finite_median([(r.summary or {}).get("params") or NAN for r in rs])
             for lab, rs in included.items()
         },
-        "tokens_seen": _median([tokens_seen(r) for r in runs]),
-        "epochs": _median([epochs(r) for r in runs]),
-        "eval_tokens": _median(eval_tokens),
-        "gap": {lab: _median([train_val_gap(r) for r in rs]) for lab, rs in included.items()},
+        "tokens_seen": finite_median([tokens_seen(r) for r in runs]),
+        "epochs": finite_median([epochs(r) for r in runs]),
+        "eval_tokens": finite_median(eval_tokens),
+        "gap": {lab: finite_median([train_val_gap(r) for r in rs]) for lab, rs in included.items()},
         "per_seed": {lab: {r.seed: r.final_val_loss for r in rs} for lab, rs in included.items()},
         "worth": steps_worth(steps, mean, margin),
         "stopped_by": {
@@ -1357,9 +1352,9 @@ def plan_study(rep: Report) -> dict[str, Any]:
         "std_upper", "seeds", "seeds_upper", "hours", "hours_upper"}]}``; hours nan untimed.
     """
     runs = [r for lab in rep.labels for r in rep.included(lab)]
-    steps = _median([float(x) for r in runs if (x := steps_done(r)) is not None])
+    steps = finite_median([float(x) for r in runs if (x := steps_done(r)) is not None])
     step_s = _median_of(runs, "step_time_ms_median") / 1000
-    overhead = _median(
+    overhead = finite_median(
         [r.summary_float("wall_time_s") - r.summary_float("train_time_s") for r in runs]
     )
     run_s = steps * step_s + (overhead if math.isfinite(overhead) else 0.0)

@@ -40,7 +40,7 @@ from normlab.report.runs import (
     never_trained,
     override_key,
 )
-from normlab.report.stats import combined_interval, ratio_interval
+from normlab.report.stats import combined_interval, finite_median, ratio_interval
 
 #: The extrapolation target: GPT-2 small, 124M parameters as ``model.num_params`` counts them.
 TARGET_PARAMS = 124e6
@@ -105,7 +105,7 @@ def group_by_size(runs: list[Run]) -> dict[tuple[int, ...], list[Run]]:
             groups.setdefault(size, []).append(r)
 
     def order(item: tuple[tuple[int, ...], list[Run]]) -> tuple[float, tuple[int, ...]]:
-        return (_median([r.summary_float("params") for r in item[1]]), item[0])
+        return (finite_median([r.summary_float("params") for r in item[1]]), item[0])
 
     return dict(sorted(groups.items(), key=order))
 
@@ -116,11 +116,6 @@ def is_ladder(runs: list[Run]) -> bool:
     A sweep whose only variants are sizes (``model=tiny,small``) is an ordinary comparison."""
     groups = group_by_size(runs)
     return len(groups) >= 2 and any(len({_variant_key(r) for r in g}) >= 2 for g in groups.values())
-
-
-def _median(values: list[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return float(np.median(finite)) if finite else NAN
 
 
 def training_flops(run: Run) -> float:
@@ -448,9 +443,9 @@ def _size_row(size: tuple[int, ...], rep: Report) -> dict[str, Any]:
     done = [r for r in rep.runs if r.excluded is None and r.set_aside is None]
     return {
         "shape": shape_name(size),
-        "params": _median([r.summary_float("params") for r in rep.runs]),
-        "tokens": _median([tokens_seen(r) for r in done]),
-        "compute": _median([training_flops(r) for r in done]),
+        "params": finite_median([r.summary_float("params") for r in rep.runs]),
+        "tokens": finite_median([tokens_seen(r) for r in done]),
+        "compute": finite_median([training_flops(r) for r in done]),
         "report": rep,
     }
 

@@ -41,8 +41,8 @@ from normlab.config.files import (
     yaml_text,
 )
 from normlab.config.schedule import norm_tag
+from normlab.report.stats import NAN
 
-NAN = float("nan")
 RUN_MARKERS = (".hydra", "summary.json", "metrics.jsonl")
 
 #: ``metrics.jsonl`` keys written before the namespaced rename -> their names now. The one place

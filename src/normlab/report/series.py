@@ -17,9 +17,8 @@ import numpy as np
 
 from normlab.config.schedule import diag_norm_names
 from normlab.report.runs import Run
-from normlab.report.stats import t_interval
+from normlab.report.stats import NAN, t_interval
 
-NAN = float("nan")
 Rows = list[dict[str, Any]]
 
 #: Sequential step times are flagged as not comparable when, in any run of the comparison:

@@ -23,6 +23,12 @@ POWER = 0.8  # the power that :func:`seeds_needed` plans for by default
 MAX_SEEDS = 100_000  # :func:`seeds_needed` gives up (returns None) beyond this
 
 
+def finite_median(values: list[float]) -> float:
+    """Median of the finite ``values`` (nan when none is)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.median(finite)) if finite else NAN
+
+
 def describe(values: list[float]) -> dict[str, float]:
     """n, mean, sample std (ddof=1; nan when n < 2), min, max, in the units of ``values``."""
     x = np.asarray(values, float)
