@@ -105,22 +105,27 @@ def _mark(fig: Figure, ax: Any, mark: str | None) -> None:
     )
 
 
-def _band_plot(curves: Curves, path: Path, title: str, ylabel: str) -> Path | None:
+def _band_plot(
+    curves: Curves, path: Path, title: str, ylabel: str, xlabel: str = STEP
+) -> Path | None:
+    """Per label, the mean of its runs' curves with a min–max band (a label's colour is its
+    place in ``curves``, so it is the same in every figure); None when no curve has a point."""
     if not any(len(s) for runs in curves.values() for s, _ in runs):
         return None
     fig, ax = _axes()
     drawn = []
-    for label, runs in curves.items():
+    for i, (label, runs) in enumerate(curves.items()):
         runs = [c for c in runs if len(c[0])]
         if not runs:
             continue
-        steps, mean, lo, hi = aggregate(runs)
-        marker = "o" if len(steps) < 30 else None
-        line = ax.plot(steps, mean, marker=marker, ms=3, label=f"{label} (n={len(runs)})")[0]
-        ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
-        drawn += [(steps, lo), (steps, hi)]
+        x, mean, lo, hi = aggregate(runs)
+        marker = "o" if len(x) < 30 else None
+        colour = f"C{i % 10}"
+        ax.plot(x, mean, color=colour, marker=marker, ms=3, label=f"{label} (n={len(runs)})")
+        ax.fill_between(x, lo, hi, color=colour, alpha=0.2, linewidth=0)
+        drawn += [(x, lo), (x, hi)]
     zoom_to_losses(ax, drawn)
-    return _finish(fig, ax, path, title, STEP, ylabel)
+    return _finish(fig, ax, path, title, xlabel, ylabel)
 
 
 def plot_val_loss(metrics: Metrics, path: Path, corpus: str | None = None) -> Path | None:
@@ -252,27 +257,17 @@ def plot_val_time(
 def plot_val_tokens(included: dict[str, list[Run]], path: Path) -> Path | None:
     """Validation loss against tokens seen (step × tokens per step): mean over a variant's runs
     with a min–max band. None without validation points or tokens per step."""
-    fig, ax = _axes()
-    drawn: list[tuple[np.ndarray, np.ndarray]] = []
-    for i, (lab, runs) in enumerate(included.items()):
-        curves = [
+    curves = {
+        lab: [
             (s * r.tokens_per_step, v)
             for r in runs
             if r.tokens_per_step
             for s, v in [series(r.metrics, "val/loss")]
-            if len(s)
         ]
-        if not curves:
-            continue
-        x, mean, lo, hi = aggregate(curves)
-        ax.plot(x, mean, color=f"C{i % 10}", marker="o", ms=3, label=f"{lab} (n={len(curves)})")
-        ax.fill_between(x, lo, hi, color=f"C{i % 10}", alpha=0.2, lw=0)
-        drawn += [(x, lo), (x, hi)]
-    if not drawn:
-        return None
-    zoom_to_losses(ax, drawn)
+        for lab, runs in included.items()
+    }
     title = "Validation loss vs tokens seen (mean over seeds, band: min–max)"
-    return _finish(fig, ax, path, title, "tokens seen", "validation loss (nats/token)")
+    return _band_plot(curves, path, title, "validation loss (nats/token)", xlabel="tokens seen")
 
 
 def plot_lr_curve(tuned: dict[str, Any], path: Path, conf: str) -> Path | None:
