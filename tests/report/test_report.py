@@ -493,7 +493,7 @@ def test_a_family_of_variants_gets_holm_adjusted_p_values_and_verdicts(tmp_path,
     assert main([str(tmp_path)]) == 0
     assert (
         "norm=rms vs norm=layer: n=3, different: 95% CI [+0.0052, +0.0548] excludes 0; not "
-        "shown equivalent within 0.02 nats; over the family (Holm): not shown equivalent\n"
+        "shown equivalent within 0.02 nats; over the family (Holm): not shown equivalent (±0.02 "
         in (capsys.readouterr().out)
     )
     md = (tmp_path / "report" / "report.md").read_text()

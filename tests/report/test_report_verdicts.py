@@ -522,3 +522,39 @@ def test_a_verdict_on_runs_far_from_convergence_gets_a_caveat(tmp_path):
     assert f"> **Warning:** {short[0]}." in verdict.split("**`norm=rms` − `norm=layer`**")[0]
     set_summaries(tmp_path, params=16)  # 40 tokens per parameter: trained enough for its size
     assert not any(caveat in w for w in build_report(tmp_path, margin=0.1).confounds)
+
+
+def test_a_headline_whose_speed_part_is_not_comparable_gives_the_steps_part_alone(tmp_path, capsys):
+    for seed in LAYER:  # per-seed step-time ratios spanning 1.96x: not comparable
+        write(tmp_path, "layer", seed, LAYER[seed], s_per_step=(1.4, 1.2, 1.0)[seed])
+        write(tmp_path, "rms", seed, RMS[seed], s_per_step=(1.0, 1.2, 1.4)[seed])
+    rep = build_report(tmp_path)
+    k = rep.comparisons[0]["compute"]
+    steps = k["steps_only"]
+    assert steps["k"] == pytest.approx(k["step_mult"]) and steps["speed"] == 1.0
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    head = next(ln for ln in out.splitlines() if "the effective compute of" in ln)
+    assert head.endswith(
+        f"; its speed part is NOT COMPARABLE (sequential step times that fail the report's "
+        f"checks): the steps part alone is {steps['k']:.3f}x [{steps['ci'][0]:.3f}, "
+        f"{steps['ci'][1]:.3f}] (n = 3)"
+    )
+    assert head.strip() in (tmp_path / "report" / "report.md").read_text().replace("**", "")
+
+
+def test_the_verdict_line_says_what_the_margin_is_worth_and_that_the_default_is_a_screen(
+    tmp_path, capsys
+):
+    for seed in LAYER:
+        write(tmp_path, "layer", seed, LAYER[seed])
+        write(tmp_path, "rms", seed, RMS[seed])
+    assert main([str(tmp_path)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if " vs norm=layer: n=" in ln)
+    assert "nats is worth " in line and "% of effective compute here" in line
+    assert line.endswith(
+        "; the default margin: a gross-difference screen, not a parity claim: set --margin)"
+    )
+    assert main([str(tmp_path), "--margin", "0.01"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if " vs norm=layer: n=" in ln)
+    assert "(±0.01 nats is worth " in line and "screen" not in line

@@ -21,7 +21,7 @@ from normlab.report import (
     write_ladder,
     write_report,
 )
-from normlab.report.compare import DEFAULT_MARGIN, load_step_bench, plan_study
+from normlab.report.compare import DEFAULT_MARGIN, load_step_bench, margin_in_compute, plan_study
 from normlab.report.ladder import comparison_at
 from normlab.report.markdown import (
     best_text,
@@ -30,6 +30,7 @@ from normlab.report.markdown import (
     one_margin,
     render_plan,
     unfinished_notes,
+    worth_text,
 )
 from normlab.report.runs import (
     SERIES_FILE,
@@ -440,7 +441,7 @@ def _print_summary(rep) -> None:
     for c in rep.comparisons:
         print(f"  {compute_headline(rep, c)}")
         family = f"; over the family (Holm): {c['holm']['verdict']}" if c.get("holm") else ""
-        print(f"  {c['label']} vs {rep.baseline}: n={c['n']}, {c['verdict']}{family}")
+        print(f"  {c['label']} vs {rep.baseline}: n={c['n']}, {c['verdict']}{family}{_worth(rep)}")
         bench = (rep.bench or {}).get("ratios", {}).get(c["label"])
         if bench:
             print(
@@ -452,6 +453,17 @@ def _print_summary(rep) -> None:
             print("  warning: step times not comparable (see the report's step-time section)")
     if best_text(rep):
         print(f"  {best_text(rep).replace('**', '')}")
+
+
+def _worth(rep) -> str:
+    """What the verdict's margin is worth in compute, and for the default margin that it is a
+    screen (a verdict line read alone must not pass for a parity claim)."""
+    worth = margin_in_compute(rep)
+    text = f" (±{rep.margin:g} nats"
+    text += f" is worth {worth_text(worth)} here" if math.isfinite(worth) else ""
+    if rep.margin == DEFAULT_MARGIN and rep.margin_compute is None:
+        text += "; the default margin: a gross-difference screen, not a parity claim: set --margin"
+    return text + ")"
 
 
 if __name__ == "__main__":

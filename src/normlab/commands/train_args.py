@@ -695,7 +695,8 @@ def check_memory(full: CliConfig) -> None:
         return
     keys, most = max(parts, key=lambda p: p[1])
     raise ConfigError(
-        f"{keys}: a run needs at least {_size(need)} of memory ({_size(most)} for these values), "
+        f"{keys}: a run needs at least {_size(need)} of memory ({_size(most)} of it for these "
+        "values, its largest part), "
         f"more than {where} ({_size(limit)}); the rule: {MEMORY_RULE}"
     )
 

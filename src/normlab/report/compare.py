@@ -484,7 +484,10 @@ def _with_speed(
         speed = [seq[s] for s in seeds]
         comparable = next(c for c in rep.comparisons if c["label"] == label)["ratio"]["comparable"]
     r = compute_multiplier([mults[s] for s in seeds], speed, speed_se, rep.alpha)
-    return {**r, "seeds": seeds, "step_mults": mults, "source": source, "comparable": comparable}
+    out = {**r, "seeds": seeds, "step_mults": mults, "source": source, "comparable": comparable}
+    if not comparable:  # the steps part alone, with its own interval: the part that holds
+        out["steps_only"] = compute_multiplier(list(mults.values()), 1.0, alpha=rep.alpha)
+    return out
 
 
 def annealed_baseline_slope(runs: list[Run]) -> float:

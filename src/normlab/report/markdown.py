@@ -152,7 +152,22 @@ def margin_text(rep: Report) -> str:
     worth = margin_in_compute(rep)
     if not math.isfinite(worth):
         return "not converted (the baseline's curve has no end slope: < 2 evaluations after step 0)"
-    return f"±{rep.margin:g} nats/token is worth {worth:.2%} of effective compute at {slope}"
+    return f"±{rep.margin:g} nats/token is worth {worth_text(worth)} at {slope}"
+
+
+#: Above this fraction a margin's worth in compute says only that the baseline's curve is flat.
+MAX_WORTH = 10.0
+
+
+def worth_text(worth: float) -> str:
+    """A margin's worth in effective compute (a fraction) as text; beyond :data:`MAX_WORTH`
+    (1000%) the number is no measure, only a sign that the baseline's curve is nearly flat."""
+    if worth > MAX_WORTH:
+        return (
+            f"more than {MAX_WORTH:.0%} of effective compute (the baseline's curve is nearly "
+            "flat: the margin is no question of compute)"
+        )
+    return f"{worth:.2%} of effective compute"
 
 
 def _k_text(k: dict[str, Any]) -> str:
@@ -171,7 +186,14 @@ def compute_headline(rep: Report, c: dict[str, Any]) -> str:
             f"step times: no compute-equivalent verdict against {rep.baseline}"
         )
     base = f" the effective compute of {rep.baseline}"
-    return f"{c['label']}: " + _k_text(k).format(base=base)
+    text = f"{c['label']}: " + _k_text(k).format(base=base)
+    if (m := k.get("steps_only")) and m["n"]:  # its speed part fails the step-time checks
+        ci = f"[{fmt(m['ci'][0], '.3f')}, {fmt(m['ci'][1], '.3f')}]" if m["n"] >= 2 else "(n < 2)"
+        text += (
+            f"; its speed part is NOT COMPARABLE (sequential step times that fail the report's "
+            f"checks): the steps part alone is {m['k']:.3f}x {ci} (n = {m['n']})"
+        )
+    return text
 
 
 def _reading_note(c: dict[str, Any]) -> str:
