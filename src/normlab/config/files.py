@@ -93,6 +93,26 @@ def load_json(path: Path, max_bytes: int = JSON_MAX_BYTES) -> Any:
     return doc
 
 
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file (``metrics.jsonl``, ``annealed.jsonl``), one a line,
+    as written; blank, torn (a kill mid-write), non-object and too deeply nested lines are left
+    out.
+
+    Raises:
+        OSError: ``path`` cannot be opened. RunFileError: not a regular file of at most
+            :data:`ROWS_MAX_BYTES`.
+    """
+    rows = []
+    for line in read_limited(path, ROWS_MAX_BYTES).decode(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):  # blank or torn; nested beyond the parser's stack
+            continue
+        if isinstance(row, dict) and depth(row) <= MAX_DEPTH:
+            rows.append(row)
+    return rows
+
+
 def depth(doc: Any) -> int:
     """How deep lists and dicts nest in ``doc`` (a scalar: 0), without recursion."""
     deepest, stack = 0, [(doc, 1)]

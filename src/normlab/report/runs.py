@@ -30,14 +30,12 @@ from typing import Any
 
 import yaml
 
-from normlab.config import norm_table
+from normlab.config import files, norm_table
 from normlab.config.files import (
-    ROWS_MAX_BYTES,
     RunFileError,
     depth,
     load_json,
     load_yaml,
-    read_limited,
     yaml_text,
 )
 from normlab.config.schedule import norm_tag
@@ -187,24 +185,15 @@ def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The JSON objects of ``path``, one a line (``metrics.jsonl``, ``annealed.jsonl``), as
     written; blank, truncated (a killed run's last), non-object and too deeply nested lines are
-    skipped.
+    skipped (:func:`normlab.config.files.read_rows`).
 
     Raises:
         ReportError: ``path`` is not a regular file of at most ``ROWS_MAX_BYTES``.
     """
     try:
-        text = read_limited(path, ROWS_MAX_BYTES).decode(errors="replace")
+        return files.read_rows(path)
     except (OSError, RunFileError) as e:
         raise ReportError(f"cannot read {path}: {e}") from None
-    rows = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line) if line.strip() else None
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(row, dict) and depth(row) <= SERIES_MAX_DEPTH:
-            rows.append(row)
-    return rows
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from normlab.config import LoggerKind, TrainConfig, to_plain
-from normlab.config.files import MAX_DEPTH, ROWS_MAX_BYTES, depth, read_limited
+from normlab.config.files import read_rows
 from normlab.config.schedule import TAG_KEYS, norm_tag
 
 log = logging.getLogger(__name__)
@@ -248,20 +248,12 @@ class MetricsLogger:
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``metrics.jsonl``; a torn last line (a kill mid-write) is left out, and so
-    is a line that is not a JSON object or nests too deep (:mod:`normlab.config.files`).
+    is a line that is not a JSON object or nests too deep (:func:`normlab.config.files.read_rows`).
 
     Raises:
         RunFileError: not a regular file of at most ``ROWS_MAX_BYTES``.
     """
-    rows = []
-    for line in read_limited(path, ROWS_MAX_BYTES).decode(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(row, dict) and depth(row) <= MAX_DEPTH:
-            rows.append(row)
-    return rows
+    return read_rows(path)
 
 
 def truncate_metrics(path: Path, last_step: int) -> None:
