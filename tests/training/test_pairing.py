@@ -86,3 +86,38 @@ def test_variants_along_each_design_axis_share_initial_weights_and_batches(compo
         for step in (0, 5):
             assert torch.equal(s0.train_batch(step)[0], s.train_batch(step)[0]), override
         assert torch.equal(s0.val_batch(0)[0], s.val_batch(0)[0]), override
+
+
+# --- init_seed and data_seed: what the seed seeds, set apart ---------------------------------
+
+
+def test_init_seed_alone_changes_the_initial_weights_and_keeps_the_batch_order(compose_cfg):
+    (ma, a), (mb, b) = tiny_setup(compose_cfg), tiny_setup(compose_cfg, "init_seed=7")
+    assert not torch.equal(ma.blocks[0].attn.qkv.weight, mb.blocks[0].attn.qkv.weight)
+    for step in (0, 5):
+        assert torch.equal(a.train_batch(step)[0], b.train_batch(step)[0])
+
+
+def test_data_seed_alone_changes_the_batch_order_and_keeps_the_initial_weights(compose_cfg):
+    (ma, a), (mb, b) = tiny_setup(compose_cfg), tiny_setup(compose_cfg, "data_seed=7")
+    assert torch.equal(ma.blocks[0].attn.qkv.weight, mb.blocks[0].attn.qkv.weight)
+    assert not torch.equal(a.train_batch(0)[0], b.train_batch(0)[0])
+    assert torch.equal(a.val_batch(0)[0], b.val_batch(0)[0])  # validation never moves
+
+
+def test_null_init_and_data_seeds_are_the_seed_bit_for_bit(compose_cfg):
+    (ma, a), (mb, b) = (
+        tiny_setup(compose_cfg),
+        tiny_setup(compose_cfg, "init_seed=2", "data_seed=2"),
+    )
+    for k, v in ma.state_dict().items():
+        assert torch.equal(v, mb.state_dict()[k]), k
+    assert torch.equal(a.train_batch(3)[0], b.train_batch(3)[0])
+
+
+@pytest.mark.parametrize("key", ["init_seed", "data_seed"])
+def test_a_negative_init_or_data_seed_is_refused_naming_the_key(compose_cfg, key):
+    from normlab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"{key}.*-1.*>= 0"):
+        to_train_config(compose_cfg([f"{key}=-1"]))

@@ -95,6 +95,7 @@ def test_a_tiny_run_writes_metrics_and_summary(compose_cfg, tmp_path):
     assert summary["final_val_bpb"] == rows[-1]["val/bpb"] and summary["final_eval"] == {}
     assert summary["tokens_per_step"] == 4 * 32 and summary["max_time_s"] is None
     assert summary["norm_impl"] == "reference" and summary["norm"]["eps"] == 1e-5
+    assert summary["init_seed"] == summary["data_seed"] == summary["seed"]  # null: the seed
     assert (
         summary["params"] > 0 and summary["step_time_ms_p90"] >= summary["step_time_ms_median"] > 0
     )

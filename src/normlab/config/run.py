@@ -282,7 +282,9 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    seed: int = 0
+    seed: int = 0  # the pairing key; also init_seed and data_seed where those are null
+    init_seed: int | None = None  # initial weights and dropout; null: seed
+    data_seed: int | None = None  # training batch order; null: seed
     max_steps: int = 2000
     eval_interval: int = 200
     eval_batches: int = 20
@@ -323,7 +325,14 @@ class TrainConfig:
         _require(self.eval_interval >= 1, "eval_interval", self.eval_interval, "must be >= 1")
         _require(self.eval_batches >= 1, "eval_batches", self.eval_batches, "must be >= 1")
         _require(self.log_interval >= 1, "log_interval", self.log_interval, "must be >= 1")
-        _require(self.seed >= 0, "seed", self.seed, "must be >= 0")
+        for key in ("seed", "init_seed", "data_seed"):
+            value = getattr(self, key)
+            _require(
+                value is None or value >= 0,
+                key,
+                value,
+                "must be >= 0" + ", or null (seed)" * (key != "seed"),
+            )
         _require(
             bool(_DEVICE.match(self.device)),
             "device",
@@ -413,6 +422,16 @@ class TrainConfig:
                 "run's decay start)",
             )
             seen.add(budget)
+
+    @property
+    def weights_seed(self) -> int:
+        """The seed of the initial weights and dropout: ``init_seed``, or ``seed`` when null."""
+        return self.seed if self.init_seed is None else self.init_seed
+
+    @property
+    def order_seed(self) -> int:
+        """The seed of the training batch order: ``data_seed``, or ``seed`` when null."""
+        return self.seed if self.data_seed is None else self.data_seed
 
     @property
     def tokens_per_step(self) -> int:

@@ -65,7 +65,7 @@ def build_eval_sets(
         data = prepare_eval(name, data_cfg, train_dir)
         try:
             sampler = BatchSampler(
-                data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, device
+                data, cfg.data.batch_size, cfg.model.context_length, cfg.order_seed, device
             )
         except DataError as e:
             raise DataError(f"eval_data: {name}: {e}") from None

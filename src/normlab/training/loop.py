@@ -264,7 +264,7 @@ class Outputs:
             "scaler": run.scaler.state_dict(),
             "rng": rngs[0],
             "rng_ranks": rngs if len(rngs) > 1 else None,
-            "sampler": {"step": p.done, "seed": run.cfg.seed},
+            "sampler": {"step": p.done, "seed": run.cfg.order_seed},
             "config": run.config_dict,
             "config_hash": record.summary["config_hash"],
             "wandb_run_id": self.sink.wandb_run_id,
@@ -354,9 +354,11 @@ def open_run(
         anneal=open_annealer(run, run_dir),  # a resumed run's: cut back to its step
     )
     if run.resume:  # last: model building and wandb above may draw random numbers
-        distributed.restore_rank_rng(state.get("rng_ranks") or [state["rng"]], cfg.seed, run.start)
+        distributed.restore_rank_rng(
+            state.get("rng_ranks") or [state["rng"]], cfg.weights_seed, run.start
+        )
     else:
-        distributed.seed_rank(cfg.seed, run.start)  # ranks > 0: their own dropout masks
+        distributed.seed_rank(cfg.weights_seed, run.start)  # ranks > 0: their own dropout masks
     run.state = {"step": run.start}  # free the checkpoint's RNG states and the rest
     return record, metrics, timer, out
 

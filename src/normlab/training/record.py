@@ -222,6 +222,8 @@ def start_record(run: Run, opts: RunOptions, t_start: float) -> RunRecord:
     summary: dict[str, Any] = {
         "status": "running",
         "seed": cfg.seed,
+        "init_seed": cfg.weights_seed,
+        "data_seed": cfg.order_seed,
         "max_steps": cfg.max_steps,
         "max_time_s": cfg.max_time_s,
         "tokens_per_step": cfg.tokens_per_step,

@@ -161,12 +161,12 @@ def decayed_gains(model: torch.nn.Module, which: NormWeightDecay) -> list[torch.
 
 
 def build_model(cfg: TrainConfig, device: torch.device | str) -> GPT:
-    """Seed every generator with ``cfg.seed`` and build the GPT on ``device``.
+    """Seed every generator with ``cfg.weights_seed`` and build the GPT on ``device``.
 
     ``cfg.norm`` must be resolved and ``cfg.model.vocab_size`` set. For one seed, every norm variant
     gets the same initial weights for the parameters they share (norms draw no random numbers).
     """
-    seed_everything(cfg.seed)
+    seed_everything(cfg.weights_seed)
     return GPT(cfg.model, cfg.norm).to(device)
 
 
@@ -295,7 +295,9 @@ def build_run(
     ddp = distributed.wrap(model, device)  # the model itself in a single process
     fwd = torch.compile(ddp) if cfg.compile else ddp
     eval_fwd = fwd if ddp is model else torch.compile(model) if cfg.compile else model
-    sampler = BatchSampler(data, cfg.data.batch_size, cfg.model.context_length, cfg.seed, device)
+    sampler = BatchSampler(
+        data, cfg.data.batch_size, cfg.model.context_length, cfg.order_seed, device
+    )
     return Run(
         cfg=cfg,
         device=device,
