@@ -10,8 +10,8 @@ import sys
 from benchmarks.plain_loop import build_plain
 from benchmarks.profile_step import format_profile, profile_steps
 from benchmarks.settings import DEFAULT_SETTINGS, bench_settings, format_settings
+from normlab.bench.step import build_setup, format_step, pair_result, time_pairs
 from normlab.commands.bench import add_common, run_mode
-from normlab.studies.bench_step import build_setup, format_step, pair_result, time_pairs
 
 DESCRIPTION = """\
 baseline: normlab's own step (B) against a plain-PyTorch loop (A) of the same model, batches and

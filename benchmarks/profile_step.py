@@ -16,7 +16,7 @@ import time
 import torch
 
 from benchmarks.plain_loop import build_plain
-from normlab.studies.bench_step import build_setup, count, recompile_limit
+from normlab.bench.step import build_setup, count, recompile_limit
 from normlab.training.tracking import synchronize
 
 #: The pseudo-op for wall time not inside any recorded op.

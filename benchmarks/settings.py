@@ -19,7 +19,7 @@ import shlex
 import numpy as np
 import torch
 
-from normlab.studies.bench_step import build_setup, count, recompile_limit
+from normlab.bench.step import build_setup, count, recompile_limit
 from normlab.training.peak import resolve_peak
 
 #: The settings timed when none is given: precision x compile.

@@ -125,8 +125,8 @@ def train_main(monkeypatch, capsys) -> Callable[[list[str], Path], tuple[int, st
     ``main()`` with ``args`` in this process (no interpreter start, no torch import: seconds less
     than :func:`run_cli`), in ``cwd``; the environment, the root logger (Hydra configures it per
     job) and torch's thread count are restored after the test."""
+    from normlab.commands.overrides import SWEPT_ENV
     from normlab.commands.train import main
-    from normlab.commands.train_args import SWEPT_ENV
 
     root = logging.getLogger()
     handlers, level, threads = root.handlers[:], root.level, torch.get_num_threads()

@@ -26,7 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "data": {"config"},
     "training": {"config", "norms", "model", "data"},
     "report": {"config"},
-    "studies": {"config", "compose", "norms", "model", "data", "training"},
+    "bench": {"config", "compose", "norms", "model", "data", "training"},
+    "studies": {"config", "compose", "norms", "model", "data", "training", "bench"},
     "evals": {"config", "norms", "model", "data", "training"},
     "commands": {
         "config",
@@ -36,6 +37,7 @@ ALLOWED: dict[str, set[str]] = {
         "data",
         "training",
         "report",
+        "bench",
         "studies",
         "evals",
     },

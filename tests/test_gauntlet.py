@@ -8,7 +8,7 @@ so that a new design or feature is covered by adding it to one list.
   naming the pid that holds it and changes nothing; every checkpoint of the finished run loads
   with the safe loader with its evaluation rows.
 - Hostile values for every key of the schema, generated from the schema
-  (:func:`normlab.commands.train_args.leaf_types`): each refused before Hydra in one line naming
+  (:func:`normlab.commands.overrides.leaf_types`): each refused before Hydra in one line naming
   the key.
 - A received run dir with hostile names, links, an alias bomb and oversized files, fed to
   ``normlab-report``, ``normlab-eval`` and ``normlab-sample``: nothing written outside the output,
@@ -39,8 +39,9 @@ from typing import Any
 
 import pytest
 
-from normlab.commands import evaluate, report, sample, train_args
-from normlab.commands.train_args import check_overrides, leaf_types
+from normlab.commands import evaluate, report, sample
+from normlab.commands import overrides as cli_overrides
+from normlab.commands.overrides import check_overrides, leaf_types
 from normlab.config import ConfigError, to_plain
 from normlab.model import GPT
 from normlab.norms import resolve_norm
@@ -125,7 +126,7 @@ FEATURES = [
 
 
 def test_every_feature_key_is_a_key_of_the_schema():
-    keys = {k.name for k in train_args.schema_keys(CONF_DIR)}
+    keys = {k.name for k in cli_overrides.schema_keys(CONF_DIR)}
     for entry in FEATURES:
         for o in entry.overrides:
             assert o.split("=", 1)[0] in keys, o
@@ -288,7 +289,7 @@ class Gauntlet:
 
 
 def hostile_values(types: tuple[type, ...]) -> list[str]:
-    """Values the type rules of ``train_args`` refuse for a key of ``types``: a bool takes true or
+    """Values the type rules of ``overrides`` refuse for a key of ``types``: a bool takes true or
     false only (not 2, not yes), an int at most 64 bits and no fraction, a number no word, an Enum
     its members only. Nothing for a key that takes any text."""
     if str in types:
@@ -321,13 +322,13 @@ def test_a_value_of_the_wrong_type_is_refused_before_hydra_in_one_line_naming_th
     key, monkeypatch
 ):
     composed = []
-    compose = train_args.compose_dict
+    compose = cli_overrides.compose_dict
 
     def spy(overrides):  # Hydra's composition: a value refused by its type never gets here
         composed.append(overrides)
         return compose(overrides)
 
-    monkeypatch.setattr(train_args, "compose_dict", spy)
+    monkeypatch.setattr(cli_overrides, "compose_dict", spy)
     for value in HOSTILE[key]:
         with pytest.raises(ConfigError) as e:
             check_overrides([f"{key}={value}"], CONF_DIR)

@@ -12,8 +12,8 @@ import torch
 
 from benchmarks.__main__ import main
 from benchmarks.plain_loop import build_plain
+from normlab.bench import step as bench_step
 from normlab.commands import bench
-from normlab.studies import bench_step
 
 TINY = [
     "model=tiny",

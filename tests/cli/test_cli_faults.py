@@ -19,7 +19,7 @@ import pytest
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the oracle, tests only
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from normlab.commands.train_args import as_override, expand, quote, value_of
+from normlab.commands.overrides import as_override, expand, quote, value_of
 from normlab.training import tracking
 from normlab.training.loop import RunOptions, train
 
@@ -69,7 +69,7 @@ def test_normlab_prepare_expands_with_the_public_parser_only():
     source = (REPO / "src" / "normlab" / "commands" / "prepare.py").read_text()
     assert (
         "hydra._internal" not in source
-        and "from normlab.commands.train_args import expand" in source
+        and "from normlab.commands.overrides import expand" in source
     )
 
 

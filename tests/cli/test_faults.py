@@ -14,10 +14,10 @@ import torch
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
+from normlab.commands import overrides as cli_overrides
 from normlab.commands import train as cli
-from normlab.commands import train_args
+from normlab.commands.overrides import check_output_dir, prepare_args
 from normlab.commands.train import JobFailure, SweepFailures
-from normlab.commands.train_args import check_output_dir, prepare_args
 from normlab.compose import find_conf_dir
 from normlab.config import ConfigError
 from normlab.model import GPT
@@ -135,11 +135,11 @@ def test_output_dir_checks_catch_unwritable_and_full_disks(tmp_path, monkeypatch
         raise PermissionError(13, "Permission denied")
 
     with monkeypatch.context() as m:  # root ignores chmod, so the refusal is simulated
-        m.setattr(train_args.tempfile, "TemporaryFile", refuse)
+        m.setattr(cli_overrides.tempfile, "TemporaryFile", refuse)
         with pytest.raises(ConfigError, match=r"is not writable: .*: Permission denied$"):
             check_output_dir("hydra.run.dir", str(tmp_path / "run"))
     full_disk = type("Usage", (), {"free": 1 << 20})()
-    monkeypatch.setattr(train_args.shutil, "disk_usage", lambda p: full_disk)
+    monkeypatch.setattr(cli_overrides.shutil, "disk_usage", lambda p: full_disk)
     with pytest.raises(ConfigError, match="has no room: 1 MiB free"):
         check_output_dir("hydra.run.dir", str(tmp_path / "run"))
 
@@ -220,7 +220,7 @@ def test_a_loss_above_max_loss_ends_the_run_as_diverged(cfg_tiny, tmp_path):
 def test_an_exception_mid_run_is_recorded_as_failed_and_the_wandb_run_closed(
     cfg_tiny, tmp_path, monkeypatch
 ):
-    import normlab.training.evaluation as train_module
+    import normlab.training.validation as train_module
 
     calls = {"n": 0}
     evaluate = train_module.evaluate

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from normlab.commands import train_args
+from normlab.commands import overrides as cli_overrides
 from normlab.compose import find_conf_dir
 from normlab.config import ConfigError
 from normlab.training import tracking
@@ -54,10 +54,10 @@ def test_the_slurm_launcher_composes_with_preemption_and_requeue_settings(tmp_pa
 
 
 def test_a_submitit_launcher_without_the_plugin_is_one_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(train_args.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(cli_overrides.importlib.util, "find_spec", lambda name: None)
     needs = "hydra/launcher=submitit_slurm needs the hydra-submitit-launcher plugin: "
     with pytest.raises(ConfigError, match=re.escape(needs + "pip install 'normlab[slurm]'")):
-        train_args.prepare_args(
+        cli_overrides.prepare_args(
             ["-m", "hydra/launcher=submitit_slurm", f"hydra.sweep.dir={tmp_path}"], find_conf_dir()
         )
 

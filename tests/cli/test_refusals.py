@@ -14,15 +14,16 @@ import pytest
 import torch
 import yaml
 
-from normlab.commands import sample, train_args
-from normlab.commands.train import auto_threads
-from normlab.commands.train_args import (
+from normlab.commands import overrides as cli_overrides
+from normlab.commands import sample
+from normlab.commands.overrides import (
     check_output_dir,
     check_overrides,
     help_text,
     prepare_args,
     unknown_option,
 )
+from normlab.commands.train import auto_threads
 from normlab.config import ConfigError
 
 from ..conftest import CONF_DIR, ONE_THREAD, TINY, run_cli
@@ -94,7 +95,7 @@ def test_resume_reads_the_run_dirs_overrides_within_limits(tmp_path):
 
 
 #: Every bool key of the schema, read from its dataclasses: a new one is covered with no edit.
-BOOL_KEYS = [k for k, t in train_args.leaf_types().items() if t in ((bool,), (bool, type(None)))]
+BOOL_KEYS = [k for k, t in cli_overrides.leaf_types().items() if t in ((bool,), (bool, type(None)))]
 
 
 @pytest.mark.parametrize("key", BOOL_KEYS)
@@ -130,7 +131,7 @@ def test_a_size_beyond_this_machines_memory_is_one_line_naming_the_rule(override
         check_overrides([*TINY, *with_, override], CONF_DIR)
     line = str(e.value)
     assert line.startswith(f"{named}") and "\n" not in line
-    assert "more than this machine's physical memory" in line and train_args.MEMORY_RULE in line
+    assert "more than this machine's physical memory" in line and cli_overrides.MEMORY_RULE in line
 
 
 def test_an_int_beyond_64_bits_is_refused_before_hydra():
@@ -139,7 +140,7 @@ def test_an_int_beyond_64_bits_is_refused_before_hydra():
 
 
 def test_an_output_dir_that_cannot_be_made_says_why():
-    if train_args.filesystem_type(Path("/proc")) != "proc":
+    if cli_overrides.filesystem_type(Path("/proc")) != "proc":
         pytest.skip("no proc filesystem at /proc here")
     with pytest.raises(ConfigError) as e:
         check_output_dir("hydra.run.dir", "/proc/x")

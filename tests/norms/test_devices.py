@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from normlab.bench import norms as bench_norms
 from normlab.config import ConfigError, NormConfig, NormImpl
 from normlab.config.norm_table import KINDS
 from normlab.norms import preflight as preflight_module
 from normlab.norms import resolve_norm
 from normlab.norms.preflight import preflight, preflight_model
 from normlab.norms.torch_impl import TorchRMSNorm
-from normlab.studies import bench_norms
 from normlab.training import setup
 
 from .device_guard import MixedDevices, OneDevice

@@ -18,11 +18,11 @@ import pytest
 import torch
 
 import normlab.norms as norms
+from normlab.bench.norms import summarize, summary_line
 from normlab.commands.bench import _parser as bench_parser
 from normlab.compose import to_train_config
 from normlab.config import ConfigError, NormCast, NormConfig, NormImpl, NormKind
 from normlab.config.norm_table import IMPLS, KINDS
-from normlab.studies.bench_norms import summarize, summary_line
 from normlab.studies.norm_cost import variants
 from normlab.training.diagnostics import named_norms
 from normlab.training.setup import build_run

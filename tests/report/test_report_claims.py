@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from normlab.commands.overrides import expand, value_of
 from normlab.commands.report import main
-from normlab.commands.train_args import expand, value_of
 from normlab.report import ReportError, build_report, compare, render_markdown
 from normlab.report.runs import (
     MAX_SWEEP_JOBS,
@@ -201,7 +201,7 @@ def test_a_sweep_whose_jobs_all_ended_is_not_unfinished(tmp_path):
 
 def test_the_job_list_is_hydras_basic_sweeper_order(tmp_path):
     """Params first, the command line after, a key given again keeping its slot, the last
-    varying fastest: the jobs equal ``train_args.expand`` (Hydra's own parser) over the same
+    varying fastest: the jobs equal ``commands.overrides.expand`` (Hydra's own parser) over the same
     overrides, value for value."""
     params = {"norm": "layer,rms", "seed": "0,1"}
     task = ["model=tiny", "seed=range(0,3)", "optim.lr=choice(1e-3,3e-3)", "eval_data=[a,b]"]

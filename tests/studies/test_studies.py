@@ -11,16 +11,16 @@ import pytest
 import torch
 import yaml
 
-from normlab.commands import train_args
+from normlab.bench.step import build_setup
+from normlab.commands import overrides as cli_overrides
+from normlab.commands.overrides import check_overrides, expand
 from normlab.commands.report import main as report_main
-from normlab.commands.train_args import check_overrides, expand
 from normlab.compose import compose_cli, find_conf_dir, to_train_config
 from normlab.config import ModelConfig, NormConfig, NormImpl, NormKind
 from normlab.model import GPT
 from normlab.norms import resolve_norm
 from normlab.report.compare import swept_numeric
 from normlab.report.plots import write_diag_figures
-from normlab.studies.bench_step import build_setup
 from normlab.studies.fp16_statistics import first_broken, model_check, norm_cases, norm_error_sweep
 from normlab.studies.norm_cost import CATEGORIES, ModuleTimer, breakdown, hooked_step
 
@@ -48,7 +48,7 @@ def test_every_value_an_experiment_sweeps_passes_trains_checks_and_reaches_the_c
     """What ``train experiment=<name>`` runs: each swept value names a real key or option, has
     the key's type and range (train's up-front check), and changes the composed config."""
     # a GPU or the Hub is the machine's to have, not the file's: not checked here
-    monkeypatch.setattr(train_args, "check_needs", lambda full: None)
+    monkeypatch.setattr(cli_overrides, "check_needs", lambda full: None)
     params = sweeps(name)
     swept = [f"{k}={v}" for k, v in params.items()]
     check_overrides(["-m", f"experiment={name}", *swept], find_conf_dir())
@@ -61,7 +61,7 @@ def test_every_value_an_experiment_sweeps_passes_trains_checks_and_reaches_the_c
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_a_recipe_sized_for_a_gpu_declares_device_cuda(name):
     """A file named ``*_gpu``, or one that sets a GPU's matmul peak, says ``device: cuda``, so
-    that ``train`` refuses it at once on a machine without one (``train_args.check_needs``)."""
+    that ``train`` refuses it at once on a machine without one (``cli_overrides.check_needs``)."""
     cfg = compose_cli([f"experiment={name}"])
     gpu_peak = isinstance(cfg.peak_tflops, int | float) and cfg.peak_tflops > 100
     if name.endswith("_gpu") or gpu_peak:

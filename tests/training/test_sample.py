@@ -342,8 +342,8 @@ def test_training_samples_are_the_run_models_continuation_of_a_fixed_prompt(
 ):
     import logging
 
-    from normlab.training.evaluation import SAMPLE_PROMPT_TOKENS
     from normlab.training.loop import train
+    from normlab.training.validation import SAMPLE_PROMPT_TOKENS
 
     caplog.set_level(logging.INFO, logger="normlab")
     cfg = cfg_tiny("model.dropout=0.1", "sample_interval=4", "sample_tokens=12")

@@ -119,7 +119,7 @@ def test_the_budget_evaluation_and_samples_are_not_in_the_resume_hash(cfg_tiny):
 
 
 def test_the_progress_bar_names_the_variant_and_the_swept_values(cfg_tiny):
-    from normlab.commands.train_args import job_swept, swept_keys
+    from normlab.commands.overrides import job_swept, swept_keys
 
     args = ["-m", "norm=layer,rms", "seed=0,1", "optim.lr=1e-3,3e-3", "model=tiny"]
     assert swept_keys(args) == ["norm", "seed", "optim.lr"]

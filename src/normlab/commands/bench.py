@@ -20,13 +20,7 @@ from pathlib import Path
 
 import torch
 
-from normlab.commands.train import auto_threads
-from normlab.compose import compose_cli
-from normlab.config import ConfigError, NormImpl, NormKind
-from normlab.config.norm_table import KINDS
-from normlab.data.tokens import DataError
-from normlab.norms import available_impls
-from normlab.studies.bench_norms import (
+from normlab.bench.norms import (
     CACHE_REGIMES,
     DTYPES,
     BenchError,
@@ -36,7 +30,13 @@ from normlab.studies.bench_norms import (
     model_width,
     parse_shape,
 )
-from normlab.studies.bench_step import bench_step, format_step
+from normlab.bench.step import bench_step, format_step
+from normlab.commands.train import auto_threads
+from normlab.compose import compose_cli
+from normlab.config import ConfigError, NormImpl, NormKind
+from normlab.config.norm_table import KINDS
+from normlab.data.tokens import DataError
+from normlab.norms import available_impls
 from normlab.training.distributed import resolve_device
 from normlab.training.host_memory import keep_freed_memory
 from normlab.training.peak import device_peak_tflops

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 
-from normlab.commands.train_args import expand
+from normlab.commands.overrides import expand
 from normlab.compose import compose
 from normlab.data.corpus import DataError
 

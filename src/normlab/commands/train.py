@@ -1,7 +1,7 @@
 """The ``train`` console script: the only module that runs a Hydra app, and what each of its
 jobs says happened (one line on stderr, ``train.log``, ``summary.json``, a sweep's failures).
 
-``train_args`` checks the command line first (resume by path, output dirs, every override against
+``overrides`` checks the command line first (resume by path, output dirs, every override against
 the schema), so a bad key, option or value is one line on stderr and exit status 2, before Hydra
 or torch starts; ``debug=true`` shows tracebacks and Hydra's full errors. In the task, the config
 is validated before torch is imported; then :func:`normlab.training.loop.train` runs.
@@ -13,7 +13,7 @@ a checkpoint. Every run dir says what happened: ``train.log`` holds the refusal 
 ``summary.json`` the status (``refused`` when the run never started). In a multirun a job that
 fails does not stop the others: :class:`SweepFailures` lists them at the end and exits 1.
 
-``train resume=<run dir>`` continues that run with its own overrides (``train_args``); the same
+``train resume=<run dir>`` continues that run with its own overrides (``overrides``); the same
 command with ``hydra.run.dir=<run dir> resume=auto`` starts or continues it, whichever applies.
 Under torchrun every rank runs this app; ranks > 0 use a private scratch dir for Hydra's files and
 rank 0's run dir for the run. Under a submitit launcher ``resume: null`` means ``auto``.
@@ -40,7 +40,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from normlab.commands.train_args import (
+from normlab.commands.overrides import (
     SWEPT_ENV,
     check_overrides,
     help_text,

@@ -189,7 +189,7 @@ def measure(
     """Build every setup, warm each up (compilation), then ``steps`` interleaved rounds of one plain
     and one hooked step per setup. Per variant: ``plain_ms`` (median of plain steps), the mean
     (ms) of every :func:`breakdown` key over the hooked steps, and ``calls`` per hooked step."""
-    from normlab.studies.bench_step import build_setup, recompile_limit
+    from normlab.bench.step import build_setup, recompile_limit
 
     setups = [build_setup([*common, *v]) for v in variant_overrides]
     timers = [ModuleTimer(s.run.model, s.run.device) for s in setups]

@@ -47,12 +47,12 @@ import torch
 from normlab.config import LrSchedule
 from normlab.training import distributed
 from normlab.training import step as training_step
-from normlab.training.evaluation import eval_row
 from normlab.training.metrics import NAMES
 from normlab.training.resume import restore_rng, rng_state
 from normlab.training.setup import Run
 from normlab.training.signals import StopSignals
 from normlab.training.tracking import synchronize
+from normlab.training.validation import eval_row
 
 log = logging.getLogger(__name__)
 

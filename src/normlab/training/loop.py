@@ -48,7 +48,6 @@ from normlab.training import step as training_step
 from normlab.training.anneal import Annealer, open_annealer
 from normlab.training.checkpoint import CKPT_DIR, save_checkpoint
 from normlab.training.diagnostics import ActivationRecorder, gain_stats
-from normlab.training.evaluation import TextSamples, eval_row
 from normlab.training.lock import own_run_dir
 from normlab.training.metrics import NAMES, Limits, MetricsBuffer, SpikeCounter
 from normlab.training.precision import calibration_skips_max
@@ -63,6 +62,7 @@ from normlab.training.setup import (
 )
 from normlab.training.step import lr_at
 from normlab.training.tracking import MetricsLogger, NoSink, StepTimer, variant_label
+from normlab.training.validation import TextSamples, eval_row
 
 __all__ = ["RunOptions", "train"]
 

@@ -45,12 +45,12 @@ from normlab.config import RunOptions, TrainConfig, to_plain
 from normlab.norms.backends import impl_class, kernel_backend
 from normlab.training import distributed
 from normlab.training.diagnostics import ZERO_ROWS_SUFFIX, named_norms
-from normlab.training.evaluation import final_eval
 from normlab.training.metrics import DIAG_PREFIX, NAMES, Divergence, MetricsBuffer
 from normlab.training.peak import resolve_peak
 from normlab.training.resume import config_hash
 from normlab.training.setup import Run, versions
 from normlab.training.tracking import StepTimer
+from normlab.training.validation import final_eval
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Progress:
     t_start: float
 
     def set_eval(self, row: dict[str, Any]) -> None:
-        """Keep an evaluation's ``val/`` keys (:func:`~normlab.training.evaluation.eval_row`)."""
+        """Keep an evaluation's ``val/`` keys (:func:`~normlab.training.validation.eval_row`)."""
         self.val_row, self.val_loss = row, row[NAMES["val_loss"]]
 
     def wall_time_s(self) -> float:

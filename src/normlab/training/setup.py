@@ -50,12 +50,12 @@ from normlab.training import distributed
 from normlab.training.checkpoint import Loaded
 from normlab.training.diagnostics import named_norms
 from normlab.training.distributed import resolve_device, seed_everything
-from normlab.training.evaluation import EvalSet, build_eval_sets
 from normlab.training.host_memory import host_memory, keep_freed_memory, release_freed_memory
 from normlab.training.peak import device_name
 from normlab.training.precision import DTYPES, autocast, check_precision, grad_scaler
 from normlab.training.resume import check_free_space, check_resumable, find_resume_point
 from normlab.training.sample import check_tokenizer
+from normlab.training.validation import EvalSet, build_eval_sets
 
 #: Devices where AdamW runs fused (one kernel over all parameters; on CUDA its step counters and
 #: the grad scaler's inf check stay on the device). CPU keeps foreach, bit-identical to the for-loop

@@ -50,10 +50,10 @@ import numpy as np
 import torch
 import yaml
 
+from normlab.bench.step import count, recompile_limit
 from normlab.compose import find_conf_dir
 from normlab.config import ConfigError, NormConfig, NormImpl, NormKind
 from normlab.norms import build_norm, resolve_norm
-from normlab.studies.bench_step import count, recompile_limit
 from normlab.training.distributed import resolve_device
 from normlab.training.tracking import synchronize
 

@@ -9,16 +9,16 @@ import math
 import pytest
 import torch
 
-import normlab.studies.bench_norms as bench
-from normlab.commands.bench import main
-from normlab.studies import bench_step
-from normlab.studies.bench_norms import (
+import normlab.bench.norms as bench
+from normlab.bench import step as bench_step
+from normlab.bench.norms import (
     bench_norms,
     format_norm_table,
     norm_bytes,
     settle,
     summarize,
 )
+from normlab.commands.bench import main
 
 SHAPE = (64, 128)
 

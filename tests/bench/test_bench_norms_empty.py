@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from normlab.bench.norms import BenchError, bench_norms
 from normlab.commands.bench import main
-from normlab.studies.bench_norms import BenchError, bench_norms
 
 
 def test_a_bench_whose_every_case_is_skipped_is_an_error(monkeypatch):

@@ -1,0 +1,1 @@
+"""The benchmarks of ``normlab-bench``: norm kernels (``norms``) and training steps (``step``)."""
