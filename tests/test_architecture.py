@@ -27,7 +27,7 @@ ALLOWED: dict[str, set[str]] = {
     "training": {"config", "norms", "model", "data"},
     "report": {"config"},
     "bench": {"config", "compose", "norms", "model", "data", "training"},
-    "studies": {"config", "compose", "norms", "model", "data", "training", "bench"},
+    "studies": {"config", "compose", "norms", "model", "data", "training", "bench", "report"},
     "evals": {"config", "norms", "model", "data", "training"},
     "commands": {
         "config",

@@ -456,6 +456,49 @@ def test_history_words_are_found():
     ]
 
 
+#: The tools of the workplace where normlab is built (its agents' device machine, their file
+#: transfers, issue tracker and helpers): a user of normlab has none of them, so no user doc may
+#: tell a reader to use one. Regexes, matched case-insensitively; ``carry`` and ``.library`` as
+#: those tools spell them, so the English "carry over" and ``torch.library`` stay allowed. The
+#: user docs: README.md and every topic page of docs/, ARCHITECTURE.md included (a contributor has
+#: none of these tools either); docs/results/ holds dated records, not instructions.
+WORKPLACE_TOOLS = (
+    r"device tool",
+    r"`run` tool",
+    r"give_back",
+    r"files_at",
+    r"files_fetch",
+    r"`carry`|\bcarry=|\bcarry: \[",
+    r"(?<!\w)\.library\b",
+    r"issues show",
+    r"duplicates --change",
+    r"subagent",
+    r"lease script",
+)
+WORKPLACE = re.compile("|".join(f"(?:{t})" for t in WORKPLACE_TOOLS), re.I)
+
+
+@pytest.mark.parametrize("page", TOPIC_PAGES, ids=[str(p.relative_to(REPO)) for p in TOPIC_PAGES])
+def test_user_docs_name_no_tool_of_the_workplace(page: Path):
+    text = page.read_text()
+    found = [
+        f"line {text.count(chr(10), 0, m.start()) + 1}: {m.group(0)}"
+        for m in WORKPLACE.finditer(text)
+    ]
+    assert found == []
+
+
+def test_workplace_tools_are_found_and_plain_words_are_not():
+    bad = (
+        "Use the device tool (`run` tool) with `carry`, then give_back; read files_at or "
+        "files_fetch, /work/.library/README.md, `issues show 35`, `duplicates --change`, "
+        "a subagent, the lease script."
+    )
+    assert len(WORKPLACE.findall(bad)) == len(WORKPLACE_TOOLS)
+    fine = "the speed-up does not carry over; torch.library.register_fake; run the tool chain"
+    assert WORKPLACE.findall(fine) == []
+
+
 # --- the other commands: subcommands and flags ---------------------------------------------------
 
 #: The console scripts (and ``python -m benchmarks``) whose subcommand and flags shown in a fenced

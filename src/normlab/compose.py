@@ -1,8 +1,10 @@
 """The one Hydra composition: ``conf/train.yaml`` plus overrides -> a validated config.
 
 Every tool (``train``, ``normlab-prepare``, ``normlab-bench``, the studies) and the tests compose
-through :func:`compose`; no other module outside ``commands/`` imports Hydra. The schema is
-:class:`normlab.config.CliConfig`; every range check runs in its ``__post_init__``.
+through ``compose``; no other module outside ``commands/`` imports Hydra. The schema is
+``normlab.config.CliConfig``; every range check runs in its ``__post_init__``.
+
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -21,10 +23,9 @@ from normlab.config.schedule import norm_tag
 
 
 def register_schema() -> None:
-    """Register :class:`CliConfig` as ``train_schema`` so every group is type-checked on merge,
-    and the ``name`` resolver: ``${name:${norm.kind}}`` is ``rms``, not ``NormKind.rms``; the
-    ``norm_tag`` resolver: ``${norm_tag:${norm}}`` is the norm design for a directory name
-    (:func:`normlab.config.schedule.norm_tag`, e.g. ``layer[0-1:rms+3:dyt]-cpp-peri-qkhead``)."""
+    """Register ``CliConfig`` as ``train_schema`` (every group type-checked on merge) and the
+    resolvers ``${name:${norm.kind}}`` (``rms``, not ``NormKind.rms``) and ``${norm_tag:${norm}}``
+    (``schedule.norm_tag`` for a directory name, e.g. ``layer[0-1:rms+3:dyt]-cpp-peri-qkhead``)."""
     ConfigStore.instance().store(name="train_schema", node=CliConfig)
     if not OmegaConf.has_resolver("name"):
         OmegaConf.register_new_resolver("name", lambda v: v.name if isinstance(v, Enum) else v)
@@ -38,11 +39,8 @@ def register_schema() -> None:
 
 
 def validate(cfg: DictConfig) -> CliConfig:
-    """A composed DictConfig as a validated :class:`CliConfig` (every ``__post_init__`` check).
-
-    Raises:
-        ConfigError: one line naming the bad key and value.
-    """
+    """A composed DictConfig as a validated ``CliConfig`` (every ``__post_init__`` check);
+    ConfigError: one line naming the bad key and value."""
     plain = OmegaConf.to_container(cfg, resolve=True)
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(CliConfig), plain))
@@ -56,11 +54,7 @@ def validate(cfg: DictConfig) -> CliConfig:
 
 
 def to_train_config(cfg: DictConfig) -> TrainConfig:
-    """Validate a composed config into a :class:`TrainConfig` (the hashed part of a run).
-
-    Raises:
-        ConfigError: one line naming the bad key and value.
-    """
+    """A composed config as a validated ``TrainConfig`` (the hashed part); ConfigError."""
     return validate(cfg).train_config()
 
 
@@ -76,15 +70,10 @@ def compose_dict(overrides: list[str]) -> DictConfig:
 
 
 def compose_cli(overrides: list[str]) -> CliConfig:
-    """:func:`compose_dict` validated as the full :class:`CliConfig` (invocation keys included)."""
+    """``compose_dict`` validated as the full ``CliConfig`` (invocation keys included)."""
     return validate(compose_dict(overrides))
 
 
 def compose(overrides: list[str]) -> TrainConfig:
-    """``conf/train.yaml`` composed with ``overrides`` and validated, exactly as ``train`` would.
-
-    Raises:
-        ConfigError: a bad value, one line naming it.
-        hydra.errors.HydraException: an override Hydra cannot apply (unknown key or option).
-    """
+    """``train.yaml`` + ``overrides`` validated as ``train`` does; ConfigError, HydraException."""
     return compose_cli(overrides).train_config()

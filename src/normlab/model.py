@@ -1,46 +1,13 @@
 """A GPT you can read top to bottom (after nanoGPT), with every norm built by ``norms.build_norm``.
 
 Shapes: B batch, T sequence length (<= context_length), C = d_model, H heads, V vocabulary.
-Token + learned position embeddings, causal self-attention through
-``F.scaled_dot_product_attention``, a GELU MLP (4C hidden), a final norm, and an output head tied
-to the token embedding. Init follows GPT-2 (Radford et al. 2019): N(0, 0.02) for linear and
-embedding weights, residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases, norm gains 1.
+Token + learned position embeddings, causal ``F.scaled_dot_product_attention``, a GELU MLP (4C
+hidden), a final norm and a head tied to the token embedding. Init as GPT-2 (Radford et al. 2019):
+N(0, 0.02) weights, residual projections N(0, 0.02 / sqrt(2 n_layer)), zero biases, gains 1.
+Each norm is ``build_norm(norm.at(position, block))``; ``Block.forward`` writes out every
+``norm.placement``; a model whose last block is post or deepnorm has no final norm.
 
-Norms (``normlab.config.schedule`` names their positions; each is built by ``build_norm`` from
-``norm.at(position, block)``, so a block schedule or a per-position override changes only that
-norm). ``norm.placement``, written out in ``Block.forward`` (f: attention or MLP branch):
-
-* ``pre`` (GPT-2):          x = x + f(attn_in(x));             logits = head(final(x))
-* ``post`` (Vaswani 2017):  x = attn_out(x + f(x));            logits = head(x)
-* ``peri`` (Peri-LN, Kim et al. 2025; Gemma 2/3): x = x + attn_out(f(attn_in(x)));  final norm
-* ``reordered`` (OLMo-2, arXiv:2501.00656):       x = x + attn_out(f(x));           final norm
-* ``deepnorm`` (DeepNorm, Wang et al. 2022, arXiv:2203.00555): x = attn_out(alpha x + f(x)), alpha
-  = (2N)^(1/4) for N = n_layer; the value rows of ``qkv``, the attention output projection and both
-  MLP weights are initialised as for post-norm and then times beta = (8N)^(-1/4) (q and k rows not)
-
-(the MLP branch likewise with ``mlp_in`` / ``mlp_out``), and one that treats the branches apart:
-
-* ``hybrid`` (HybridNorm, Zhuo et al. 2025, arXiv:2503.04598, as its authors' code computes it):
-  h = x + attn(x) where attention normalizes q, k and v, each over head_dim per head (position
-  ``qk``); then z = mlp_in(h), x = z + mlp(z): the MLP's input norm also carries the stream
-  (the paper's "Post-Norm in the FFN"); final norm.
-
-``norm.mix_ln`` (Mix-LN, Li et al. 2024, arXiv:2412.13795) makes the first floor(mix_ln * n_layer)
-blocks post and the rest pre (``NormConfig.placement_at``). A model whose *last* block is post
-or deepnorm has **no final norm**, as in the original Transformer: the last block already
-ends in a norm of the whole stream (``mlp_out``), and stacking another on it only multiplies two
-gains (and adds two biases) on the same normalized vector, a reparametrisation that weight decay
-then pulls on twice. So post-norm runs have 2 x d_model fewer parameters than pre-norm runs (the
-final gain and bias, which draw no random numbers): every parameter they share starts equal for
-one seed (DeepNorm's: after undoing beta).
-``model.embedding_scale`` (DyT's LLM recipe, Zhu et al. 2025, section 7): the embedding (token +
-position) times one learnable scalar, initialised at sqrt(d_model) (``true``) or a given number;
-off by default (no parameter). It draws no random number, so pairing holds.
-``norm.qk``: ``head`` normalizes q and k over head_dim per head (nanochat, Qwen3), ``full`` over
-d_model before the split (OLMo-2). ``norm.embedding``: a norm after token + position embedding.
-``norm.depth_scale`` (LayerNorm Scaling, Sun et al. 2025, "The Curse of Depth", arXiv:2502.05795):
-the output of each input norm (``attn_in``, ``mlp_in``: pre and peri) of block l (1-based) is
-scaled by 1/sqrt(l), so that the variance pre-norm adds per block no longer grows with depth.
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -167,19 +134,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    """Decoder-only transformer language model.
+    """Decoder-only LM of ``cfg`` (``vocab_size`` set) and a resolved ``norm`` (concrete impl).
 
-    Args:
-        cfg: shape; ``cfg.vocab_size`` must be set (the trainer fills it from the tokenizer).
-        norm: a *resolved* norm config (concrete ``impl``), see ``norms.resolve_norm``; a
-            schedule entry or position override without an impl inherits that impl.
-
-    Raises ConfigError (one line) for a schedule outside ``n_layer`` or a derived norm whose
-    kind has no such implementation (write ``kind@impl``).
-
-    ``forward(idx (B, T) int64, targets (B, T) int64 | None)`` returns
-    ``(logits (B, T, V), loss)`` where loss is the mean cross-entropy in nats/token (None without
-    targets). Raises ValueError when T exceeds ``context_length``.
+    ``forward(idx (B, T) int64, targets (B, T) int64 | None) -> (logits (B, T, V), loss)``, loss
+    the mean cross-entropy in nats/token or None; ValueError when T > ``context_length``.
+    ConfigError (one line): a schedule outside ``n_layer``, a kind without the inherited impl.
     """
 
     def __init__(self, cfg: ModelConfig, norm: NormConfig):
@@ -222,9 +181,8 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def _scale_branches(self, beta: float) -> None:
-        """DeepNorm's initialisation (arXiv:2203.00555): the value rows of ``qkv``, the attention
-        output projection and both MLP weights times ``beta``, after their normal_ draw, so that
-        the RNG is consumed as for post-norm (q and k rows, embeddings and norms unscaled)."""
+        """DeepNorm init (Wang et al. 2022): v rows of ``qkv``, attention and MLP weights times
+        ``beta`` after their normal draw, so the RNG is consumed as for post-norm."""
         C = self.cfg.d_model
         with torch.no_grad():
             for block in self.blocks:
@@ -233,10 +191,8 @@ class GPT(nn.Module):
                     linear.weight.mul_(beta)
 
     def _init_gates(self) -> None:
-        """Re-draw the gate of each norm that has one (GatedNorm's ``reset_gate``), in module
-        order, each from its own CPU generator seeded by the run seed (``torch.initial_seed()``,
-        which reading does not advance) and the norm's index: the global RNG, which every Linear
-        and Embedding draws from, is left untouched, so shared parameters stay paired."""
+        """Re-draw each norm's gate (``reset_gate``) from its own generator seeded by the run seed
+        and the norm's index; the global RNG is untouched, so shared parameters stay paired."""
         gated = [m for m in self.modules() if hasattr(m, "reset_gate")]
         for index, norm in enumerate(gated):
             seed = (torch.initial_seed() * 1_000_003 + GATE_SEED_OFFSET + index) % 2**63

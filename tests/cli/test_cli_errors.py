@@ -67,6 +67,14 @@ MISSPELLED = [
         "norm.kind=rsm is not allowed (allowed: layer, rms, dyt, derf, gated); "
         "did you mean norm.kind=rms?",
     ),
+    (  # --cfg prints the config: the same check first, the same one line
+        ["--cfg", "job", "norm.epz=1"],
+        "norm.epz=1: there is no key 'norm.epz' in the config; did you mean norm.eps?",
+    ),
+    (
+        ["--cfg=job", "--resolve", "norm=rsm"],
+        RSM,
+    ),
     (
         ["max_steps=ten"],
         "max_steps=ten: Value 'ten' of type 'str' could not be converted to Integer: "
@@ -117,13 +125,22 @@ def test_debug_true_shows_hydras_full_error(tmp_path):
 def test_help_lists_every_key_with_its_default_and_one_line_meaning(tmp_path):
     r = run_cli(["--help"], tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == help_text(CONF_DIR)
-    listed = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ")}
+    lines = r.stdout.splitlines()
+    # a name too long for its column stands alone; its default and meaning are on the next line
+    listed = {
+        line.split()[0]: line if len(line.split()) > 1 else f"{line}\n{lines[i + 1]}"
+        for i, line in enumerate(lines)
+        if line.startswith("  ")
+    }
     keys = schema_keys(CONF_DIR)
     shared = {k.name for k in keys if sum(j.meaning == k.meaning for j in keys) > 2}
     assert {k.name for k in keys} - shared <= listed.keys()
     for k in keys:
         if k.meaning and k.name not in shared:
             assert listed[k.name].endswith(k.meaning), k.name
+    # the columns line up: every meaning starts where the others do
+    starts = {row.splitlines()[-1].rindex(k.meaning) for k in keys if (row := listed.get(k.name))}
+    assert len(starts) == 1, starts
     # norm.positions.<position>.<key>: a line per key with its meaning, the positions listed once
     parts = [line.strip().split(": ", 1) for line in r.stdout.splitlines()]
     (positions,) = [w[1].split(", ") for w in parts if w[0] == "<position>"]

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from normlab.compose import compose_cli
-from normlab.report.runs import GLOBAL_GROUPS
+from normlab.report.variants import GLOBAL_GROUPS
 
 from ..conftest import CONF_DIR, TINY
 

@@ -47,6 +47,59 @@ def test_a_gpu_recipe_on_a_machine_without_one_is_one_line_before_any_job(monkey
         check_overrides(["-m", *TINY, "device=cpu,cuda"], CONF_DIR)
 
 
+#: Every experiment file that sets ``device: cuda``: a GPU recipe.
+GPU_RECIPES = sorted(
+    p.stem
+    for p in (CONF_DIR / "experiment").glob("*.yaml")
+    if str((yaml.safe_load(p.read_text()) or {}).get("device")).startswith("cuda")
+)
+
+
+@pytest.mark.parametrize("name", GPU_RECIPES)
+def test_a_gpu_recipe_refused_here_names_its_cpu_study(monkeypatch, name):
+    assert {"loss_parity", "loss_parity_1h", "ladder_gpu", "eps_sweep_gpu"} <= set(GPU_RECIPES)
+    twin = cli_overrides.cpu_twin(name, CONF_DIR)
+    assert twin is not None and twin not in GPU_RECIPES
+    assert (CONF_DIR / "experiment" / f"{twin}.yaml").is_file()
+
+    def no_torch_needed():
+        raise AssertionError("a CPU build of torch is known from its version: no import")
+
+    # a CPU wheel of torch (2.13.0+cpu) cannot have CUDA: refused without asking torch
+    monkeypatch.setattr(cli_overrides, "torch_without_cuda", lambda: "2.13.0+cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", no_torch_needed)
+    with pytest.raises(ConfigError) as e:
+        check_overrides([f"experiment={name}"], CONF_DIR)
+    assert str(e.value) == (
+        "device=cuda needs a CUDA GPU and this machine has none (torch 2.13.0+cpu, CUDA not "
+        f"built in): run it on a GPU machine, or run its CPU study here: experiment={twin}"
+    )
+
+
+def test_gpu_recipes_pair_with_the_cpu_studies_of_their_question():
+    twins = {name: cli_overrides.cpu_twin(name, CONF_DIR) for name in GPU_RECIPES}
+    assert twins["loss_parity"] == twins["loss_parity_1h"] == "loss_parity_cpu"
+    assert twins["ladder_gpu"] == "ladder_cpu" and twins["eps_sweep_gpu"] == "eps_sweep"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_gpu_recipe_is_refused_before_torch_is_imported_with_a_cpu_build(tmp_path):
+    from .test_cli_errors import TORCH_PROBE, cli_with
+
+    r = cli_with(TORCH_PROBE, ["experiment=loss_parity"], tmp_path)
+    assert r.returncode == 2
+    line, probe = r.stderr.splitlines()
+    assert line.endswith("or run its CPU study here: experiment=loss_parity_cpu")
+    if cli_overrides.torch_without_cuda():  # a CUDA build must ask torch whether a GPU is here
+        assert probe == "torch imported: False"
+
+
+def test_cfg_job_prints_a_gpu_recipe_on_a_machine_without_one(monkeypatch, tmp_path, train_main):
+    monkeypatch.setattr(cli_overrides, "torch_without_cuda", lambda: "2.13.0+cpu")
+    code, out, err = train_main(["--cfg", "job", "experiment=loss_parity"], tmp_path)
+    assert code == 0 and err == "" and "device: cuda" in out
+
+
 def test_a_hub_corpus_without_its_tokens_while_offline_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     args = [*TINY, "data=fineweb_edu", f"data.cache_dir={tmp_path}"]
@@ -156,11 +209,9 @@ def test_an_unknown_option_with_nothing_close_has_no_stray_separator():
 
 def test_help_says_each_meaning_once():
     lines = [line.strip() for line in help_text(CONF_DIR).splitlines() if line.strip()]
-    keys = [line.split(None, 2) for line in lines if line.startswith("norm.positions")]
-    assert {k[0].split(".")[2] for k in keys} == {
-        "<position>"
-    }  # one line per key, not per position
-    meanings = [k[-1] for k in keys]
+    at = [i for i, line in enumerate(lines) if line.startswith("norm.positions")]
+    assert {lines[i].split(".")[2] for i in at} == {"<position>"}  # one per key, not per position
+    meanings = [lines[i + 1].split(None, 1)[-1] for i in at]  # a long name stands alone
     assert len(meanings) == len(set(meanings)) and "this position's norm.kind" in meanings[0]
     assert sum(line.startswith("<position>:") for line in lines) == 1  # the positions, once
     sentences = [s for line in lines for s in line.split(". ") if len(s) > 40]

@@ -16,7 +16,8 @@ from normlab.config import ConfigError, NormConfig, NormImpl, NormKind, Placemen
 from normlab.config.schedule import ScheduleEntry, norm_tag, parse_blocks
 from normlab.model import GPT
 from normlab.norms import norm_class, resolve_norm
-from normlab.report.runs import Run, choose_baseline, label_runs
+from normlab.report.runs import Run
+from normlab.report.variants import choose_baseline, label_runs
 from normlab.training.sample import load_run
 from normlab.training.tracking import run_names
 

@@ -23,8 +23,8 @@ from normlab.commands.report import main
 from normlab.report import (
     ReportError,
     build_report,
-    compare,
     describe,
+    family,
     log_report_to_wandb,
     paired_difference,
     ratio_interval,
@@ -309,7 +309,7 @@ def test_a_swept_design_explains_the_keys_its_file_sets_and_labels_the_variants(
 
 def test_the_global_groups_are_the_conf_groups_whose_files_are_global():
     from normlab.config.base import find_conf_dir
-    from normlab.report.runs import GLOBAL_GROUPS
+    from normlab.report.variants import GLOBAL_GROUPS
 
     conf = find_conf_dir()
     found = {
@@ -411,9 +411,9 @@ def test_cli_writes_report_with_tables_verdict_and_nonempty_figures(tmp_path, ca
         "| 0.0175 | equivalent within 0.05 nats |"
     ) in md
     assert "over n = 3 seeds" in md and "Verdict: **equivalent within 0.05 nats**" in md
-    assert (
-        "log-ratios and exponentiated" in md and "| `norm=rms` | 3 | 1.097 | [0.875, 1.376] |" in md
-    )
+    ratio = md.split("## Step-time ratio")[1].split("\n## ")[0]  # its method named, not retold
+    assert "Method: `docs/reports.md#sequential-step-times`." in ratio
+    assert "| `norm=rms` | 3 | 1.097 | [0.875, 1.376] |" in ratio
     assert "EMA" in md
     for name in ("val_loss.png", "train_loss.png", "step_time.png"):
         png = out / name
@@ -539,7 +539,7 @@ def test_two_tied_variants_of_three_show_no_best_design(tmp_path, capsys):
     three_variants(tmp_path, (-0.10, -0.11, -0.105), (-0.105, -0.105, -0.105))
     rep = build_report(tmp_path)
     assert all(c["holm"]["detectable"] for c in rep.comparisons)  # each beats the baseline
-    b = compare.best_design(rep)
+    b = family.best_design(rep)
     assert {b["leader"], b["runner_up"]} == {"norm=rms", "norm.eps=1e-3,norm=rms"}
     assert not b["shown"] and b["p"] > 0.5 and b["family"] == 3
     assert main([str(tmp_path)]) == 0
@@ -556,7 +556,7 @@ def test_a_leader_tested_ahead_of_the_runner_up_is_named_best(tmp_path):
     0.0082 < 0.05: shown best."""
     three_variants(tmp_path, (-0.10, -0.11, -0.12), (-0.01, -0.03, -0.02))
     rep = build_report(tmp_path)
-    b = compare.best_design(rep)
+    b = family.best_design(rep)
     assert (b["leader"], b["runner_up"]) == ("norm=rms", "norm.eps=1e-3,norm=rms")
     t = 0.09 / (0.01 / math.sqrt(3))
     assert b["mean"] == pytest.approx(0.09) and b["p"] == pytest.approx(2 * (1 - t2_cdf(t)))
@@ -569,7 +569,7 @@ def test_a_leader_tested_ahead_of_the_runner_up_is_named_best(tmp_path):
 
 def test_one_comparison_names_no_best_design(tmp_path):
     rep = build_report(make_sweep(tmp_path))
-    assert compare.best_design(rep) is None and "shown best" not in render_markdown(rep)
+    assert family.best_design(rep) is None and "shown best" not in render_markdown(rep)
 
 
 def test_the_context_names_the_schedule_the_runs_trained_with(tmp_path):

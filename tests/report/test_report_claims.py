@@ -19,13 +19,10 @@ import yaml
 
 from normlab.commands.overrides import expand, value_of
 from normlab.commands.report import main
-from normlab.report import ReportError, build_report, compare, render_markdown
-from normlab.report.runs import (
-    MAX_SWEEP_JOBS,
-    job_value,
-    override_key,
-    sweep_record,
-)
+from normlab.report import ReportError, build_report, render_markdown
+from normlab.report.family import best_design
+from normlab.report.runs import override_key
+from normlab.report.unfinished import MAX_SWEEP_JOBS, job_value, sweep_record
 
 from .test_report import LAYER, t2_cdf, three_variants, write_run
 
@@ -75,7 +72,7 @@ def test_a_best_design_names_the_seeds_the_leader_and_runner_up_did_not_complete
     line = best_line(render_markdown(rep))
     assert line.startswith(f"**Best design: `{LEADER}`**, ahead of the runner-up (")
     assert line.endswith(f", over the seeds that completed (left out: {'; '.join(left)}).")
-    b = compare.best_design(rep)
+    b = best_design(rep)
     assert (b["leader"], b["runner_up"], b["shown"]) == (LEADER, RUNNER, True)
     assert b["exclusions"] == left
 
@@ -85,7 +82,7 @@ def test_a_best_design_over_seeds_that_all_completed_names_no_exclusion(tmp_path
     rep = build_report(tmp_path)
     line = best_line(render_markdown(rep))
     assert line.startswith("**Best design:") and "left out" not in line
-    assert compare.best_design(rep)["exclusions"] == []
+    assert best_design(rep)["exclusions"] == []
 
 
 def test_no_best_design_when_every_baseline_run_failed(tmp_path, capsys):
@@ -100,7 +97,7 @@ def test_no_best_design_when_every_baseline_run_failed(tmp_path, capsys):
         "**No best design:** the baseline `norm=layer` has no completed run (3 excluded, see "
         "Excluded runs): no variant is measured against it ("
     )
-    b = compare.best_design(rep)
+    b = best_design(rep)
     assert b["detectable"] and not b["shown"]
     assert main([str(tmp_path)]) == 0
     assert "No best design: the baseline `norm=layer`" in capsys.readouterr().out
@@ -131,12 +128,12 @@ def test_a_lead_inside_the_margin_is_no_best_design(tmp_path):
         "inside the study's margin ±0.02 (TOST: equivalent), within which the report calls "
         "variants equivalent ("
     )
-    b = compare.best_design(rep)
+    b = best_design(rep)
     assert (b["leader"], b["mean"], b["equivalent"]) == (LEADER, pytest.approx(4e-4), True)
     p = 2 * (1 - t2_cdf(4e-4 / (1e-4 / math.sqrt(3))))
     assert b["p"] == pytest.approx(p, rel=1e-6) and b["p_holm"] == pytest.approx(p, rel=1e-6)
     assert p == pytest.approx(0.0202, abs=1e-4) and b["detectable"] and not b["shown"]
-    narrow = compare.best_design(build_report(tmp_path, margin=2e-4))
+    narrow = best_design(build_report(tmp_path, margin=2e-4))
     assert narrow["shown"] and narrow["withheld"] is None
 
 

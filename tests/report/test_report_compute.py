@@ -12,7 +12,7 @@ import pytest
 
 from normlab.commands.report import main
 from normlab.report import build_report, report_tables
-from normlab.report.compare import steps_to_time
+from normlab.report.plan import steps_to_time
 from normlab.report.series import series
 from normlab.report.stats import (
     compute_for_nats,

@@ -14,18 +14,17 @@ import pytest
 from scipy import optimize, stats
 
 from normlab.commands.report import main
-from normlab.report import ReportError, build_ladder, load_runs, markdown, write_ladder_figures
+from normlab.report import ReportError, build_ladder, ladder, load_runs, write_ladder_figures
 from normlab.report.compare import margin_from_compute
-from normlab.report.ladder import (
+from normlab.report.ladder import is_ladder, training_flops
+from normlab.report.laws import (
     FULL,
     PURE,
     TARGET_PARAMS,
     fit_power_law,
-    is_ladder,
     ladder_law,
     law_value,
     multiplier_trend,
-    training_flops,
 )
 
 from .test_report import write_run
@@ -133,7 +132,7 @@ def test_three_sizes_fit_three_parameters_with_no_interval_and_two_sizes_none():
     law = fit_power_law(compute, [true_law(c) for c in compute], form=FULL)
     assert law["form"] == FULL and law["dof"] == 0 and law["alpha"] == pytest.approx(0.3, abs=1e-3)
     assert all(map(math.isnan, law["alpha_ci"])) and math.isnan(law["se"]["alpha"])
-    assert markdown._law_row("norm=layer", {**law, "runs": 6})[5] == "n/a: 0 df"
+    assert ladder._law_row("norm=layer", {**law, "runs": 6})[5] == "n/a: 0 df"
     with pytest.raises(ReportError, match=r"E \+ A \(C/C0\)\^-alpha needs >= 3 sizes, has 2"):
         fit_power_law(compute[:2], [3.0, 2.5], form=FULL)
     points = [{"shape": "a", "compute": 1e10, "loss": 3.0}]
@@ -252,7 +251,7 @@ def test_a_size_missing_a_variant_is_left_out_of_every_law_and_named(tmp_path):
     for law in lad.laws.values():  # the same sizes for both, so their alphas compare
         assert [m["shape"] for m in law["means"]] == lad.law_sizes and law["n"] == 3
     assert [r["shape"] for r in lad.trends["norm=rms"]["sizes"]] == ["2x48", "3x64", "4x128"]
-    md = markdown.render_ladder(lad)
+    md = ladder.render_ladder(lad)
     assert "Left out of every law, so all span the same sizes: 3x96 (no completed run of" in md
     assert "| **no**: no completed run of norm=rms |" in md and "no run of `norm=rms`" in md
     figures = write_ladder_figures(lad, tmp_path)
@@ -269,7 +268,7 @@ def test_a_size_where_a_variants_runs_record_no_compute_is_left_out_of_every_law
     assert lad.left_out == {"3x96": "no training compute for norm=rms (params or tokens unknown)"}
     for law in lad.laws.values():  # not the baseline over 4 sizes beside the variant over 3
         assert [m["shape"] for m in law["means"]] == lad.law_sizes and law["n"] == 3
-    assert "3x96 (no training compute for norm=rms" in markdown.render_ladder(lad)
+    assert "3x96 (no training compute for norm=rms" in ladder.render_ladder(lad)
 
 
 def test_no_124m_value_when_a_law_misses_the_left_out_largest_size(tmp_path):
@@ -278,7 +277,7 @@ def test_no_124m_value_when_a_law_misses_the_left_out_largest_size(tmp_path):
     at = lad.trends["norm=rms"]["at_target"]
     assert "fitted without 4x128" in at["refused"] and "±0.02 margin" in at["refused"]
     assert math.isnan(at["k"]) and all(map(math.isnan, at["ci"]))
-    md = markdown.render_ladder(lad)
+    md = ladder.render_ladder(lad)
     assert "at 124M parameters (GPT-2 small, 150x beyond): **no value**: norm=layer's law" in md
     assert "**An extrapolation**" not in md
     assert write_ladder_figures(lad, tmp_path)["ladder_multiplier"] is not None
@@ -294,7 +293,7 @@ def test_the_trend_is_of_the_step_multiplier_and_a_speed_ratio_does_not_move_it(
     t, u = plain.trends["norm=rms"], fast.trends["norm=rms"]
     assert u["slope"] == pytest.approx(t["slope"]) and u["slope_ci"] == pytest.approx(t["slope_ci"])
     assert u["sizes"][1]["m"] == pytest.approx(1 / 1.05, rel=0.02)
-    assert "| 3x64 | 2 |" in (md := markdown.render_ladder(fast)) and "| 2.000 | sequential" in md
+    assert "| 3x64 | 2 |" in (md := ladder.render_ladder(fast)) and "| 2.000 | sequential" in md
 
 
 def test_a_sweep_over_sizes_is_a_ladder_and_one_over_sizes_only_is_not(tmp_path):
@@ -324,7 +323,8 @@ def test_normlab_report_on_a_sweep_over_sizes_writes_the_ladder_report(tmp_path,
     assert "**m shrinks with size**" in md and "(GPT-2 small, 150x beyond): m = " in md
     assert "**An extrapolation**, shown because both laws predicted" in md
     assert "| `norm=layer` | E + A (C/C0)^-alpha |" in md and "E (fitted)" in md
-    assert "laws are fitted to the 4 size means" in md and "`docs/reports.md`" in md
+    assert "laws are fitted to the 4 size means" in md
+    assert "Method: `docs/reports.md#the-ladder-report`." in md
     for shape in ("2x48", "3x64", "3x96", "4x128"):  # each size's own report, linked
         assert f"[{shape}]({shape}/report.md)" in md
         assert (

@@ -18,13 +18,8 @@ import pytest
 from normlab.commands.report import main
 from normlab.report import METRIC_RENAMES, ReportError, build_report, load_runs
 from normlab.report.runs import normalise_row
-from normlab.report.series import (
-    between_runs_problem,
-    loss_limits,
-    paired_curve,
-    robust_limits,
-    timing_check,
-)
+from normlab.report.series import loss_limits, paired_curve, robust_limits
+from normlab.report.speed import between_runs_problem, timing_check
 
 from .test_report import make_sweep, write_run
 

@@ -26,7 +26,7 @@ from normlab.report import (
     report_tables,
     wandb_settings,
 )
-from normlab.report.compare import steps_worth
+from normlab.report.context import short_run_caveat
 from normlab.report.stats import ratio_interval
 
 LN2 = math.log(2)
@@ -343,14 +343,27 @@ def test_per_seed_step_time_ratios_that_spread_are_not_comparable(tmp_path):
     assert r["problems"] == ["per-seed ratios span 1.96x > 1.5x"]
 
 
-def test_steps_worth_interpolates_the_baseline_curve():
-    steps = np.array([0.0, 10, 20, 30, 40])
-    mean = np.array([3.0, 2.4, 2.1, 2.04, 2.0])
-    w = steps_worth(steps, mean, 0.02)  # 2.02 lies between 2.04 (30) and 2.00 (40): step 35
-    assert w["step"] == pytest.approx(35.0) and w["steps"] == pytest.approx(5.0)
-    w = steps_worth(steps, mean, 0.2)  # 2.2 between 2.4 (10) and 2.1 (20): step 10 + 2/3·10
-    assert w["step"] == pytest.approx(10 + 20 / 3)
-    assert math.isnan(steps_worth(steps, mean, 5.0)["step"])  # never that high: loose
+#: The baseline's mean validation curve of ``sweep``: 2.00 + (40 − step) · 0.01 at STEPS.
+BASE_STEPS, BASE_MEAN = np.array(STEPS[1:], float), np.array([2.3, 2.2, 2.1, 2.0])
+#: Its end slope by hand: least squares of loss on ln(step) over the last 4 evaluations, sign
+#: flipped (0.2105 nats per e-fold of steps).
+BASE_SLOPE = float(-np.polyfit(np.log(BASE_STEPS), BASE_MEAN, 1)[0])
+
+
+def test_the_far_from_convergence_rule_reads_the_slope_over_the_last_tenth_of_the_steps():
+    """At a slope s (nats per e-fold of steps) the loss falls by s · ln(1 / 0.9) over the last
+    10% of the steps: a margin under that gets the caveat, one over it does not, and the caveat
+    gives the margin's worth in compute, the header's one figure, expm1(margin / s)."""
+    slope = 0.3
+    fall = slope * math.log(1 / 0.9)  # 0.0316 nats
+    assert short_run_caveat(0.99 * fall, slope, "annealed") is not None
+    assert short_run_caveat(1.01 * fall, slope, "annealed") is None
+    assert short_run_caveat(0.001, math.nan, "within-run") is None  # no slope: no reading
+    text = short_run_caveat(0.01, slope, "annealed")
+    assert f"±0.01 nats, is worth {math.expm1(0.01 / slope):.2%} of effective compute" in text
+    assert "(at the baseline's annealed slope, 0.3 nats per e-fold of steps)" in text
+    assert "less than the 11.1% its last 10% of steps add" in text and "by 0.0316 nats" in text
+    assert "(at the baseline's end slope, 0.3 nats" in short_run_caveat(0.01, slope, "within-run")
 
 
 def test_context_section_states_tokens_epochs_eval_size_and_gap(tmp_path):
@@ -360,12 +373,13 @@ def test_context_section_states_tokens_epochs_eval_size_and_gap(tmp_path):
     assert c["eval_tokens"] == 3 * 2 * 8
     # val final − mean of the last 10 train losses: final − (final − 0.05 + mean(9..0)·0.01)
     assert c["gap"]["norm=layer"] == pytest.approx(0.05 - 0.045)
-    # baseline mean curve: mean final 2.0 + (40 − s)·0.01, so 2.02 is at step 38
-    assert c["worth"]["step"] == pytest.approx(38.0)
+    assert "worth" not in c  # what the margin is worth is the header's one figure, in compute
     assert main([str(tmp_path)]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
     assert "## Context" in md and "48 validation tokens scored per evaluation" in md
-    assert "worth about 2 of its last training steps" in md and "2 epochs" in md
+    worth = f"±0.02 nats/token is worth {math.expm1(0.02 / BASE_SLOPE):.2%} of effective compute"
+    assert worth in md.split("## Compute-equivalent")[0] and "2 epochs" in md
+    assert "last training steps" not in md
     assert "max_time_s none (no time budget)" in md  # unset is said as unset, not "not recorded"
     assert "800,000 parameters" in md  # one count for every variant: said once
     assert "estimated from 3 pairs, 2 degree(s) of freedom: a rough figure" in md  # small n
@@ -432,8 +446,8 @@ def test_an_evaluation_row_without_training_seconds_takes_its_steps_time(tmp_pat
         if "val/loss" in row and row["step"] == 30:
             row.pop("perf/train_time_s")
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    from normlab.report.compare import first_reach
     from normlab.report.runs import load_run
+    from normlab.report.target import first_reach
 
     run = load_run(d)
     assert first_reach(run, 2.10) == {
@@ -454,13 +468,13 @@ def figure_texts(monkeypatch) -> dict[str, list[str]]:
     from normlab.report import plots
 
     seen: dict[str, list[str]] = {}
-    save = plots._save  # every figure file is written through it
+    save = plots.save  # every figure file is written through it
 
     def spy(fig, path):
         seen[Path(path).name] = [t.get_text() for t in fig.findobj(Text)]
         return save(fig, path)
 
-    monkeypatch.setattr(plots, "_save", spy)
+    monkeypatch.setattr(plots, "save", spy)
     return seen
 
 
@@ -496,32 +510,31 @@ def set_summaries(root: Path, **fields) -> None:
 
 
 def test_a_verdict_on_runs_far_from_convergence_gets_a_caveat(tmp_path):
-    """Rule 1, the steep end: the baseline's mean curve 2.00 + (40 − step) · 0.01 is 0.004 above
-    its final value at step 39.6: 0.4 of 40 steps (1%, under 10%); 0.1 above at step 30: 10 steps
-    (25%)."""
+    """The baseline's end slope (``BASE_SLOPE``, 0.2105 nats per e-fold of steps) makes its loss
+    fall by 0.0222 nats over its last 10% of steps: more than a margin of 0.004 (worth 1.92% of
+    compute), less than one of 0.1. Epochs alone give no caveat: a curve flat at its end has
+    converged for this margin however little of its corpus it saw."""
     sweep(tmp_path)
     caveat = "the verdict rests on runs far from convergence"
     steep = build_report(tmp_path, margin=0.004).confounds
+    fall = BASE_SLOPE * math.log(1 / 0.9)
     assert [w for w in steep if caveat in w] == [
-        f"{caveat}: the baseline's validation loss still fell by the margin (±0.004 nats) in its "
-        "last 0.4 steps (1.0% of the run, under 10%): its curve is steep at the end. A "
-        "difference, or an equivalence, this early in training need not hold at its end, whatever "
-        "the power: train longer (max_steps) before reading it as a verdict on the variants"
+        f"{caveat}: the margin, ±0.004 nats, is worth {math.expm1(0.004 / BASE_SLOPE):.2%} of "
+        f"effective compute (at the baseline's end slope, {BASE_SLOPE:.3g} nats per e-fold of "
+        f"steps), less than the 11.1% its last 10% of steps add, over which its loss still falls "
+        f"by {fall:.3g} nats. A difference, or an equivalence, this early in training need not "
+        "hold at its end, whatever the power: train longer (max_steps) before reading it as a "
+        "verdict on the variants"
     ]
     assert not any(caveat in w for w in build_report(tmp_path, margin=0.1).confounds)
-    # Rule 2, a short run: 40 steps x 16 tokens = 640 tokens of a 64,000-token split (0.01
-    # epochs), 640 / 800,000 parameters = 0.0008 tokens per parameter
+    # 40 steps x 16 tokens = 640 tokens of a 64,000-token split (0.01 epochs), 640 / 800,000
+    # parameters = 0.0008 tokens per parameter: a short run by epochs, no caveat at this margin
     set_summaries(tmp_path, data={"tokens": {"train": 64_000}})
-    short = [w for w in build_report(tmp_path, margin=0.1).confounds if caveat in w]
-    assert len(short) == 1 and (
-        "the runs saw 0.01 epochs of the training split and 0.0008 training tokens per parameter "
-        "(under 0.1 and 20)" in short[0]
-    )
-    assert main([str(tmp_path), "--margin", "0.1"]) == 0
-    verdict = (tmp_path / "report" / "report.md").read_text().split("## Verdict")[1]
-    assert f"> **Warning:** {short[0]}." in verdict.split("**`norm=rms` − `norm=layer`**")[0]
-    set_summaries(tmp_path, params=16)  # 40 tokens per parameter: trained enough for its size
     assert not any(caveat in w for w in build_report(tmp_path, margin=0.1).confounds)
+    assert main([str(tmp_path), "--margin", "0.004"]) == 0
+    verdict = (tmp_path / "report" / "report.md").read_text().split("## Verdict")[1]
+    (warning,) = [w for w in steep if caveat in w]
+    assert f"> **Warning:** {warning}." in verdict.split("**`norm=rms` − `norm=layer`**")[0]
 
 
 def test_a_headline_whose_speed_part_is_not_comparable_gives_the_steps_part_alone(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""The speed verdict of the interleaved step benchmark (normlab.report.compare.bench_ratio): called
+"""The speed verdict of the interleaved step benchmark (normlab.report.speed.bench_ratio): called
 faster or slower only when the median ratio, the geometric mean's CI and the sign test agree, and
 the machine's load at both ends of the bench in the report."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from normlab.commands.report import main
 from normlab.report import build_report
-from normlab.report.compare import LOAD_SLACK, bench_load, bench_ratio
+from normlab.report.speed import LOAD_SLACK, bench_load, bench_ratio
 from normlab.report.stats import ratio_interval, sign_test
 
 from .test_report_verdicts import bench, sweep
@@ -88,7 +88,8 @@ def test_the_report_states_the_verdict_and_warns_of_a_busy_machine(tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "**The machine was not quiet:** 1-minute load average 0.30 before, 4.00 after" in md
     assert "| not shown faster or slower: the sign test gives p = 0.0987" in md
-    assert "the two-sided exact sign test of the pairs gives p < 0.05" in md
+    speed = md.split("## Speed verdict")[1].split("\n## ")[0]  # its method named, not retold
+    assert "Method: `docs/reports.md#the-interleaved-step-benchmark`." in speed
 
 
 def test_an_old_bench_says_load_not_recorded_and_a_clean_one_is_faster(tmp_path):

@@ -19,8 +19,8 @@ from normlab.compose import compose_cli, find_conf_dir, to_train_config
 from normlab.config import ModelConfig, NormConfig, NormImpl, NormKind
 from normlab.model import GPT
 from normlab.norms import resolve_norm
-from normlab.report.compare import swept_numeric
-from normlab.report.plots import write_diag_figures
+from normlab.report.diagnostics import write_diag_figures
+from normlab.report.swept import swept_numeric
 from normlab.studies.fp16_statistics import first_broken, model_check, norm_cases, norm_error_sweep
 from normlab.studies.norm_cost import CATEGORIES, ModuleTimer, breakdown, hooked_step
 

@@ -1,41 +1,13 @@
-"""``normlab-bench``: is a norm slow, or is its implementation? Two benchmarks in one script.
-
-``normlab-bench [--kinds layer,rms,dyt] [--impls torch,reference,compiled,cpp] [--dtypes fp32,bf16]
-[--shapes 8192x768] [--model small] [--cache warm|cold]`` times every norm kind x implementation x
-dtype x shape: forward (under ``no_grad``) and forward+backward (``autograd.grad`` of x, weight,
-bias: nothing accumulates), after warm-up calls that also absorb ``torch.compile``. Timing runs in
-interleaved rounds (every case once per round, plus a same-size ``dst.copy_(src)`` timed the same
-way) so a slow moment of a shared machine hits every case alike. Reported: the median over
-``--repeats`` rounds; the samples are in the JSON. Each sample is taken in one of two cache
-regimes (``--cache``):
-
-- ``warm`` (default): before each sample, untimed calls of the same case until it is back in its
-  steady state after the other cases' memory traffic: at least ``--settle`` calls (default 4; a
-  working set several times the L2 needs 3-4 passes to be L3/L2-hot again), and more, up to twice
-  that, while the last one is still over 1.1x the case's fastest single call so far. Then ``inner``
-  calls are timed together, ``inner`` chosen so that a sample lasts >= 2 ms. The regime of a
-  training step, where the norm's input was just written by the previous op.
-- ``cold``: before each sample, one untimed call of the case (the allocator in its steady state),
-  then a read and write of a ``--flush-mb`` MiB buffer on the bench device (default 512: several
-  times a typical CPU L3 or GPU L2; raise it for a larger cache) that evicts the caches, a
-  synchronize, and exactly one timed call (``inner`` = 1): every call starts from DRAM / HBM.
-
-On CPU the bench first asks glibc to keep freed memory in the process
-(``training.host_memory.keep_freed_memory``), so that no sample pays for page faults that glibc's
-trimming heuristics cause (JSON ``malloc``).
+"""``normlab-bench``: is a norm slow, or is its implementation? Forward and forward+backward of
+every kind x implementation x dtype x shape in interleaved rounds with a same-size ``copy_``, in
+a warm (``settle``) or cold (``cold_sample_ms``) cache; ``summarize`` gives the verdict.
 
 Bytes model (each tensor counted in its own dtype; per-row statistics ignored): forward reads x,
 weight (+bias) and writes y; forward+backward adds reading x and dy and writing dx, dweight
 (+dbias). A copy moves 2x the bytes of x. GB/s = bytes / time / 1e9; ``copy_frac`` is that over the
 copy's GB/s on the same device, the practical ceiling of a memory-bound kernel.
 
-Timing: synchronized samples (:func:`sample_ms`), settling a case into its steady state
-(:func:`settle`), cold-cache samples after a cache flush (:func:`cold_sample_ms`, keeping freed
-memory in the process: ``training.host_memory``). The verdict and text table
-(:func:`summarize`, :func:`format_norm_table`): RMSNorm's (and DyT's) fastest against LayerNorm's
-fastest per dtype and shape, and the aligned columns ``normlab-bench`` prints.
-
-Whole training steps: ``bench_step.py``.
+Why: docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -85,6 +57,7 @@ def norm_bytes(
     shape: tuple[int, int], dtype: torch.dtype, param_dtype: torch.dtype, bias: bool
 ) -> tuple[int, int]:
     """``(forward bytes, forward+backward bytes)`` under the bytes model of the module docstring."""
+    # the module docstring's "Bytes model" paragraph is read into the JSON: keep it there
     n = shape[0] * shape[1] * dtype.itemsize
     p = shape[1] * param_dtype.itemsize * (2 if bias else 1)
     fwd = 2 * n + p  # read x, read weight (+bias), write y
@@ -139,8 +112,8 @@ CACHE_REGIMES = ("warm", "cold")
 
 
 def _refuse_empty(cases: list[_Case], skipped: list[dict], dev: torch.device) -> None:
-    """Raise :class:`BenchError` when no norm case is left to report (copies alone are not a
-    bench), naming the first reasons the cases were skipped."""
+    """Raise ``BenchError`` naming the first skip reasons when no norm case is left (copies alone
+    are not a bench)."""
     if any("copy" not in c.calls for c in cases):
         return
     reasons = "; ".join(
@@ -184,8 +157,8 @@ def _cases(kinds, impls, dtypes, shapes, dev, param_dtype) -> tuple[list[_Case],
 
 
 def _warm_up(cases, dev, warmup, settle_calls, min_sample_ms, warm, skipped) -> None:
-    """Warm-up calls (compilation); warm: + ``settle_calls``, so the fastest is a steady-state
-    call, and ``inner`` from it. A case that cannot run is moved to ``skipped``, not fatal."""
+    """Warm-up calls (compilation; warm: + ``settle_calls``) and ``inner`` from the fastest; a case
+    that cannot run moves to ``skipped``."""
     for case in list(cases):
         try:
             for key, fn in case.calls.items():
@@ -265,25 +238,9 @@ def bench_norms(
     flush_mb: int = 512,
     flush: Callable[[], object] | None = None,
 ) -> dict:
-    """Time every norm case and the copy baseline; returns the JSON-ready result.
-
-    ``rows``: per (kind, impl, dtype, shape) ``fwd_ms`` / ``fwdbwd_ms`` (median ms per call),
-    ``*_min_ms``, ``*_samples_ms``, ``*_untimed_calls`` (per sample), ``*_bytes``, ``*_gbps`` (GB/s)
-    and ``*_copy_frac`` (of the copy's GB/s). ``copy``: per (dtype, shape) ``ms``, ``bytes``,
-    ``gbps``. ``summary``: :func:`summarize`. ``skipped``: cases the device cannot run, with the
-    reason. ``param_dtype`` None: weight and bias in the input dtype.
-
-    ``cache`` (module docstring): ``"warm"``: >= ``settle_calls`` untimed calls of the case before
-    each sample of ``inner`` calls, ``inner`` chosen so that one sample takes >= ``min_sample_ms``;
-    ``"cold"``: ``flush()`` before each sample of one call; ``flush`` None: :func:`make_flush` of
-    ``flush_mb`` MiB on the bench device.
-
-    Raises:
-        ValueError: ``cache`` not one of :data:`CACHE_REGIMES`, ``settle_calls`` < 0 or
-            ``flush_mb`` <= 0.
-        BenchError: every norm case was skipped (an empty bench measures nothing); the message
-            gives the first reasons.
-    """
+    """Time every norm case and the copy baseline: the JSON-ready result, ``rows`` with median ms,
+    GB/s and ``copy_frac`` per case. Raises ValueError for a bad ``cache``, ``settle_calls`` < 0 or
+    ``flush_mb`` <= 0, BenchError when every norm case was skipped."""
     if cache not in CACHE_REGIMES:
         raise ValueError(f"cache={cache!r}: expected one of {', '.join(CACHE_REGIMES)}")
     if settle_calls < 0 or flush_mb <= 0:
@@ -343,9 +300,8 @@ def sample_ms(fn: Callable[[], object], device: torch.device, inner: int = 1) ->
 def settle(
     fn: Callable[[], object], device: torch.device, calls: int, ref_ms: float = math.inf
 ) -> tuple[int, float]:
-    """Untimed calls of ``fn`` before a warm sample: at least ``calls``, then more, up to
-    ``2 * calls``, while the last one took over ``SETTLE_TOL`` x the fastest single call seen
-    (``ref_ms`` or these). Returns ``(calls made, fastest of them in ms)``."""
+    """Untimed calls of ``fn`` before a warm sample: ``calls``, up to twice that while the last is
+    over ``SETTLE_TOL`` x the fastest seen. Returns ``(calls made, fastest ms)``."""
     n, best, last = 0, math.inf, math.inf
     while n < calls or (n < 2 * calls and last > SETTLE_TOL * min(ref_ms, best)):
         last = sample_ms(fn, device)
@@ -354,8 +310,7 @@ def settle(
 
 
 def make_flush(device: torch.device, mb: int) -> Callable[[], object]:
-    """A cache flush: each call reads and writes every byte of one ``mb`` MiB buffer on
-    ``device``."""
+    """A cache flush: each call reads and writes every byte of ``mb`` MiB on ``device``."""
     buf = torch.zeros(mb * 2**20, dtype=torch.uint8, device=device)
     return lambda: buf.add_(1)
 
@@ -363,11 +318,9 @@ def make_flush(device: torch.device, mb: int) -> Callable[[], object]:
 def cold_sample_ms(
     fn: Callable[[], object], device: torch.device, flush: Callable[[], object]
 ) -> float:
-    """Wall ms of one call of ``fn`` with cold caches: one untimed call (so its allocations reuse
-    memory instead of page-faulting fresh pages), ``flush()``, then the timed call; ``sample_ms``
-    synchronizes before reading the clock, so the flush is not timed."""
-    fn()
-    flush()
+    """Wall ms of one call of ``fn`` with cold caches: untimed call, ``flush()``, timed call."""
+    fn()  # its allocations reuse memory instead of page-faulting fresh pages
+    flush()  # not timed: sample_ms synchronizes before reading the clock
     return sample_ms(fn, device, 1)
 
 
@@ -376,12 +329,9 @@ CHALLENGERS = {"rms": "RMSNorm", "dyt": "DyT"}
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per (dtype, shape) and per kind of :data:`CHALLENGERS` present: its fastest implementation vs
-    the fastest LayerNorm, forward+backward (ms).
-
-    For kind K (``kind``): ``K_impl``, ``K_ms``, ``K_faster_pct`` = (layer_ms / K_ms - 1) * 100
-    (throughput gain); ``time_saved_pct`` = (1 - K_ms / layer_ms) * 100.
-    """
+    """Per (dtype, shape) and kind K of ``CHALLENGERS``: its fastest forward+backward vs the fastest
+    LayerNorm's, ``K_faster_pct`` = (layer_ms / K_ms - 1) * 100, ``time_saved_pct`` = (1 - K_ms /
+    layer_ms) * 100."""
     out = []
     for dtype, shape in dict.fromkeys((r["dtype"], tuple(r["shape"])) for r in rows):
         best = {}
@@ -414,9 +364,8 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def summary_line(s: dict) -> str:
-    """One entry of :func:`summarize` in words: "is N% faster than ... (M% less time)" when the
-    kind takes no more time than LayerNorm, else "is M% slower than ..." (M = K_ms / layer_ms -
-    1)."""
+    """One entry of ``summarize`` in words: "is N% faster than ... (M% less time)", or "is M%
+    slower than ..."."""
     kind = s.get("kind", "rms")
     ms = s[f"{kind}_ms"]
     challenger = f"{CHALLENGERS[kind]} fastest ({s[f'{kind}_impl']}, {ms:.3f} ms)"
@@ -431,8 +380,7 @@ def summary_line(s: dict) -> str:
 
 
 def format_norm_table(result: dict) -> str:
-    """The norm benchmark as plain-text aligned columns, then one summary line per dtype and
-    shape."""
+    """The norm benchmark as aligned text columns, then a summary line per dtype and shape."""
     head = [
         "kind",
         "impl",

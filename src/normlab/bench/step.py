@@ -1,13 +1,11 @@
 """``normlab-bench step``: whole optimizer steps of two training setups, timed in interleaved pairs.
 
-``normlab-bench step --a norm=layer --b norm=rms model=small data.batch_size=8`` builds both
-setups with ``training.setup.build_run`` (as ``train`` builds them) in one process and times the
-training step itself, ``training.step.train_step`` (micro-batches forward + backward, unscale,
-clip, AdamW, ``zero_grad``; its batches drawn inside, as in training), in interleaved pairs (A B,
-then B A, alternating) after warm-up steps: median step time of each, median and spread of B/A.
-The harness's own check, normlab's ``train_step`` against a plain-PyTorch loop of the same model,
-batches and settings, is in the repository's ``benchmarks/`` (``python -m benchmarks baseline``);
-it times its pair with :func:`time_pairs` and :func:`pair_result`.
+Both setups are built in one process with ``training.setup.build_run``, as ``train`` builds them,
+and ``training.step.train_step`` is timed in pairs (A B, then B A) after warm-up steps: each
+side's median step time, and the median and spread of B/A. ``benchmarks/`` times its plain-loop
+baseline with ``time_pairs`` and ``pair_result``.
+
+Why: docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -33,8 +31,8 @@ def count(n: int, noun: str) -> str:
 
 
 def recompile_limit() -> contextlib.AbstractContextManager:
-    """Every shape / dtype / grad mode is a graph of its own: room for 64 graphs per function
-    (compilation still raises past it, ``setup.forbid_eager_fallback``, never falls back)."""
+    """Room for 64 graphs per compiled function (each shape, dtype, grad mode is one); past it
+    compilation still raises, never falls back to eager."""
     import torch._dynamo
 
     limit = max(64, torch._dynamo.config.recompile_limit)
@@ -43,8 +41,7 @@ def recompile_limit() -> contextlib.AbstractContextManager:
 
 @dataclass
 class StepSetup:
-    """One training setup (``run``: a ``training.step.Run`` from ``build_run``, no run dir) and the
-    overrides it was composed from; ``step`` is the next 0-based step to run."""
+    """A ``Run`` from ``build_run`` (no run dir), its ``overrides``, the next 0-based ``step``."""
 
     overrides: list[str]
     run: training_step.Run
@@ -55,8 +52,7 @@ class StepSetup:
         return self.run.cfg
 
     def run_step(self) -> float:
-        """One training step (``train_step``, the function ``train`` calls) at the schedule's
-        learning rate, device synchronized at both ends; wall ms."""
+        """Wall ms of one ``train_step`` at the schedule's lr, device synchronized at both ends."""
         lr = training_step.lr_at(self.step, self.cfg.max_steps, self.cfg.optim)
         every = self.cfg.diag_interval  # a diagnosed step as the loop runs it: hooks, gains
         diag = ActivationRecorder() if every and (self.step + 1) % every == 0 else None
@@ -71,11 +67,7 @@ class StepSetup:
 
 
 def build_setup(overrides: list[str]) -> StepSetup:
-    """Compose ``conf/train.yaml`` with ``overrides`` and build the run as ``train`` does.
-
-    Raises:
-        ConfigError, DataError: as ``train`` would, before anything is timed.
-    """
+    """Compose ``overrides`` and build the run as ``train`` does (its ConfigError, DataError)."""
     return StepSetup(list(overrides), build_run(compose(list(overrides))))
 
 
@@ -108,10 +100,9 @@ def _info(s, own: list[str], t: list[float]) -> dict:
 
 
 def time_pairs(setups: list, pairs: int, warmup: int) -> list[list[float]]:
-    """Wall ms per optimizer step of two setups (anything with ``run_step() -> ms``): ``warmup``
-    untimed steps of each, then ``pairs`` timed pairs, A B then B A alternating, so that a drift
-    of the machine's load falls on both."""
-    times: list[list[float]] = [[], []]
+    """Wall ms per step of two setups (``run_step() -> ms``): ``warmup`` untimed steps each, then
+    ``pairs`` timed pairs, A B then B A."""
+    times: list[list[float]] = [[], []]  # alternating: a drift of the machine's load hits both
     with recompile_limit():
         for _ in range(warmup):
             for s in setups:
@@ -125,9 +116,8 @@ def time_pairs(setups: list, pairs: int, warmup: int) -> list[list[float]]:
 def pair_result(
     setups: list, own: tuple[list[str], list[str]], common: list[str], times, **info
 ) -> dict:
-    """The JSON-ready result of :func:`time_pairs` for ``setups`` (A, B) composed from ``common``
-    plus their ``own`` overrides; ``info`` (``pairs``, ``warmup``, ``baseline``,
-    ``loadavg_*``) is copied in."""
+    """The JSON-ready result of ``time_pairs`` for ``setups`` (A, B) from ``common`` plus their
+    ``own`` overrides, ``info`` copied in."""
     return {
         "mode": "step",
         "device": str(setups[1].run.device),
@@ -144,16 +134,9 @@ def pair_result(
 def bench_step(
     a: list[str], b: list[str], common: list[str] = (), *, pairs: int = 10, warmup: int = 3
 ) -> dict:
-    """Interleaved optimizer-step timing of the setups ``common + a`` and ``common + b``.
-
-    Returns JSON-ready data: per setup ``loop`` (``normlab``), ``median_ms`` and ``times_ms``
-    (ms per optimizer step), its resolved norm and tokens per step; ``ratio``: B/A step time per
-    pair (``per_pair``) with its ``median``, ``p25`` / ``p75`` (IQR) and ``p10`` / ``p90``;
-    ``loadavg_before`` / ``loadavg_after``: ``os.getloadavg()`` (1, 5, 15 min) around the timing.
-
-    Raises:
-        ConfigError, DataError: a setup ``train`` would refuse, before anything is timed.
-    """
+    """Interleaved step timing of ``common + a`` and ``common + b``: per setup ``median_ms``,
+    ``times_ms``; ``ratio`` B/A per pair with median and percentiles; ``loadavg_*``. Raises
+    ConfigError, DataError for a setup ``train`` would refuse, before anything is timed."""
     setups = [build_setup([*common, *a]), build_setup([*common, *b])]
     before = list(os.getloadavg())  # the report warns when the machine was not quiet
     times = time_pairs(setups, pairs, warmup)

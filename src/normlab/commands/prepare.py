@@ -1,4 +1,7 @@
-"""The ``normlab-prepare`` command: tokenize corpora into the token cache ahead of training."""
+"""The ``normlab-prepare`` command: tokenize corpora into the token cache ahead of training.
+
+Why: docs/data.md
+"""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ HEADER = (
 
 
 def row(data) -> str:
-    """One table row for a prepared :class:`~normlab.data.TokenData`."""
+    """One table row for a prepared ``TokenData``."""
     m = data.meta
     tok = m["tokenizer"] + (f" ({m['bpe_vocab_size']})" if m["tokenizer"] == "bpe" else "")
     shards = sum(len(m["splits"][s]["shards"]) for s in ("train", "val"))

@@ -21,17 +21,11 @@ from normlab.report import (
     write_ladder,
     write_report,
 )
-from normlab.report.compare import DEFAULT_MARGIN, load_step_bench, margin_in_compute, plan_study
-from normlab.report.ladder import comparison_at
-from normlab.report.markdown import (
-    best_text,
-    compute_headline,
-    fmt_ci,
-    one_margin,
-    render_plan,
-    unfinished_notes,
-    worth_text,
-)
+from normlab.report.compare import DEFAULT_MARGIN, margin_in_compute
+from normlab.report.family import best_text
+from normlab.report.ladder import comparison_at, one_margin
+from normlab.report.markdown import compute_headline, worth_text
+from normlab.report.plan import plan_study, render_plan
 from normlab.report.runs import (
     SERIES_FILE,
     Run,
@@ -40,6 +34,10 @@ from normlab.report.runs import (
     series_step_bench,
     write_series,
 )
+from normlab.report.sequential import in_run_order, sequential_verdict, verdict_line
+from normlab.report.speed import load_step_bench
+from normlab.report.text import fmt_ci
+from normlab.report.unfinished import unfinished_notes
 from normlab.report.wandb_log import MODES
 
 #: The options a series file stores for its report's rebuild: argparse dest -> flag.
@@ -113,6 +111,13 @@ def _parser() -> argparse.ArgumentParser:
         f"which `normlab-report PATH` rebuilds it (default: OUT/{SERIES_FILE})",
     )
     p.add_argument("--no-series", action="store_true", help="write no series file")
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="also give the anytime-valid verdict: a confidence sequence over the seed pairs in "
+        "seed order (Lai 1976), valid however often the study was looked at and stopped; the "
+        "fixed-n TOST is valid only for a seed count fixed in advance",
+    )
     p.add_argument(
         "--baseline", default=None, help="baseline variant label (default: the LayerNorm variant)"
     )
@@ -335,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     if logged:
         print(f"normlab-report: {logged}")
     _print_summary(rep)
+    if args.sequential:
+        for c in rep.comparisons:
+            v = sequential_verdict(in_run_order(c["seeds"], c["diffs"]), rep.margin, rep.alpha)
+            print(f"  sequential, {c['label']} vs {rep.baseline}: {verdict_line(v, rep.margin)}")
     if not any(v["n"] for v in rep.variants):
         print(
             "normlab-report: error: no completed runs to compare (see Excluded runs in the report)",

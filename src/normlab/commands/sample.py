@@ -3,6 +3,8 @@
 Prints each sample followed by a line of dashes; what was loaded (checkpoint, step, norm, device)
 goes to stderr. A refusal (no checkpoint, a bad option, a prompt the tokenizer cannot encode, a
 tokenizer whose digest is not the one the run recorded) is one line on stderr and exit status 2.
+
+Why: docs/running.md
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """The ``train`` console script: the only module that runs a Hydra app, and what each of its
 jobs says happened (one line on stderr, ``train.log``, ``summary.json``, a sweep's failures).
 
-``overrides`` checks the command line first (resume by path, output dirs, every override against
-the schema), so a bad key, option or value is one line on stderr and exit status 2, before Hydra
-or torch starts; ``debug=true`` shows tracebacks and Hydra's full errors. In the task, the config
-is validated before torch is imported; then :func:`normlab.training.loop.train` runs.
+``overrides`` checks the command line before Hydra or torch starts (a bad key, option or value:
+one line, exit 2); in the task the config is validated before torch is imported, then
+``normlab.training.loop.train`` runs. Exit status: 0 completed, 1 diverged or failed, 2 refused,
+128 + N stopped by signal N after a checkpoint; a multirun runs every job and exits 1 if any did
+not complete. Under torchrun ranks > 0 keep Hydra's files in a scratch dir.
 
-Exit status of a single run: 0 completed (or already completed: nothing is changed), 1 diverged
-or failed, 2 bad input (refused; or its run dir is another live process's: one process owns a run
-dir, ``training/lock.py``), 128 + N when signal N (SIGTERM, SIGINT, SIGUSR2) stopped it after
-a checkpoint. Every run dir says what happened: ``train.log`` holds the refusal or the traceback,
-``summary.json`` the status (``refused`` when the run never started). In a multirun a job that
-fails does not stop the others: :class:`SweepFailures` lists them at the end and exits 1.
-
-``train resume=<run dir>`` continues that run with its own overrides (``overrides``); the same
-command with ``hydra.run.dir=<run dir> resume=auto`` starts or continues it, whichever applies.
-Under torchrun every rank runs this app; ranks > 0 use a private scratch dir for Hydra's files and
-rank 0's run dir for the run. Under a submitit launcher ``resume: null`` means ``auto``.
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -82,7 +73,7 @@ IN_NAME = {
 
 def run_norm_tag(norm: DictConfig, device: str = "auto") -> str:
     """``${norm_tag:${norm},${device}}`` in a run dir's name: the norm design
-    (:func:`normlab.config.schedule.norm_tag`) with ``impl=auto`` resolved as the run resolves it
+    (``normlab.config.schedule.norm_tag``) with ``impl=auto`` resolved as the run resolves it
     on ``device`` (``auto``: CUDA when available), e.g. ``layer-cpp-pre`` on a CPU."""
     from normlab.norms import resolve_norm
 
@@ -101,9 +92,8 @@ def run_norm_tag(norm: DictConfig, device: str = "auto") -> str:
 
 def swept_tag(task: Any) -> str:
     """``${swept_tag:${hydra.overrides.task}}`` in a sweep job's dir name: ``-<key><value>`` for
-    each key the sweep varies (the command line's, :data:`SWEPT_ENV`, and the sweeper's
-    ``params``) that the name does not show already (:data:`IN_NAME`): ``-lr0.001-eps1e-05``;
-    a group's option alone (``-small``). Empty for a single run."""
+    each swept key (``SWEPT_ENV``, the sweeper's ``params``) the name does not show (``IN_NAME``):
+    ``-lr0.001-eps1e-05``, a group's option alone (``-small``); empty for a single run."""
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
         return ""
@@ -119,10 +109,9 @@ def swept_tag(task: Any) -> str:
 
 
 def register_resolvers() -> None:
-    """The resolvers of ``train``'s run dir names (``conf/train.yaml``'s ``hydra.sweep.subdir``):
-    ``norm_tag`` with the implementation resolved (:func:`run_norm_tag`, over
-    ``compose.register_schema``'s) and ``swept_tag`` (:func:`swept_tag`). Registered when this
-    module is imported, so a submitit launcher's job processes have them too."""
+    """Register the resolvers of run dir names (``conf/train.yaml``): ``norm_tag`` with the impl
+    resolved (``run_norm_tag``) and ``swept_tag``; done at import, so a submitit launcher's job
+    processes have them too."""
     register_schema()
     OmegaConf.register_new_resolver("norm_tag", run_norm_tag, replace=True)
     OmegaConf.register_new_resolver("swept_tag", swept_tag, replace=True)
@@ -199,7 +188,7 @@ def to_train_log(message: str, exc_info: bool = False) -> None:
 
 
 def fail(message: str, exit_code: int, context: str = "") -> JobFailure:
-    """Print ``normlab: <message><context>``; exit in a single run, return a :class:`JobFailure`
+    """Print ``normlab: <message><context>``; exit in a single run, return a ``JobFailure``
     (without ``context``: the sweep report names the run dir itself) in a multirun."""
     say(f"{message}{context}")
     if HydraConfig.get().mode != RunMode.MULTIRUN:
@@ -209,7 +198,7 @@ def fail(message: str, exit_code: int, context: str = "") -> JobFailure:
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
     """``run_dir/summary.json`` as a dict; empty when absent, unreadable, not an object or over
-    the limits of :mod:`normlab.config.files`."""
+    the limits of ``normlab.config.files``."""
     try:
         summary = load_json(run_dir / "summary.json")
     except (OSError, ValueError):  # RunFileError is a ValueError
@@ -224,10 +213,9 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def leave_as_found(run_dir: Path, log_size: int | None) -> None:
-    """Undo what this invocation wrote into ``run_dir`` before it refused: a dir that holds no run
-    is removed (its ``.hydra/`` record and ``train.log``, then the dir if nothing else is in it);
-    in a dir that holds one, ``train.log`` is cut back to ``log_size`` bytes (None: it was not
-    there). Hydra's own records of a run dir are restored by :class:`KeepJobRecords`."""
+    """Undo what this invocation wrote into ``run_dir`` before it refused: a dir holding no run is
+    removed (``.hydra/``, ``train.log``, then the dir if empty); in one holding a run ``train.log``
+    is cut back to ``log_size`` bytes (None: absent). ``KeepJobRecords`` restores ``.hydra/``."""
     log_file = run_dir / "train.log"
     if not holds_run(run_dir):
         shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
@@ -242,8 +230,8 @@ def leave_as_found(run_dir: Path, log_size: int | None) -> None:
 
 def refuse(run_dir: Path, message: str, log_size: int | None) -> JobFailure:
     """A run refused before it started: nothing is left of this invocation on disk
-    (:func:`leave_as_found`: no run dir for a new run, an existing run's files as they were);
-    the reason is the one line of :func:`fail`."""
+    (``leave_as_found``: no run dir for a new run, an existing run's files as they were);
+    the reason is the one line of ``fail``."""
     if is_main():
         root = logging.getLogger()
         for h in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
@@ -256,18 +244,15 @@ def refuse(run_dir: Path, message: str, log_size: int | None) -> JobFailure:
 
 class KeepJobRecords(Callback):
     """Hydra callback (``hydra.callbacks`` in ``conf/train.yaml``): a sweep run again into its own
-    dir keeps each existing job's ``.hydra/`` record as the job's first invocation wrote it
-    (Hydra rewrites it before the task runs), and a relaunch that is refused changes nothing.
+    dir keeps each existing job's ``.hydra/`` record as its first invocation wrote it (Hydra
+    rewrites it before the task runs), and a relaunch that is refused changes nothing."""
 
-    When the sweep starts, every existing job's record, the length of its ``train.log`` and the
-    sweep's ``multirun.yaml`` are read. ``resume=auto`` writes each record back when its job
-    starts (the run continues what the record describes). A job refused before training starts
-    (other overrides into a dir that holds a run) gets its record back when it ends and its
-    ``train.log`` cut back when the sweep ends (Hydra logs the next job's line into it); when
-    every job was refused, ``multirun.yaml`` is written back too (or removed, with the sweep dir
-    if it is then empty, when there was none). The callback travels with the jobs to a submitit
-    launcher's processes.
-    """
+    # At the sweep's start every job's record, its train.log's length and multirun.yaml are read.
+    # resume=auto writes a record back as its job starts (the run continues what it describes); a
+    # job refused before training gets its record back as it ends and its train.log cut back as
+    # the sweep ends (Hydra logs the next job's line into it); when every job was refused,
+    # multirun.yaml is written back too (or removed, with the sweep dir if then empty). The
+    # callback travels with the jobs to a submitit launcher's processes.
 
     def __init__(self) -> None:
         self.records: dict[str, dict[str, bytes]] = {}
@@ -337,14 +322,9 @@ def already_completed(done: dict[str, Any], full) -> bool:
 def to_run_options(
     cfg: DictConfig | CliConfig, run_dir: Path, swept: tuple[str, ...] = ()
 ) -> RunOptions:
-    """The invocation keys of a composed config as :class:`normlab.config.RunOptions`, with the
-    config folder (``eval_data``'s data configs) and a sweep job's swept ``key=value``.
-
-    ``resume=<path>`` must name ``run_dir`` (``prepare_args`` makes it so) and becomes ``required``.
-
-    Raises:
-        ConfigError: a value out of range, or a resume path that is not this run's dir.
-    """
+    """The invocation keys of a composed config as ``RunOptions``, with the config folder and a
+    sweep job's swept ``key=value``; ``resume=<run_dir>`` becomes ``required``. ConfigError: a
+    value out of range, or a resume path that is not this run's dir."""
     full = cfg if isinstance(cfg, CliConfig) else validate(cfg)
     resume = full.resume
     if resume not in (None, "auto"):
@@ -360,7 +340,7 @@ def to_run_options(
 
 
 def with_launch_paths(full: CliConfig, launch_dir: Path) -> CliConfig:
-    """``full`` with its relative data paths (:data:`PATH_KEYS`) made absolute against
+    """``full`` with its relative data paths (``PATH_KEYS``) made absolute against
     ``launch_dir``, the directory ``train`` was started in (``hydra.runtime.cwd``)."""
     paths = {k: getattr(full.data, k) for k in PATH_KEYS}
     fixed = {
@@ -373,8 +353,7 @@ def with_launch_paths(full: CliConfig, launch_dir: Path) -> CliConfig:
 
 def auto_threads() -> int:
     """``threads: null``: ``$OMP_NUM_THREADS`` if set, else half the CPU cores this process may
-    use (at least 1). Half leaves room for the neighbours on a shared machine; on 2 busy cores two
-    intra-op threads made a tiny step 2.5-3.5x slower than one (issue 16)."""
+    use (at least 1): half leaves room for the neighbours on a shared machine."""
     env = os.environ.get("OMP_NUM_THREADS", "")
     if env.isdigit() and int(env) >= 1:
         return int(env)
@@ -399,7 +378,7 @@ def _join_ranks() -> Path:
 
 
 def _run_options(full: CliConfig, run_dir: Path) -> RunOptions:
-    """:func:`to_run_options`; under a submitit launcher ``resume: null`` becomes ``auto`` so that a
+    """``to_run_options``; under a submitit launcher ``resume: null`` becomes ``auto`` so that a
     job requeued after a pre-emption or a time limit continues from its checkpoint."""
     hc = HydraConfig.get()
     keys = [k for k in os.environ.get(SWEPT_ENV, "").split(",") if k]
@@ -433,14 +412,9 @@ def _interrupted(summary: dict[str, Any], run_dir: Path) -> None:
 
 
 def _checked_without_torch(cfg: DictConfig) -> CliConfig:
-    """Every check that needs no torch, run before torch is imported: the schema's range checks,
-    that a local corpus exists (unless a ``data.token_dir`` stands in for it), and that every
-    held-out corpus (``eval_data``) names a data config whose files (or package) are here, and
-    that every downstream task (``eval_tasks``) is one normlab knows, with its data installed.
-
-    Raises:
-        ConfigError, DataError: one line naming the key and value.
-    """
+    """Every check that needs no torch, before torch is imported: range checks, the local corpus
+    (unless ``data.token_dir`` stands in), each ``eval_data`` corpus's files and each
+    ``eval_tasks`` task's data. ConfigError, DataError: one line naming the key and value."""
     full = with_launch_paths(validate(cfg), Path(HydraConfig.get().runtime.cwd))
     if full.data.format.name != "hub" and full.data.token_dir is None:
         corpus_files(full.data)
@@ -456,7 +430,7 @@ def _checked_without_torch(cfg: DictConfig) -> CliConfig:
 
 
 def _downstream(full: CliConfig):
-    """The :class:`normlab.evals.DownstreamEval` of ``eval_tasks`` (None without tasks)."""
+    """The ``normlab.evals.DownstreamEval`` of ``eval_tasks`` (None without tasks)."""
     if not full.eval_tasks:
         return None
     from normlab.evals import DownstreamEval
@@ -465,7 +439,7 @@ def _downstream(full: CliConfig):
 
 
 def _refused(run_dir: Path, e: ConfigError | DataError, log_size: int | None) -> JobFailure:
-    """:func:`refuse` a run refused in the task; but when another live process owns the run dir
+    """``refuse`` a run refused in the task; but when another live process owns the run dir
     (``RunDirBusy``) its one line only: the dir and its ``train.log`` are that process's."""
     from normlab.training.lock import RunDirBusy
 
@@ -535,13 +509,12 @@ def _task(cfg: DictConfig) -> float | JobFailure:
 
 
 def _refused_before_hydra(args: list[str], conf_dir: Path) -> list[str]:
-    """:func:`prepare_args` and, unless ``debug=true``, :func:`check_overrides`; a refusal is
+    """``prepare_args`` and, unless ``debug=true``, ``check_overrides``; a refusal is
     one line on stderr and exit status 2."""
     try:
         args = prepare_args(args, conf_dir)
         if str(value_of(args, "debug")).lower() != "true":
-            if not any(a.split("=", 1)[0] in ("--cfg", "-c", "--info", "-i") for a in args):
-                check_overrides(args, conf_dir)
+            check_overrides(args, conf_dir)  # with --cfg or --info: names and types only
     except ConfigError as e:
         if launch_rank() == 0:
             print(f"normlab: error: {e}", file=sys.stderr)
@@ -553,12 +526,9 @@ register_resolvers()
 
 
 def main() -> None:
-    """Entry point of the ``train`` console script (Hydra parses ``sys.argv``).
-
-    ``--help`` lists the groups and every key with its meaning (``--hydra-help``: Hydra's). Under
-    torchrun, ranks > 0 run Hydra in a private scratch dir (no ``.hydra/``, no ``[HYDRA]`` log
-    lines), removed at exit; their runs use rank 0's run dir.
-    """
+    """Entry point of the ``train`` console script (Hydra parses ``sys.argv``; ``--help`` is ours).
+    Under torchrun, ranks > 0 run Hydra in a private scratch dir (no ``.hydra/``, no ``[HYDRA]``
+    lines), removed at exit; their runs use rank 0's run dir."""
     register_schema()
     os.environ.setdefault("WANDB_QUIET", "true")  # no summary of wandb's above the result line
     conf_dir = find_conf_dir()

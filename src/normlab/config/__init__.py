@@ -1,15 +1,12 @@
 """Typed configuration: one dataclass per Hydra config group, validated on construction.
 
 The YAML files under ``conf/`` only compose values; the schema and every range check live here.
-Closed choices are Enums whose member *names* are the strings users type (``norm.kind=rms``),
-because OmegaConf validates enum values by member name.
+Closed choices are Enums whose member names are what users type (``norm.kind=rms``): OmegaConf
+validates enum values by member name. No torch import. Modules: ``base``, ``norm_table`` (every
+fact about the norm kinds and implementations), ``norm``, ``schedule``, ``data``, ``files``,
+``run`` (model, precision, optim, logger, TrainConfig, RunOptions, CliConfig).
 
-No torch import here: the config can be checked before anything heavy is loaded.
-
-Modules: ``base`` (ConfigError, the range check), ``norm_table`` (the norm kinds and
-implementations and every fact about them, written once), ``norm``, ``schedule``, ``data``,
-``run`` (model, precision, optim, logger, TrainConfig, RunOptions, CliConfig). Import from
-``normlab.config``.
+Why: docs/ARCHITECTURE.md
 """
 
 from __future__ import annotations

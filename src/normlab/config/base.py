@@ -1,7 +1,8 @@
 """What every config module shares: the error type, the range-check helper, the eps default, and
-where the config folder is (``conf/train.yaml`` and its groups). No Hydra here, so every layer
-(``data`` resolving ``eval_data`` names included) can find it; :mod:`normlab.compose` re-exports
-:func:`find_conf_dir`."""
+where the config folder is (``find_conf_dir``, no Hydra, so every layer can find it).
+
+Why: docs/ARCHITECTURE.md
+"""
 
 from __future__ import annotations
 
@@ -52,15 +53,8 @@ def to_plain(obj: object) -> object:
 
 
 def find_conf_dir() -> Path:
-    """Where ``train.yaml`` and its groups live.
-
-    In order: ``$NORMLAB_CONF_DIR``; ``normlab/conf`` inside the installed package (a wheel ships
-    the repository's ``conf/`` there); the repository's top-level ``conf/`` (editable install or a
-    source checkout).
-
-    Raises:
-        FileNotFoundError: naming the places searched.
-    """
+    """Where ``train.yaml`` and its groups live: ``$NORMLAB_CONF_DIR``, else ``normlab/conf`` in
+    the package (a wheel), else the repository's ``conf/``; FileNotFoundError naming them."""
     package = Path(__file__).resolve().parent.parent  # src/normlab
     candidates = [Path(p) for p in [os.environ.get("NORMLAB_CONF_DIR")] if p]
     candidates += [package / "conf", package.parent.parent / "conf"]

@@ -1,4 +1,7 @@
-"""The data group: corpus, tokenizer, token shards and batch shape."""
+"""The data group: corpus, tokenizer, token shards and batch shape.
+
+Why: docs/data.md
+"""
 
 from __future__ import annotations
 

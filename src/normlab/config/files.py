@@ -1,13 +1,12 @@
-"""Reading the YAML and JSON of a run dir with limits: a run dir may come from anywhere (copied,
-downloaded, edited), so nothing it says is trusted.
+"""Reading the YAML and JSON of a run dir with limits: a run dir may come from anywhere, so
+nothing it says is trusted.
 
-A file is read only when it is a regular file (no FIFO, device or endless file; a link is followed
-and the file it names checked) of at most ``max_bytes``: :data:`YAML_MAX_BYTES` for ``.hydra/``'s
-YAML (Hydra writes a few KiB), :data:`JSON_MAX_BYTES` for ``summary.json`` (it holds every step's
-time), :data:`ROWS_MAX_BYTES` for JSON lines (``metrics.jsonl``). YAML may hold no anchor or alias
-(Hydra never writes one; an alias bomb makes a few lines billions of nodes), and YAML and JSON nest
-at most :data:`MAX_DEPTH` deep. Each refusal is a :class:`RunFileError` whose message says why in a
-few words, for the caller to name the file.
+A file is read only when it is a regular file (a link followed) of at most ``max_bytes``
+(``YAML_MAX_BYTES``, ``JSON_MAX_BYTES``, ``ROWS_MAX_BYTES``); YAML holds no anchor or alias (an
+alias bomb makes a few lines billions of nodes); YAML and JSON nest at most ``MAX_DEPTH`` deep.
+Each refusal is a ``RunFileError`` saying why in a few words, for the caller to name the file.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ from typing import Any
 
 import yaml
 
-YAML_MAX_BYTES = 1 << 20
-JSON_MAX_BYTES = 64 << 20
+YAML_MAX_BYTES = 1 << 20  # .hydra/'s YAML: Hydra writes a few KiB
+JSON_MAX_BYTES = 64 << 20  # summary.json: it holds every step's time
 ROWS_MAX_BYTES = 1 << 30  # metrics.jsonl: a row a logged step, millions of steps
 MAX_DEPTH = 32
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built in: C speed
@@ -32,11 +31,8 @@ class RunFileError(ValueError):
 
 
 def read_limited(path: Path, max_bytes: int) -> bytes:
-    """The bytes of ``path``, a regular file of at most ``max_bytes``.
-
-    Raises:
-        OSError: ``path`` cannot be opened. RunFileError: not a regular file, or too big.
-    """
+    """The bytes of ``path``, a regular file of at most ``max_bytes``; OSError when it cannot be
+    opened, RunFileError when not a regular file or too big."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without waiting for a writer
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -48,12 +44,8 @@ def read_limited(path: Path, max_bytes: int) -> bytes:
 
 
 def yaml_text(text: str | bytes) -> Any:
-    """``text`` as YAML data, refused when it holds an anchor or an alias or nests deeper than
-    :data:`MAX_DEPTH` (checked on the parser's events, before any node is built).
-
-    Raises:
-        RunFileError: an anchor, an alias or too deep. yaml.YAMLError: not YAML.
-    """
+    """``text`` as YAML data; RunFileError for an anchor, an alias or nesting deeper than
+    ``MAX_DEPTH`` (checked on the parser's events, before any node is built); yaml.YAMLError."""
     depth = 0
     for event in yaml.parse(text, Loader=_LOADER):
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
@@ -69,20 +61,13 @@ def yaml_text(text: str | bytes) -> Any:
 
 
 def load_yaml(path: Path, max_bytes: int = YAML_MAX_BYTES) -> Any:
-    """The YAML file ``path``, read within the limits (:func:`read_limited`, :func:`yaml_text`).
-
-    Raises:
-        OSError, RunFileError, yaml.YAMLError.
-    """
+    """The YAML file ``path`` read within the limits; OSError, RunFileError, yaml.YAMLError."""
     return yaml_text(read_limited(path, max_bytes))
 
 
 def load_json(path: Path, max_bytes: int = JSON_MAX_BYTES) -> Any:
-    """The JSON file ``path``, read within the limits (:func:`read_limited`, :data:`MAX_DEPTH`).
-
-    Raises:
-        OSError, RunFileError; ValueError (json.JSONDecodeError): not JSON (UTF-8) text.
-    """
+    """The JSON file ``path``, read within the limits (``read_limited``, ``MAX_DEPTH``); OSError,
+    RunFileError, ValueError (json.JSONDecodeError) for text that is not JSON."""
     data = read_limited(path, max_bytes)
     try:
         doc = json.loads(data)
@@ -94,14 +79,8 @@ def load_json(path: Path, max_bytes: int = JSON_MAX_BYTES) -> Any:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file (``metrics.jsonl``, ``annealed.jsonl``), one a line,
-    as written; blank, torn (a kill mid-write), non-object and too deeply nested lines are left
-    out.
-
-    Raises:
-        OSError: ``path`` cannot be opened. RunFileError: not a regular file of at most
-            :data:`ROWS_MAX_BYTES`.
-    """
+    """The JSON objects of a JSON-lines file (``metrics.jsonl``), one a line; blank, torn (a kill
+    mid-write), non-object and too deep lines left out. OSError, RunFileError: ``read_limited``."""
     rows = []
     for line in read_limited(path, ROWS_MAX_BYTES).decode(errors="replace").splitlines():
         try:

@@ -2,6 +2,8 @@
 
 The choices (kinds, implementations, cast orders, placements) and every fact about them live in
 the norm table (``norm_table.py``); this module validates a norm against it.
+
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -31,10 +33,9 @@ from normlab.config.norm_table import (
 
 @dataclass
 class NormOverride:
-    """One position's partial :class:`NormConfig` (``norm.positions.final.kind=rms``): every
-    NormConfig key but :data:`WHERE_KEYS`, each this position's own value of that key; null: the
-    base norm's (then the block schedule's kind and impl). Values as typed (names for the Enums),
-    checked when the position's norm is derived (:meth:`NormConfig.at`)."""
+    """One position's partial ``NormConfig`` (``norm.positions.final.kind=rms``): every key but
+    ``WHERE_KEYS``, null inheriting the base norm's (then the schedule's kind and impl); values as
+    typed, checked when the position's norm is derived (``NormConfig.at``)."""
 
     kind: Any = None  # this position's norm.kind (null: the base norm's, then the schedule's)
     impl: Any = None  # this position's norm.impl (null: the base norm's, then the schedule's)
@@ -50,8 +51,7 @@ class NormOverride:
 
 @dataclass
 class NormPositions:
-    """``norm.positions``: one :class:`NormOverride` per position name
-    (:data:`schedule.POSITIONS`, which names and describes them)."""
+    """``norm.positions``: one ``NormOverride`` per position name (``schedule.POSITIONS``)."""
 
     attn_in: NormOverride = field(default_factory=NormOverride)
     attn_out: NormOverride = field(default_factory=NormOverride)
@@ -73,38 +73,14 @@ KIND_OPTIONS = ("alpha_init", "gate_rank")
 
 @dataclass
 class NormConfig:
-    """Every norm in the model (per block and final) is built from this by ``norms.build_norm``.
+    """Every norm in the model is built from this by ``norms.build_norm``; checked on construction.
 
-    ``eps`` is added to the variance (LayerNorm) or the mean square (RMSNorm) *inside* the square
-    root; ``null`` means :data:`DEFAULT_EPS`. ``bias``: ``null`` is the kind's default (a bias for
-    the kinds that take one, ``Kind.bias`` in the norm table), resolved on construction. ``upcast``
-    computes the statistics in fp32 whatever the input dtype; turning it off exists to reproduce
-    low-precision failures.
-
-    ``alpha_init`` (DyT only; null: :data:`DEFAULT_ALPHA_INIT`): the initial value of DyT's scalar
-    alpha. ``gate_rank`` (GatedNorm only; null: :data:`DEFAULT_GATE_RANK`): the rank r of its
-    gate's W_down (r, d) and W_up (d, r), an integer >= 1 (the paper: 16 to 128).
-    ``zero_centered``: the weight is stored as w, initialised at 0, and applied as ``1 + w`` with
-    the addition in fp32 (Gemma). ``cast``: :class:`NormCast`.
-
-    Which implementation computes which of these options is the norm table's (``Impl``):
-    ``norms.resolve_norm`` refuses an explicit ``impl`` that does not honour one, and resolves
-    ``auto`` to the fastest that honours them all.
-
-    ``depth_scale`` (LayerNorm Scaling, arXiv:2502.05795): the output of each input norm of block
-    l (1-based; ``attn_in``, ``mlp_in``, so pre or peri placement) is scaled by 1/sqrt(l), any kind.
-
-    ``mix_ln`` (Mix-LN, Li et al. 2024, arXiv:2412.13795; null: none): the fraction alpha of blocks,
-    from the first, that are post-norm; the other blocks keep ``placement`` (which must be pre):
-    blocks ``0 .. floor(alpha * n_layer) - 1`` post, the rest pre (:meth:`placement_at`). A
-    fraction, not a block count, so that one override means the same design at every depth;
-    0 < alpha < 1, and :meth:`check` refuses one that makes no post block for ``n_layer``.
-
-    Where the norms sit (``placement``, ``qk``, ``embedding``, ``depth_scale``, ``mix_ln``,
-    ``blocks``, ``positions``): the other fields are the *base* norm; :meth:`at` derives the norm
-    of one position (and block): the base, then ``positions.<pos>`` (its non-null keys), then the
-    ``blocks`` schedule entry covering the block (kind, and impl when given; it covers every norm
-    of the block, its qk norms too). Grammar and position names: :mod:`normlab.config.schedule`.
+    The fields but ``WHERE_KEYS`` are the base norm (``eps`` inside the square root, null:
+    ``DEFAULT_EPS``; ``bias`` null: the kind's default). ``at`` derives one position's (and
+    block's) norm: the base, then ``positions.<pos>``, then the ``blocks`` entry covering the
+    block. Which implementation honours which option is the norm table's (``Impl``):
+    ``norms.resolve_norm`` refuses an explicit one that does not, and resolves ``auto``.
+    LayerNorm Scaling (``depth_scale``): Sun et al. 2025. Mix-LN (``mix_ln``): Li et al. 2024.
     """
 
     kind: NormKind = NormKind.layer
@@ -115,7 +91,7 @@ class NormConfig:
     bias: bool | None = None
     upcast: bool = True
     # what each norm computes
-    alpha_init: float | None = None
+    alpha_init: float | None = None  # DyT's and Derf's initial alpha (null: 0.5); dyt or derf only
     gate_rank: int | None = None  # GatedNorm's gate rank r (null: 16); only with norm.kind=gated
     zero_centered: bool = False
     cast: NormCast = NormCast.before_weight
@@ -208,27 +184,25 @@ class NormConfig:
 
     @property
     def resolved_gate_rank(self) -> int | None:
-        """GatedNorm's gate rank: ``gate_rank`` or :data:`DEFAULT_GATE_RANK`; None for the other
-        kinds."""
+        """GatedNorm's gate rank: ``gate_rank`` or ``DEFAULT_GATE_RANK``; None for other kinds."""
         if "gate_rank" not in KINDS[self.kind].options:
             return None
         return DEFAULT_GATE_RANK if self.gate_rank is None else int(self.gate_rank)
 
     @property
     def resolved_alpha_init(self) -> float | None:
-        """DyT's initial alpha: ``alpha_init`` or :data:`DEFAULT_ALPHA_INIT`; None for kinds
-        without an alpha."""
+        """The initial alpha: ``alpha_init`` or ``DEFAULT_ALPHA_INIT``; None without an alpha."""
         if "alpha_init" not in KINDS[self.kind].options:
             return None
         return DEFAULT_ALPHA_INIT if self.alpha_init is None else float(self.alpha_init)
 
     @property
     def resolved_eps(self) -> float:
-        """The eps actually used: ``eps`` or :data:`DEFAULT_EPS` when null."""
+        """The eps actually used: ``eps`` or ``DEFAULT_EPS`` when null."""
         return DEFAULT_EPS if self.eps is None else float(self.eps)
 
     def _check_where(self) -> None:
-        """Validate the where-the-norms-sit keys (the schedule's block indices: :meth:`check`)."""
+        """Validate the where-the-norms-sit keys (the schedule's block indices: ``check``)."""
         self.placement = _as_enum(Placement, self.placement, "norm.placement")
         self.qk = _as_enum(QKNorm, self.qk, "norm.qk")
         inputs = {"attn_in", "mlp_in"} & set(PLACEMENT_POSITIONS[self.placement])
@@ -297,11 +271,8 @@ class NormConfig:
         )
 
     def used_positions(self) -> tuple[str, ...]:
-        """The positions this model has (in any block), in :data:`schedule.POSITIONS` order.
-
-        The final norm exists unless the last block ends in a norm of the whole stream
-        (:data:`STREAM_NORMED`: post, deepnorm); the last block always has ``placement``
-        (Mix-LN's post blocks come first)."""
+        """The positions this model has (in any block), in ``schedule.POSITIONS`` order; no final
+        norm when the last block (always ``placement``) is ``STREAM_NORMED`` (post, deepnorm)."""
         inner = set(PLACEMENT_POSITIONS[self.placement])
         inner |= set(PLACEMENT_POSITIONS[Placement.post]) if self.mix_ln is not None else set()
         has = inner | ({"qk"} if self.qk != QKNorm.none else set())
@@ -317,23 +288,18 @@ class NormConfig:
         return math.floor(round(self.mix_ln * n_layer, 9))
 
     def placement_at(self, block: int, n_layer: int) -> Placement:
-        """The placement of block ``block`` (0-based) of ``n_layer``: post for Mix-LN's first
-        :meth:`post_blocks`, ``placement`` otherwise."""
+        """Block ``block``'s placement: post in Mix-LN's first blocks, else ``placement``."""
         return Placement.post if block < self.post_blocks(n_layer) else self.placement
 
     def block_positions(self, block: int, n_layer: int) -> tuple[str, ...]:
-        """The norm positions block ``block`` has, in :data:`schedule.BLOCK_POSITIONS` order."""
+        """The norm positions block ``block`` has, in ``schedule.BLOCK_POSITIONS`` order."""
         has = set(PLACEMENT_POSITIONS[self.placement_at(block, n_layer)])
         has |= {"qk"} if self.qk != QKNorm.none else set()
         return tuple(p for p in schedule.BLOCK_POSITIONS if p in has)
 
     def check(self, n_layer: int) -> None:
-        """Check the schedule against ``n_layer`` blocks and derive every norm once.
-
-        Raises:
-            ConfigError: a block index out of range, a ``mix_ln`` that makes no post-norm block,
-                or a derived norm that is not valid.
-        """
+        """Check the schedule against ``n_layer`` blocks and derive every norm once; ConfigError: a
+        block out of range, a ``mix_ln`` with no post-norm block, an invalid derived norm."""
         schedule.check_block_range(self.blocks, self.schedule, n_layer)
         if self.mix_ln is not None:
             _require(
@@ -346,13 +312,8 @@ class NormConfig:
         self.derived()
 
     def derived(self) -> list[tuple[str, NormConfig]]:
-        """Every distinct norm the model builds from this config, with where it sits:
-        ``("norm", base)`` first, then each position's (``"norm.positions.final"``) and each
-        schedule entry's (``"norm.blocks ... (block 3, attn_in)"``), as :meth:`at` derives them.
-
-        Raises:
-            ConfigError: a derived norm that is not valid, naming where.
-        """
+        """Every distinct norm the model builds, with where it sits: ``("norm", base)``, then each
+        position's and schedule entry's, as ``at`` derives them; ConfigError naming where."""
         out: list[tuple[str, NormConfig]] = [("norm", self)]
         for pos in self.used_positions():
             if _overrides(self.positions, pos):
@@ -366,16 +327,9 @@ class NormConfig:
         return out
 
     def at(self, position: str, block: int | None = None) -> NormConfig:
-        """The norm config of ``position`` (in block ``block``; None for embedding/final).
-
-        Rebuilt from raw values, so every ``__post_init__`` rule applies again: ``bias`` equal to
-        the base kind's default counts as null (the derived kind's default), and an inherited
-        ``eps`` or kind option the derived kind does not take (a DyT block in a LayerNorm model:
-        no eps) is dropped; a derived config keeps no position overrides or schedule of its own.
-
-        Raises:
-            ConfigError: an unknown position, or a derived value that is not valid, naming where.
-        """
+        """The norm config of ``position`` (in ``block``; None for embedding/final), rebuilt from
+        raw values so every rule applies again, without overrides or schedule of its own;
+        ConfigError naming where for an unknown position or an invalid value."""
         _require(
             position in schedule.POSITIONS,
             "norm position",
@@ -384,7 +338,7 @@ class NormConfig:
         )
         raw = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in WHERE_KEYS}
         if raw["bias"] == (KINDS[self.kind].bias and self.affine):
-            raw["bias"] = None
+            raw["bias"] = None  # the base kind's default: the derived kind's default
         hints = _hints()
         where = f"norm.positions.{position}"
         own = _overrides(self.positions, position)

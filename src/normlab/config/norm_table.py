@@ -1,19 +1,13 @@
 """The norm table: every fact about the norm kinds and their implementations, written once.
 
-No torch here, so that the config validates (and ``auto`` resolves) before anything heavy is
-loaded. :data:`KINDS` maps a :class:`NormKind` to a :class:`Kind` (its implementations as
-``"module:Class"`` strings, imported only when chosen, its float64 oracle, whether it is a
-*statistic* kind, whether it takes a bias, its own options and parameters); :data:`IMPLS` maps a
-:class:`NormImpl` to an :class:`Impl` (devices, packages, environment, the options and autograd
-modes it honours); :data:`AUTO` ranks the implementations ``norm.impl=auto`` chooses from, by
-device. ``normlab.config.norm`` validates a norm against it, ``normlab.norms`` resolves ``auto``,
-builds the classes and words every error from it, and the contract tests
-(``tests/test_norm_contract.py``) take their parametrization from it. Nothing else lists kinds,
-implementations or the options they honour.
+No torch here, so the config validates (and ``auto`` resolves) before anything heavy loads.
+``KINDS``: ``NormKind`` -> ``Kind`` (implementations as ``"module:Class"`` strings, imported only
+when chosen, the float64 oracle, options, parameters); ``IMPLS``: ``NormImpl`` -> ``Impl``
+(devices, packages, the options and autograd modes it honours); ``AUTO``: what ``norm.impl=auto``
+ranks, by device. Config checks, ``normlab.norms`` and the contract tests all derive from it. A new
+kind: a ``NormKind`` member, a reference class and oracle, a ``KINDS`` entry, a conf/norm/ file.
 
-Adding a kind: a :class:`NormKind` member, a reference class and a float64 oracle in
-``normlab.norms``, one :data:`KINDS` entry, one ``conf/norm/<kind>.yaml``. The contract tests then
-cover it with no edit.
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -46,8 +40,7 @@ class NormCast(Enum):
 
 class NormImpl(Enum):
     """How a norm is computed. ``auto`` is resolved to a concrete implementation before building:
-    the first of :data:`AUTO` for the device that the kind has and that honours every option
-    asked for."""
+    the first of ``AUTO`` for the device that the kind has and that honours every option asked."""
 
     torch = "torch"  # PyTorch's nn.LayerNorm / nn.RMSNorm
     reference = "reference"  # explicit eager math, statistics in fp32: the oracle
@@ -94,35 +87,24 @@ DEFAULT_GATE_RANK = 16
 
 @dataclass(frozen=True)
 class Kind:
-    """One norm kind.
+    """One norm kind. Each class of ``impls`` takes ``(d, eps, affine=, bias=, upcast=,
+    zero_centered=, cast=)`` plus its ``options``; ``weight`` / ``bias``: ``(d,)`` or None."""
 
-    ``impls``: implementation -> ``"module:Class"``; each class takes
-    ``(d, eps, affine=, bias=, upcast=, zero_centered=, cast=)`` (plus the kind's ``options``) and
-    has parameters ``weight`` / ``bias`` of shape ``(d,)`` (or None). ``oracle``:
-    ``"module:function"``, ``(x, weight, bias, eps, *extra_params) -> y`` computed in float64 from
-    the paper's formula, ``weight`` being the applied gain (``1 + w`` when zero-centred).
-    ``statistic``: the output is the input scaled by a per-row statistic (mean / mean square) with
-    eps inside a square root, so ``norm.eps`` means something, and scale invariance, the eps
-    placement and fp16 overflow of the statistic apply; the other kinds refuse a non-null eps
-    unless ``eps`` says they have one.
-    ``bias``: the kind takes a bias, and ``norm.bias: null`` turns it on; the others refuse one.
-    ``extra_params``: names of the kind's parameters besides ``weight`` / ``bias``, passed to the
-    oracle after eps in this order (DyT: ``alpha``). ``options``: ``NormConfig`` fields only this
-    kind reads (the others refuse a non-null value), passed to the class as keywords with their
-    resolved value (``resolved_<name>``; DyT: ``alpha_init``). ``eps``: the kind has an eps inside
-    a square root without being a statistic kind (GatedNorm: an RMSNorm whose output a gate then
-    scales elementwise); None: as ``statistic`` (:attr:`takes_eps`). The :class:`Impl` says which
-    ``cast`` / ``zero_centered`` / ``upcast`` it honours.
-    """
-
-    impls: dict[NormImpl, str]
+    impls: dict[NormImpl, str]  # implementation -> "module:Class"
+    # "module:function": (x, weight, bias, eps, *extra_params) -> y in float64, the paper's
+    # formula; weight is the applied gain (1 + w when zero-centred)
     oracle: str
+    # the output is the input scaled by a per-row statistic with eps in a square root: norm.eps,
+    # scale invariance and fp16 overflow of the statistic apply
     statistic: bool
-    bias: bool
+    bias: bool  # takes a bias (norm.bias: null turns it on); the other kinds refuse one
     source: str = ""  # the paper, for docs and messages
+    # parameters besides weight / bias, passed to the oracle after eps in this order (DyT: alpha)
     extra_params: tuple[str, ...] = ()
+    # NormConfig fields only this kind reads (others refuse a non-null value), passed to the class
+    # as keywords with their resolved_<name> value (DyT: alpha_init)
     options: tuple[str, ...] = ()
-    eps: bool | None = None
+    eps: bool | None = None  # an eps without being a statistic kind (GatedNorm); None: statistic
 
     @property
     def takes_eps(self) -> bool:
@@ -132,26 +114,19 @@ class Kind:
 
 @dataclass(frozen=True)
 class Impl:
-    """One implementation (of every kind that lists it).
+    """One implementation (of every kind that lists it); ``unhonoured`` names what it does not
+    compute."""
 
-    ``devices``: device types it runs on (None: any). ``interpreter_env``: an environment variable
-    that, set to 1, lets it run on CPU too (Triton's interpreter, for tests). ``packages``: import
-    names it needs. ``compiler``: builds C++ on first use (g++ and ninja). ``upcast_false``: honours
-    ``norm.upcast=false`` (statistics in the input dtype). ``autograd``: the modes it computes
-    (the others raise one clear error). ``float64``: accepts fp64 input (gradcheck).
-    ``casts``: the ``norm.cast`` orders it computes; ``zero_centered``: it applies a weight stored
-    as w as ``1 + w`` added in fp32. :meth:`unhonoured` names what it does not compute.
-    """
-
-    devices: tuple[str, ...] | None = None
-    interpreter_env: str | None = None
-    packages: tuple[str, ...] = ()
-    compiler: bool = False
-    upcast_false: bool = False
+    devices: tuple[str, ...] | None = None  # device types it runs on (None: any)
+    interpreter_env: str | None = None  # set to 1, it runs on CPU too (Triton's interpreter)
+    packages: tuple[str, ...] = ()  # import names it needs
+    compiler: bool = False  # builds C++ on first use (g++ and ninja)
+    upcast_false: bool = False  # honours norm.upcast=false (statistics in the input dtype)
+    # the autograd modes it computes (the others raise one clear error)
     autograd: frozenset[str] = field(default_factory=lambda: frozenset(AUTOGRAD_MODES))
-    float64: bool = True
-    casts: frozenset[NormCast] = frozenset(NormCast)
-    zero_centered: bool = True
+    float64: bool = True  # accepts fp64 input (gradcheck)
+    casts: frozenset[NormCast] = frozenset(NormCast)  # the norm.cast orders it computes
+    zero_centered: bool = True  # applies a weight stored as w as 1 + w added in fp32
     note: str = ""
 
     def honours(self, key: str, value: object) -> bool:

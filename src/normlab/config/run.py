@@ -1,5 +1,8 @@
-"""The model, precision, optim and logger groups, the whole run (:class:`TrainConfig`) and the
-invocation (:class:`RunOptions`, :class:`CliConfig`)."""
+"""The model, precision, optim and logger groups, the whole run (``TrainConfig``) and the
+invocation (``RunOptions``, ``CliConfig``).
+
+Why: docs/running.md
+"""
 
 from __future__ import annotations
 
@@ -28,13 +31,10 @@ class OptimName(Enum):
 
 
 class NormWeightDecay(Enum):
-    """Which norm gains get ``optim.weight_decay`` (``optim.norm_weight_decay``); biases and every
-    other 1-D parameter never do. A norm gain is the parameter named ``weight`` of a norm module
-    (attn_in, attn_out, mlp_in, mlp_out, the QK-norms, the embedding and final norms). A
-    zero-centred gain is stored as w and applied as 1 + w: decay pulls the stored w toward 0, so
-    the applied gain toward 1."""
+    """Which norm gains (a norm module's ``weight``) get ``optim.weight_decay``
+    (``optim.norm_weight_decay``); biases and every other 1-D parameter never do."""
 
-    none = "none"  # no norm gain decays (normlab's behaviour before the key)
+    none = "none"  # no norm gain decays
     all = "all"  # every norm gain decays
     # the input norms' gains only: attn_in and mlp_in, the pre-norms that feed a sublayer (pre and
     # peri placement); not the output norms (attn_out, mlp_out, final), the QK-norms (inside
@@ -44,10 +44,8 @@ class NormWeightDecay(Enum):
 
 class LrSchedule(Enum):
     """The learning rate after warm-up (``optim.schedule``): ``cosine`` decays to ``min_lr`` over
-    the whole run (Loshchilov & Hutter 2017); ``wsd`` (warm-up, stable, decay: Hu et al. 2024,
-    MiniCPM, arXiv:2404.06395) holds ``lr`` and decays over the last ``decay_fraction`` of the
-    steps, so a cool-down branched from the stable phase is an annealed run of a shorter budget
-    (``optim.anneal_at``)."""
+    the whole run (Loshchilov & Hutter 2017); ``wsd`` (Hu et al. 2024, arXiv:2404.06395) holds
+    ``lr`` and decays over the last ``decay_fraction`` of the steps."""
 
     cosine = "cosine"
     wsd = "wsd"
@@ -78,10 +76,8 @@ class WandbMode(Enum):
 class ModelConfig:
     """GPT shape. ``context_length`` is the number of positions (tokens per training sequence).
 
-    ``embedding_scale`` (DyT's LLM recipe, Zhu et al. 2025, arXiv:2503.10622, section 7): a
-    learnable scalar multiplying the embedding (token + position) before the first block; ``false``
-    (default): none, no parameter; ``true``: initialised at ``sqrt(d_model)``, as the paper's
-    LLaMA code does; a number > 0: initialised there. :attr:`resolved_embedding_scale`.
+    ``embedding_scale`` (Zhu et al. 2025, section 7): a learnable scalar on the embedding;
+    ``false``: none; ``true``: initialised at sqrt(d_model); a number > 0: initialised there.
     """
 
     name: str = "gpt2_small"
@@ -153,7 +149,7 @@ class OptimConfig:
     warm-up, stable ``lr`` and a decay over the last ``decay_fraction`` of the steps (``wsd``).
 
     ``anneal_at`` (wsd only): budgets as fractions of ``max_steps``; each is evaluated on a
-    cool-down branch of the main run (``training/anneal.py``; :meth:`budgets` gives the steps).
+    cool-down branch of the main run (``training/anneal.py``; ``budgets`` gives the steps).
     """
 
     name: OptimName = OptimName.adamw  # the optimizer (adamw only)
@@ -202,8 +198,8 @@ class OptimConfig:
 
     def _check_wsd(self) -> None:
         """``decay_fraction`` in (0, 1]; ``anneal_at`` increasing fractions in (0, 1), with
-        ``schedule=wsd`` and ``decay=true`` only (the checks that need ``max_steps``:
-        :meth:`TrainConfig._check_anneal`)."""
+        ``schedule=wsd`` and ``decay=true`` only (``TrainConfig._check_anneal`` needs
+        ``max_steps``)."""
         frac = self.decay_fraction
         ok = math.isfinite(frac) and 0 < frac <= 1
         _require(ok, "optim.decay_fraction", frac, "must be in (0, 1] (of a budget's steps)")
@@ -230,8 +226,7 @@ class OptimConfig:
         self.anneal_at = at
 
     def decay_start(self, max_steps: int) -> int:
-        """wsd: the steps before the decay of a run of ``max_steps`` steps (warm-up and stable):
-        ``D = max_steps - round(decay_fraction * max_steps)``; steps ``D..max_steps-1`` decay."""
+        """wsd: steps before the decay, ``D = max_steps - round(decay_fraction * max_steps)``."""
         return max_steps - round(self.decay_fraction * max_steps)
 
     def budgets(self, max_steps: int) -> list[tuple[int, int]]:
@@ -441,15 +436,10 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunOptions:
-    """How this invocation runs, beyond what it trains. Not part of the config hash: these may
-    differ between the invocations of one run (``commands/train.py`` fills them from the top-level
-    keys of :class:`CliConfig`).
-
-    ``resume``: None starts a new run (refused if the run dir already holds checkpoints);
-    ``"auto"`` continues from the newest valid checkpoint in the run dir if there is one;
-    ``"required"`` does too, and it is an error if there is none. ``force`` resumes even when the
-    config differs from the checkpoint's (the differences are logged and kept in the summary).
-    """
+    """How this invocation runs, beyond what it trains; not hashed, so it may differ between the
+    invocations of one run. ``resume``: None (a new run, refused over checkpoints), ``"auto"`` (the
+    newest valid checkpoint, if any) or ``"required"`` (one must exist); ``force``: resume a
+    changed config (the differences logged and kept in the summary)."""
 
     ckpt_interval: int = 200  # 0: checkpoints only at the end and on SIGTERM/SIGINT
     ckpt_keep: int = 2
@@ -469,11 +459,8 @@ class RunOptions:
 
 @dataclass
 class CliConfig(TrainConfig):
-    """The schema of ``conf/train.yaml``: :class:`TrainConfig` plus the keys of one invocation.
-
-    These keys become :class:`RunOptions`; they are not part of the config hash, so they may change
-    when a run is resumed.
-    """
+    """The schema of ``conf/train.yaml``: ``TrainConfig`` plus the keys of one invocation, which
+    become ``RunOptions`` (not hashed: they may change when a run is resumed)."""
 
     ckpt_interval: int = 200  # checkpoint every N steps, at the end and on a signal (0: only those)
     ckpt_keep: int = 2  # keep the newest K checkpoints
@@ -497,5 +484,5 @@ class CliConfig(TrainConfig):
             _require(ok, key, getattr(self, key), allowed)
 
     def train_config(self) -> TrainConfig:
-        """The :class:`TrainConfig` part (what the run trains; hashed)."""
+        """The ``TrainConfig`` part (what the run trains; hashed)."""
         return TrainConfig(**{k: getattr(self, k) for k in TrainConfig.__dataclass_fields__})

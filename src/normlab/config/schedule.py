@@ -1,30 +1,12 @@
 """Where the norms sit: the position names, the block-schedule grammar, and the short design tag
 that run names, wandb names, sweep dirs and report labels use. No torch; pure string work.
 
-Positions (every norm of the model has one; ``diag/`` keys and ``norm_cost`` use these names):
+Positions: ``attn_in`` / ``mlp_in`` (a branch's input), ``attn_out`` / ``mlp_out`` (a branch's
+output, or the sum after it under post), ``qk`` (q and k; v too under hybrid), ``embedding``,
+``final``. ``norm.blocks``: entries ``N:kind``, ``N-M:kind`` or ``N-M:kind@impl`` (0-based,
+inclusive, not overlapping) joined by ``/``, so a Hydra sweep holds schedules unquoted.
 
-* ``attn_in`` / ``mlp_in``: the norm on the input of the attention / MLP branch (pre, peri);
-* ``attn_out`` / ``mlp_out``: the norm on the output side of the branch: on the branch before the
-  residual add (peri, reordered), or on the sum after it (post);
-* ``qk``: the norms of queries and keys (``norm.qk=head|full``), one for q and one for k; with
-  ``norm.placement=hybrid`` (HybridNorm's QKV-norm, per head) a third one for values;
-* ``embedding``: after token + position embedding (``norm.embedding=true``);
-* ``final``: before the output head (unless the last block is post or deepnorm).
-
-Placement per block: the schedule switches kinds only. Mix-LN's post-then-pre blocks are the key
-``norm.mix_ln`` (a fraction of ``model.n_layer``, so one value means the same design at every
-depth and sweeps as ``norm.mix_ln=null,0.25,0.5``), not schedule entries: block ranges would have
-to be rewritten for each depth, and placement names would share the entry's namespace with kinds.
-
-Block schedule grammar (``norm.blocks``; entries joined by ``/`` so that a Hydra multirun list,
-comma-separated, can hold schedules unquoted: ``norm.blocks=null,0:rms,0-1:rms``)::
-
-    schedule := entry ("/" entry)*
-    entry    := range ":" kind ["@" impl]
-    range    := N | N "-" M        # 0-based block indices, inclusive, N <= M
-
-Examples: ``0-5:rms``, ``0-2:rms/3:dyt@reference``, ``7:rms``. Ranges may not overlap; indices are
-checked against ``model.n_layer`` where both are known (``TrainConfig``).
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -56,15 +38,8 @@ class ScheduleEntry:
 
 
 def parse_blocks(text: str | None, kinds: list[str], impls: list[str]) -> list[ScheduleEntry]:
-    """Parse a ``norm.blocks`` schedule (grammar in the module docstring); None or "" -> [].
-
-    Args:
-        kinds, impls: the allowed kind and implementation names (for validation and messages).
-
-    Raises:
-        ConfigError: a malformed entry, an unknown kind or impl, ``N > M``, or overlapping
-            ranges; one line naming the bad value and what is allowed.
-    """
+    """Parse a ``norm.blocks`` schedule (module docstring) against the allowed ``kinds`` and
+    ``impls``; None or "" -> []. ConfigError (one line): malformed, unknown name, N > M, overlap."""
     if text is None or not str(text).strip():
         return []
     entries: list[ScheduleEntry] = []
@@ -134,7 +109,7 @@ def _value(v: object) -> str:
     return v.name if hasattr(v, "name") and not isinstance(v, str) else str(v)
 
 
-#: The ``norm`` keys that :func:`norm_tag` shows (``impl`` when asked): a swept one is named by the
+#: The ``norm`` keys that ``norm_tag`` shows (``impl`` when asked): a swept one is named by the
 #: tag, so a run label need not repeat it (``training.tracking.variant_label``).
 TAG_KEYS = (
     "kind", "blocks", "impl", "placement", "mix_ln", "qk", "embedding", "depth_scale", "positions"
@@ -142,16 +117,10 @@ TAG_KEYS = (
 
 
 def norm_tag(norm: dict, impl: bool = False, path_safe: bool = False) -> str:
-    """A short name for the norm design of a plain ``norm`` config (as in summary.json).
-
-    ``kind[schedule]`` (the schedule only when set), the implementation when ``impl``, the
-    placement (``mixln<alpha>`` in its place with ``mix_ln``: ``rms-mixln0.25``), then
-    ``qkhead``/``qkfull``, ``emb``, ``ds`` (``depth_scale``) and each position override as
-    ``pos:kind`` or ``pos:key=value``; joined by ``-``. Examples: ``layer-pre``,
-    ``rms-peri-qkhead``, ``layer[0-1:rms]-pre``, ``layer-cpp-post-emb-final:rms``,
-    ``layer-deepnorm``, ``rms-hybrid``. ``path_safe`` replaces ``/`` (the schedule's separator)
-    by ``+`` for a directory name.
-    """
+    """A short name for the norm design of a plain ``norm`` config (as in summary.json), joined by
+    ``-``: ``kind[schedule]``, impl (when ``impl``), placement or ``mixln<alpha>``, ``qkhead`` /
+    ``qkfull``, ``emb``, ``ds``, each override ``pos:kind`` / ``pos:key=value``; e.g.
+    ``layer[0-1:rms]-cpp-post-emb-final:rms``. ``path_safe``: ``/`` becomes ``+``."""
     kind = _value(norm.get("kind"))
     blocks = norm.get("blocks")
     parts = [kind + (f"[{blocks}]" if blocks else "")]

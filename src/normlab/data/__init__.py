@@ -2,11 +2,11 @@
 
 ``corpus`` (local files, packaged corpora) and ``sources`` (the Hub) give documents; ``tokenizer``
 encodes and decodes; ``shards`` tokenizes in processes and writes the token folder;
-``tokens.prepare`` finds or builds it and returns :class:`TokenData`, whose ``BatchSampler`` draws
-batches.
+``tokens.prepare`` finds or builds it and returns ``TokenData``, whose ``BatchSampler`` draws
+batches. The names below are imported on first use (PEP 562), so ``import normlab.data.corpus``
+(which ``train`` runs to refuse a missing corpus early) does not import torch.
 
-The names below are imported on first use (PEP 562), so ``import normlab.data.corpus`` (which
-``train`` runs to refuse a missing corpus before torch is loaded) does not import torch.
+Why: docs/data.md
 """
 
 from __future__ import annotations

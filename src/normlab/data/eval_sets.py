@@ -1,18 +1,13 @@
 """Held-out corpora (``eval_data``): data configs from ``conf/data/<name>.yaml`` tokenized with the
 training run's tokenizer, prepared and cached like the training data.
 
-:func:`eval_data_configs` reads each named file and makes it a :class:`DataConfig` that differs
-from the file in what must follow the training run: ``tokenizer`` (and ``bpe_vocab_size``),
-``batch_size``, ``num_proc``, and ``cache_dir`` when the file leaves it null. Only the corpus is
-the file's (format, path, glob, text field, validation split). :func:`prepare_eval` prepares one.
-
-Byte and gpt2 tokens do not depend on the training corpus, so a held-out corpus gets the token
-folder it would get as a training corpus (shared with runs that train on it). A ``bpe`` tokenizer
-is the one trained on the training corpus: the held-out corpus is encoded with that
-``tokenizer.json``, in a folder inside the training token folder
-(``<train token folder>/eval/<name>-<fingerprint>/``), never with a BPE of its own.
-
+``eval_data_configs`` makes each named file a ``DataConfig`` whose corpus is the file's and whose
+``FROM_TRAINING`` keys (and a null ``cache_dir``) are the training run's; ``prepare_eval`` prepares
+one. Byte and gpt2 tokens share the folder the corpus gets as a training corpus; with ``bpe`` the
+training corpus's ``tokenizer.json`` encodes it, in ``<train token folder>/eval/<name>-<fp>/``.
 No torch here: ``train`` checks ``eval_data`` before torch is imported.
+
+Why: docs/data.md
 """
 
 from __future__ import annotations
@@ -67,18 +62,9 @@ def _read(name: str, conf_dir: Path) -> dict[str, Any]:
 def eval_data_configs(
     names: list[str], train: DataConfig, conf_dir: Path | str | None
 ) -> dict[str, DataConfig]:
-    """``name -> DataConfig`` for every held-out corpus, in the order given.
-
-    ``conf_dir`` is the config folder that holds ``data/<name>.yaml`` (``train`` passes its own);
-    ``None`` means the one every tool composes from
-    (:func:`normlab.config.base.find_conf_dir`), so a run built in-process (``build_run`` without
-    a ``conf_dir``: the studies, the tests) resolves the same names as ``train``.
-
-    Raises:
-        ConfigError: a name without a file (the message lists the allowed names), a file that is
-            no complete data config, or a value out of range (one line each).
-        FileNotFoundError: ``conf_dir`` is ``None`` and no config folder can be found.
-    """
+    """``name -> DataConfig`` for every held-out corpus, in order, from ``conf_dir/data/`` (None:
+    ``find_conf_dir()``, as ``train``); ConfigError (one line): no such file, an incomplete file, a
+    value out of range; FileNotFoundError: no config folder."""
     if not names:
         return {}
     if conf_dir is None:
@@ -96,12 +82,8 @@ def eval_data_configs(
 
 
 def check_corpus(name: str, cfg: DataConfig) -> None:
-    """Refuse a held-out corpus whose local files are not there (a missing package is one line
-    naming its pip command). Hub corpora are checked when they are prepared.
-
-    Raises:
-        DataError: ``eval_data: <name>: <why and the fix>``.
-    """
+    """DataError ``eval_data: <name>: <why and the fix>`` when a held-out corpus's local files are
+    not there; Hub corpora are checked when they are prepared."""
     if cfg.format.name == "hub":
         return
     try:
@@ -111,14 +93,8 @@ def check_corpus(name: str, cfg: DataConfig) -> None:
 
 
 def prepare_eval(name: str, cfg: DataConfig, train_dir: Path):
-    """The :class:`~normlab.data.tokens.TokenData` of a held-out corpus (prepared once, cached).
-
-    ``train_dir``: the training run's token folder; with ``bpe`` its ``tokenizer.json`` encodes
-    the corpus, in a folder below it named by the corpus's fingerprint.
-
-    Raises:
-        DataError: as :func:`~normlab.data.tokens.prepare`, the message prefixed with the name.
-    """
+    """The ``TokenData`` of a held-out corpus (prepared once, cached); with ``bpe`` the training
+    token folder ``train_dir``'s ``tokenizer.json`` encodes it. DataError as ``tokens.prepare``."""
     from normlab.data.tokens import fingerprint, prepare
 
     check_corpus(name, cfg)

@@ -1,22 +1,13 @@
 """The prepare step: corpus -> ``uint16`` token shards + ``meta.json`` in one folder.
 
-Shards ``<split>-NNNNN.bin`` hold whole documents (joined by the tokenizer's separator) until about
-``data.shard_tokens`` tokens. Each is written atomically (temp file, rename) and then recorded in
-``meta.json`` (also atomic) with the document index it ends at, so an interrupted prepare (Ctrl-C,
-a lost connection) resumes after its last finished shard when rerun, and writes the same shards as
-an uninterrupted one. ``"complete": true`` in ``meta.json`` marks the end. Tokenizing runs in
-``data.num_proc`` processes (:func:`encoder`; chunks of about 1M characters, in order).
+Shards ``<split>-NNNNN.bin`` hold whole documents (joined by the tokenizer's separator) up to
+about ``data.shard_tokens`` tokens, each written atomically, then recorded in ``meta.json`` with
+the document index it ends at: a rerun resumes after the last finished shard and writes the same
+shards; ``"complete": true`` marks the end. ``data.num_proc`` processes tokenize ~1M-character
+chunks in order (``encoder``), so any process count writes the same shards. Each split records its
+UTF-8 bytes plus ``BOUNDARY_BYTES`` per separator, the same for every tokenizer (bits per byte).
 
-Tokenizing in a pool of processes, in document order: each pool process builds its tokenizer once
-(the initializer) and keeps it for its lifetime; the chunks come back in the order they went out,
-so any ``data.num_proc`` writes the same shards.
-
-Bytes per token: each split records the UTF-8 bytes of its documents' text plus
-:data:`BOUNDARY_BYTES` per document separator (the byte tokenizer's ``"\n\n"``, whichever
-tokenizer), so the bytes of a corpus are the same for every tokenizer and, for byte tokens,
-bytes == tokens exactly. ``meta.json`` keeps ``val_bytes``, ``val_tokens`` and
-``bytes_per_token = val_bytes / val_tokens``; bits per byte are then
-``loss_nats_per_token / ln 2 / bytes_per_token`` (nanochat's ``val/bpb``).
+Why: docs/data.md
 """
 
 from __future__ import annotations
@@ -158,12 +149,9 @@ def _tokenize(
 def _tokenize_stream(
     cfg: DataConfig, stream: Stream, encode, writers: dict, caps: tuple[int | None, int | None]
 ) -> int:
-    """Feed one stream's documents to the writers; returns the index after the last one consumed.
-
-    Documents below a split's ``docs_end`` are in finished shards and skipped (a resumed run). The
-    token cap is checked before each document, from the capped split's ``docs_end`` on, so a resumed
-    run stops at the same document as an uninterrupted one.
-    """
+    """Feed one stream's documents to the writers, skipping those in finished shards; returns the
+    index after the last consumed. The token cap is checked before each document from the capped
+    split's ``docs_end`` on, so a resumed run stops where an uninterrupted one does."""
     from tqdm import tqdm
 
     max_docs, max_tokens = caps
@@ -220,11 +208,8 @@ def _train_texts(cfg: DataConfig, streams: list[Stream]) -> Iterator[str]:
 
 
 def build(cfg: DataConfig, directory: Path, meta: dict | None, fp: str) -> dict:
-    """Tokenize ``cfg``'s corpus into ``directory`` (resuming from ``meta``): the complete meta.
-
-    Raises:
-        DataError: the corpus or tokenizer cannot be read, or a split comes out empty.
-    """
+    """Tokenize ``cfg``'s corpus into ``directory`` (resuming from ``meta``): the complete meta;
+    DataError when the corpus or tokenizer cannot be read, or a split comes out empty."""
     t0 = time.perf_counter()
     resumed = meta is not None
     streams = open_streams(cfg)

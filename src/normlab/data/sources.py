@@ -1,8 +1,11 @@
 """The corpus as document streams: a dataset on the Hugging Face Hub (or a local folder laid out
-like one) through ``datasets.load_dataset``, or local files (:mod:`normlab.data.corpus`).
+like one) through ``datasets.load_dataset``, or local files (``normlab.data.corpus``).
 
 Hub datasets use their own ``validation`` split when they have one; otherwise each document is
-routed by the hash of its text (:func:`~normlab.data.corpus.held_out`).
+routed by the hash of its text (``corpus.held_out``). Before the Hub is touched, its reachability
+(3 s) and ``HF_HUB_OFFLINE`` are checked: offline is one line saying what to do.
+
+Why: docs/data.md
 """
 
 from __future__ import annotations

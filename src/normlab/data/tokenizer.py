@@ -1,22 +1,12 @@
 """Tokenizers: text <-> ``uint16`` token ids. Named so as not to shadow the stdlib ``tokenize``.
 
-Every tokenizer has ``encode(texts) -> [ids]`` and ``decode(ids) -> text`` with
-``decode(encode([x])[0]) == x`` for any text; ``decode`` of ids that split a UTF-8 character (a
-sampled sequence can) gives U+FFFD for the broken bytes instead of raising.
+``encode(texts) -> [ids]``, ``decode(ids) -> text``, ``decode(encode([x])[0]) == x``; a split
+UTF-8 character decodes to U+FFFD. ``byte``: 256 ids, documents joined by ``"\\n\\n"``; ``gpt2``:
+tiktoken's 50257 ids (``padded_vocab``: 50304 rows), separator ``<|endoftext|>``; ``bpe``:
+byte-level BPE trained on the train split (``tokenizer.json``), id 0 ``<|endoftext|>``. ``load``
+checks tiktoken's cache and the network (3 s) first; ``digest`` names what a tokenizer computes.
 
-- ``byte``: UTF-8 bytes, 256 ids; documents are separated by ``"\\n\\n"`` (two byte tokens).
-- ``gpt2``: tiktoken's GPT-2 BPE, 50257 ids, documents separated by ``<|endoftext|>`` (50256). The
-  model's embedding uses :func:`padded_vocab` = 50304 rows (a multiple of 64: faster matmuls; the
-  47 extra rows are never a target, so they only learn to be unlikely).
-- ``bpe``: a byte-level BPE trained with Hugging Face ``tokenizers`` on the train split, saved as
-  ``tokenizer.json`` next to the shards; id 0 is ``<|endoftext|>``, the document separator.
-
-tiktoken downloads the GPT-2 files on first use and caches them (``$TIKTOKEN_CACHE_DIR``, else
-``$DATA_GYM_CACHE_DIR``, else ``<tmp>/data-gym-cache``), with no timeout; :func:`load` checks the
-cache and the network (3 s) first, so an offline machine gets one line instead of a hang.
-
-:func:`digest` names a tokenizer by what it computes (a run records it in ``summary.json``), so a
-``bpe`` tokenizer trained again on a changed corpus is told apart from the one a run used.
+Why: docs/data.md
 """
 
 from __future__ import annotations
@@ -40,7 +30,7 @@ GPT2_URLS = (
 )
 EOT = "<|endoftext|>"
 BPE_FILE = "tokenizer.json"
-VOCAB_MULTIPLE = 64
+VOCAB_MULTIPLE = 64  # embedding rows: faster matmuls; the padding rows are never a target
 
 
 class TokenizerError(ValueError):
@@ -96,11 +86,8 @@ class ByteTokenizer:
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8).astype(np.uint16) for t in texts]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """The UTF-8 text of byte ids (each in [0, 256); invalid byte sequences become U+FFFD).
-
-        Raises:
-            TokenizerError: an id outside [0, 256) (a padded vocabulary's rows can be sampled).
-        """
+        """The UTF-8 text of byte ids (invalid sequences become U+FFFD); TokenizerError for an id
+        outside [0, 256) (a padded vocabulary's rows can be sampled)."""
         values = _ids(ids)
         bad = [i for i in values if not 0 <= i < 256]
         if bad:
@@ -108,7 +95,7 @@ class ByteTokenizer:
         return bytes(values).decode("utf-8", errors="replace")
 
     def serialized(self) -> bytes:
-        """What makes it this tokenizer (:func:`digest`): the byte of each id."""
+        """What makes it this tokenizer (``digest``): the byte of each id."""
         return bytes(range(256))
 
 
@@ -130,11 +117,8 @@ class GPT2Tokenizer:
         ]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """The text of GPT-2 ids (50256 decodes to ``"<|endoftext|>"``).
-
-        Raises:
-            TokenizerError: an id outside [0, 50257) (one of the embedding's 47 padding rows).
-        """
+        """The text of GPT-2 ids (50256 decodes to ``"<|endoftext|>"``); TokenizerError for an id
+        outside [0, 50257) (one of the embedding's padding rows)."""
         values = _ids(ids)
         bad = [i for i in values if not 0 <= i < self.n_vocab]
         if bad:
@@ -142,7 +126,7 @@ class GPT2Tokenizer:
         return self.enc.decode(values, errors="replace")
 
     def serialized(self) -> bytes:
-        """What makes it this tokenizer (:func:`digest`): each id's bytes, length-prefixed."""
+        """What makes it this tokenizer (``digest``): each id's bytes, length-prefixed."""
         pieces = (self.enc.decode_single_token_bytes(i) for i in range(self.n_vocab))
         return b"".join(len(b).to_bytes(4, "little") + b for b in pieces)
 
@@ -166,11 +150,8 @@ class BPETokenizer:
         ]
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """The text of BPE ids (id 0 decodes to ``"<|endoftext|>"``).
-
-        Raises:
-            TokenizerError: an id outside [0, n_vocab) (one of the embedding's padding rows).
-        """
+        """The text of BPE ids (id 0 decodes to ``"<|endoftext|>"``); TokenizerError for an id
+        outside [0, n_vocab) (one of the embedding's padding rows)."""
         values = _ids(ids)
         bad = [i for i in values if not 0 <= i < self.n_vocab]
         if bad:
@@ -178,26 +159,20 @@ class BPETokenizer:
         return self.tok.decode(values, skip_special_tokens=False)
 
     def serialized(self) -> bytes:
-        """What makes it this tokenizer (:func:`digest`): its ``tokenizer.json`` (vocabulary,
-        merges, pre-tokenizer, decoder, special tokens) as canonical JSON (sorted keys)."""
+        """What makes it this tokenizer (``digest``): its ``tokenizer.json`` as canonical JSON
+        (sorted keys)."""
         doc = json.loads(self.tok.to_str())
         return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def digest(tok) -> str:
-    """sha256 (hex) of a tokenizer's name and :meth:`serialized` form: equal for the same
-    tokenizer whichever file or process it was loaded in (a ``bpe`` one trained again on the same
-    texts included), different for one that encodes any text differently."""
+    """sha256 hex of a tokenizer's name and ``serialized`` form: what it computes, not its file."""
     return hashlib.sha256(tok.name.encode() + b"\0" + tok.serialized()).hexdigest()
 
 
 def load(kind: Tokenizer, directory: Path | None = None):
-    """The tokenizer ``kind``; ``bpe`` is read from ``directory/tokenizer.json``.
-
-    Raises:
-        TokenizerError: GPT-2's files are neither cached nor downloadable, or tokenizer.json
-            is missing.
-    """
+    """The tokenizer ``kind``, ``bpe`` read from ``directory/tokenizer.json``; TokenizerError when
+    GPT-2's files are neither cached nor downloadable, or tokenizer.json is missing."""
     if kind == Tokenizer.byte:
         return ByteTokenizer()
     if kind == Tokenizer.bpe:
@@ -227,11 +202,8 @@ def load(kind: Tokenizer, directory: Path | None = None):
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, path: Path) -> BPETokenizer:
-    """Train a byte-level BPE (GPT-2's pre-tokenizer, ``vocab_size`` ids, id 0 ``<|endoftext|>``).
-
-    Written atomically to ``path`` (temp file, then rename). Training is deterministic for the
-    same texts in the same order.
-    """
+    """Train a byte-level BPE (GPT-2's pre-tokenizer, ``vocab_size`` ids, id 0 ``<|endoftext|>``),
+    deterministic for the same texts in order, written atomically to ``path``."""
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers import decoders, models, pre_tokenizers, trainers
 

@@ -1,18 +1,12 @@
-"""Corpus -> token shards (cached, shared by every run): :func:`prepare` -> :class:`TokenData`.
+"""Corpus -> token shards (cached, shared by every run): ``prepare`` -> ``TokenData``.
 
-:func:`prepare` is what ``train`` calls: it finds the corpus's token folder (``data.token_dir``, or
-``<cache>/<name>-<tokenizer>-<fingerprint>/``), uses it as is when ``meta.json`` says it is
-complete (no corpus read, no network), refuses one made with another tokenizer, and otherwise runs
-the prepare step (:mod:`normlab.data.shards`: read through ``datasets`` as
-:mod:`normlab.data.corpus` says, tokenize, write shards, resume after the last finished shard).
-The shards are memory-mapped; batches come from :class:`BatchSampler`, as a pure function of
-``(seed, step, micro_step)``: every variant of a paired comparison sees the same token windows, and
-a resumed run needs only its step to continue the sequence. A window is drawn uniformly over all
-window starts of all shards (a shard in proportion to its length) and never crosses a shard
-boundary; with one shard it is exactly the single-file sampler.
+``prepare`` finds the token folder (``data.token_dir``, or ``<cache>/<name>-<tokenizer>-<fp>/``),
+uses a complete one as is (no corpus read, no network), refuses one of another tokenizer, else
+runs ``shards.build``. ``BatchSampler`` draws batches from the memory-mapped shards as a pure
+function of ``(seed, step, micro_step)``, uniformly over every window start, never across a
+shard. ``fingerprint`` hashes every setting that changes the tokens and the local files.
 
-The :func:`fingerprint` of a corpus hashes every setting that changes the tokens and, for local
-files, their names and contents: the cache folder's name, so nothing is ever reused stale.
+Why: docs/data.md
 """
 
 from __future__ import annotations
@@ -69,7 +63,7 @@ def encode_bytes(text: str) -> np.ndarray:
 
 
 #: DataConfig fields that never change the tokens, each with the reason. Every other field of
-#: DataConfig (a new one included) is hashed by :func:`fingerprint`;
+#: DataConfig (a new one included) is hashed by ``fingerprint``;
 #: tests/data/test_data_fingerprint.py checks each reason by preparing with two values and
 #: comparing the shards.
 NOT_IN_FINGERPRINT = {
@@ -90,10 +84,9 @@ ONLY_WHEN = {
 
 
 def fingerprint_settings(cfg: DataConfig, files: list[Path]) -> dict:
-    """The settings :func:`fingerprint` hashes: every field of ``type(cfg)`` (dataclass fields,
-    so a subclass's new field too) except :data:`NOT_IN_FINGERPRINT` and the :data:`ONLY_WHEN`
-    fields whose rule does not hold; ``format`` is resolved (``auto`` -> the files' format), and
-    ``val_split: tails`` added when text files hold out their tails (:func:`split_by_tails`)."""
+    """The settings ``fingerprint`` hashes: every dataclass field of ``cfg`` but
+    ``NOT_IN_FINGERPRINT`` and the ``ONLY_WHEN`` fields whose rule fails; ``format`` resolved, and
+    ``val_split: tails`` when text files hold out their tails (``split_by_tails``)."""
     settings = {
         f.name: getattr(cfg, f.name)
         for f in dataclasses.fields(cfg)
@@ -107,11 +100,8 @@ def fingerprint_settings(cfg: DataConfig, files: list[Path]) -> dict:
 
 
 def fingerprint(cfg: DataConfig, files: list[Path]) -> str:
-    """Hash of :func:`fingerprint_settings` and of the files' names and contents: 16 hex digits.
-
-    Files are named by :func:`~normlab.data.corpus.relative_names`, so the hash never depends on
-    where the corpus folder is.
-    """
+    """16 hex digits of sha256 over ``fingerprint_settings`` and the files' relative names and
+    contents (never where the corpus folder is)."""
     settings = fingerprint_settings(cfg, files)
     blob = json.dumps(settings, default=lambda v: v.name, sort_keys=True).encode()
     h = hashlib.sha256(blob + f"|v{FORMAT_VERSION}".encode())
@@ -125,13 +115,12 @@ def fingerprint(cfg: DataConfig, files: list[Path]) -> str:
 
 
 def default_cache_root() -> Path:
-    """normlab's cache folder when no config names one: ``$NORMLAB_CACHE``, else
-    ``~/.cache/normlab`` (token folders, the measured matmul peak)."""
+    """normlab's cache folder when no config names one: $NORMLAB_CACHE, else ~/.cache/normlab."""
     return Path(os.environ.get("NORMLAB_CACHE", "~/.cache/normlab")).expanduser()
 
 
 def cache_root(cfg: DataConfig) -> Path:
-    """``data.cache_dir``, else :func:`default_cache_root`."""
+    """``data.cache_dir``, else ``default_cache_root``."""
     if cfg.cache_dir is not None:
         return Path(cfg.cache_dir).expanduser()
     return default_cache_root()
@@ -148,12 +137,8 @@ def token_dir(cfg: DataConfig) -> Path:
 
 @dataclass(frozen=True)
 class TokenData:
-    """Memory-mapped token shards of both splits and where they came from.
-
-    ``train`` / ``val`` are one ``uint16`` array per split: the shard itself when the split has
-    one, else the shards concatenated in memory (use ``train_shards`` for large corpora; the
-    sampler does).
-    """
+    """Memory-mapped token shards of both splits and where they came from; ``train`` / ``val``:
+    one ``uint16`` array per split (the shards concatenated in memory when several)."""
 
     train_shards: tuple[np.ndarray, ...]
     val_shards: tuple[np.ndarray, ...]
@@ -171,35 +156,28 @@ class TokenData:
 
     @property
     def val_bytes_per_token(self) -> float | None:
-        """UTF-8 bytes per token of the validation split (``meta.json``'s ``bytes_per_token``:
-        ``val_bytes / val_tokens``, document boundaries counted as 2 bytes); None for shards
-        prepared before bytes were recorded (format_version < 3: prepare them again)."""
+        """Validation UTF-8 bytes per token (``meta.json``'s ``bytes_per_token``, boundaries
+        counted as 2 bytes); None for shards of format_version < 3 (prepare them again)."""
         value = self.meta.get("bytes_per_token")
         return float(value) if value is not None else None
 
     def bits_per_byte(self, loss: float) -> float | None:
-        """Validation bits per byte of a mean loss in nats per token:
-        ``loss / ln 2 / bytes_per_token`` (= loss * tokens / bytes / ln 2; nanochat's val/bpb).
-        For byte tokens bytes == tokens, so this is ``loss / ln 2`` exactly. None: see
-        :attr:`val_bytes_per_token`."""
+        """Validation bits per byte of a mean loss in nats per token, ``loss / ln 2 /
+        bytes_per_token`` (nanochat's val/bpb); None without ``val_bytes_per_token``."""
         bpt = self.val_bytes_per_token
         return None if bpt is None else loss / math.log(2) / bpt
 
     def load_tokenizer(self):
-        """The tokenizer these shards were made with (``decode`` gives their text back).
-
-        Raises:
-            DataError: its files cannot be loaded (gpt2 offline and not cached).
-        """
+        """The tokenizer these shards were made with; DataError when its files cannot be loaded
+        (gpt2 offline and not cached)."""
         try:
             return tt.load(Tokenizer[self.meta["tokenizer"]], self.directory)
         except tt.TokenizerError as e:
             raise DataError(str(e)) from None
 
     def tokenizer_digest(self) -> str | None:
-        """:func:`~normlab.data.tokenizer.digest` of the tokenizer these shards were made with
-        (``summary.json``'s ``data.tokenizer_digest``); None when it cannot be loaded here without
-        the network (gpt2 files not in tiktoken's cache)."""
+        """``tokenizer.digest`` of the tokenizer these shards were made with (``summary.json``'s
+        ``data.tokenizer_digest``); None when loading it would need the network."""
         if self.meta.get("tokenizer") == Tokenizer.gpt2.name and not tt.gpt2_cached():
             return None
         try:
@@ -265,14 +243,9 @@ def _locked(directory: Path):
 
 
 def prepare(cfg: DataConfig) -> TokenData:
-    """Tokenize the corpus into shards once (resuming an interrupted run) and memory-map them.
-
-    A complete folder is used as is, without reading the corpus or the network.
-
-    Raises:
-        DataError: the corpus or tokenizer is missing or unreachable, the folder holds shards of
-            another tokenizer or other settings, or a split comes out empty.
-    """
+    """Tokenize the corpus into shards once (resuming) and memory-map them; a complete folder is
+    used as is. DataError: corpus or tokenizer missing or unreachable, the folder holds shards of
+    another tokenizer or settings, or a split comes out empty."""
     directory = token_dir(cfg)
     meta = _read_meta(directory)
     if meta is not None:
@@ -336,14 +309,9 @@ class _Windows:
 
 
 class BatchSampler:
-    """Random windows of ``seq_len + 1`` tokens; each batch a pure function of its indices.
-
-    ``train_batch(step, micro)`` and ``val_batch(i)`` return ``(x, y)``, both ``(B, T)`` int64 on
-    ``device``, with ``y`` shifted one token to the right of ``x``. Windows never cross a shard.
-
-    Raises:
-        DataError: no shard of a split holds ``seq_len + 2`` tokens.
-    """
+    """Random windows of ``seq_len + 1`` tokens, each batch a pure function of its indices:
+    ``train_batch(step, micro)``, ``val_batch(i)`` -> ``(x, y)`` ``(B, T)`` int64 on ``device``, y
+    shifted one token right. DataError: no shard of a split holds ``seq_len + 2`` tokens."""
 
     def __init__(self, data, batch_size: int, seq_len: int, seed: int, device: torch.device):
         self.train = _Windows(data.train_shards, seq_len, "train")

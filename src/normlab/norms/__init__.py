@@ -1,10 +1,10 @@
 """The norm factory: every norm in the model is resolved and built here, from the norm table.
 
-The table (:mod:`normlab.config.norm_table`, torch-free; mapped to code here: :func:`norm_class`,
-:func:`oracle`, :func:`table_entry` import the ``"module:attr"`` strings it names) says
-which implementations each kind has, where each runs and which options each honours;
-``available_impls``, ``auto``, the error messages that list allowed values and the classes built
-all derive from it.
+The table (``normlab.config.norm_table``, torch-free) names ``"module:attr"`` strings that
+``norm_class``, ``oracle`` and ``table_entry`` import. ``available_impls``, ``auto``, the error
+messages that list allowed values and the classes built all derive from it.
+
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -44,11 +44,8 @@ def load(target: str):
 
 
 def norm_class(kind: NormKind, impl: NormImpl) -> type[nn.Module]:
-    """The module class the table names for ``(kind, impl)``; ``impl`` must be concrete.
-
-    Raises:
-        ConfigError: ``impl`` is auto, or the kind has no such implementation.
-    """
+    """The module class the table names for ``(kind, impl)``; ConfigError if ``impl`` is auto or
+    the kind has no such implementation."""
     try:
         target = KINDS[kind].impls[impl]
     except KeyError:
@@ -61,8 +58,7 @@ def norm_class(kind: NormKind, impl: NormImpl) -> type[nn.Module]:
 
 
 def oracle(kind: NormKind) -> Callable:
-    """The kind's float64 oracle ``(x, weight, bias, eps, *extra_params) -> y`` (float64), from
-    the table; ``weight`` is the applied gain."""
+    """The kind's float64 oracle ``(x, weight, bias, eps, *extra_params) -> y``, weight applied."""
     return load(KINDS[kind].oracle)
 
 
@@ -78,9 +74,8 @@ def table_entry(cls: type) -> tuple[NormKind | None, NormImpl | None]:
 
 
 def unavailable_reason(impl: NormImpl, device_type: str) -> str | None:
-    """Why ``impl`` cannot run on ``device_type`` (its ``Impl`` entry in the norm table:
-    devices, interpreter variable, packages), or None when it can. The compiler an ``Impl`` with
-    ``compiler=True`` needs is checked when its kernels are first built."""
+    """Why ``impl`` cannot run on ``device_type`` (its table entry: devices, interpreter variable,
+    packages), or None; a compiler is checked when the kernels are first built."""
     spec: Impl = IMPLS[impl]
     missing = [p for p in spec.packages if importlib.util.find_spec(p) is None]
     if missing:
@@ -96,8 +91,7 @@ def unavailable_reason(impl: NormImpl, device_type: str) -> str | None:
 
 
 def triton_usable(device_type: str) -> bool:
-    """True when the Triton kernels can run on ``device_type`` (the table: CUDA, or CPU under the
-    interpreter)."""
+    """True when the Triton kernels can run on ``device_type`` (CUDA, or CPU interpreted)."""
     return unavailable_reason(NormImpl.triton, device_type) is None
 
 
@@ -132,19 +126,12 @@ def _typed(value: object) -> str:
 
 
 def auto_impl(kind: NormKind, device_type: str, cfg: NormConfig | None = None) -> NormImpl:
-    """What ``norm.impl=auto`` means for ``kind`` on ``device_type``: the first implementation of
-    ``table.AUTO[device_type]`` (or ``AUTO["*"]``) that the kind has and that honours every option
-    of ``cfg`` and of every norm derived from it that inherits ``auto`` (its positions and block
-    schedule: one implementation for the model's norms). One ranking for every kind, so that kinds
-    compared in a sweep with the same options get the same implementation wherever they have it.
-    The ones passed over are logged with the reason. It may still be unable to run there
-    (``resolve_norm`` then refuses, never falls back).
-
-    Raises:
-        ConfigError: no implementation of the ranking computes every such norm as asked.
-    """
+    """``norm.impl=auto`` for ``kind`` on ``device_type``: the first of ``AUTO[device_type]`` (else
+    ``AUTO["*"]``) that honours every norm of ``cfg`` inheriting auto; those passed over are logged.
+    ConfigError if none does; whether it runs here is ``resolve_norm``'s check."""
     cfg = cfg or NormConfig(kind=kind)
     inheriting = [d for _, d in cfg.derived() if d.impl == NormImpl.auto]
+    # one ranking for every kind: kinds swept with the same options get the same implementation
     prefs = AUTO.get(device_type, AUTO["*"])
     passed_over = []
     for impl in prefs:
@@ -184,16 +171,9 @@ def _refusal(cfg: NormConfig, shown: str, device_type: str) -> str | None:
 
 
 def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
-    """Return ``cfg`` with ``impl=auto`` replaced by a concrete implementation (:func:`auto_impl`)
-    and eps filled in (the kinds with an eps, ``Kind.takes_eps``; the others keep ``eps=None``).
-    Every norm the model derives from it (positions, block schedule) is checked against its
-    implementation here, once: the kind has it, it honours the options as set, it runs on the
-    device.
-
-    Raises:
-        ConfigError: one line naming the value and the allowed ones (prefixed by where, for a
-            derived norm), never a silent fallback.
-    """
+    """``cfg`` with a concrete impl (``auto_impl``) and eps filled in where the kind takes one;
+    every derived norm checked (kind has the impl, options honoured, runs on the device).
+    ConfigError: one line naming the value and the allowed ones; never a fallback."""
     impl = auto_impl(cfg.kind, device_type, cfg) if cfg.impl == NormImpl.auto else cfg.impl
     eps = cfg.resolved_eps if KINDS[cfg.kind].takes_eps else None  # eps only where it means one
     resolved = dataclasses.replace(cfg, impl=impl, eps=eps)
@@ -207,9 +187,8 @@ def resolve_norm(cfg: NormConfig, device_type: str) -> NormConfig:
 
 
 def build_norm(cfg: NormConfig, d_model: int) -> nn.Module:
-    """Build one norm layer for inputs ``(..., d_model)`` from a resolved :class:`NormConfig`:
-    the table's class with the shared options and the kind's own (``Kind.options``, each as its
-    ``resolved_<name>``)."""
+    """One norm layer for inputs ``(..., d_model)`` from a resolved ``NormConfig``: the table's
+    class with the shared options and the kind's own (``Kind.options``, as ``resolved_<name>``)."""
     cls = norm_class(cfg.kind, cfg.impl)
     own = {name: getattr(cfg, f"resolved_{name}") for name in KINDS[cfg.kind].options}
     return cls(

@@ -1,16 +1,12 @@
-"""Which backend executes a norm module: the kernel family that runs it, for ``summary.json``'s
-``kernels`` (a speed comparison between two backends is not a comparison of one design).
+"""Which backend executes a norm module, for ``summary.json``'s ``kernels``.
 
-Backends: ``normlab_cpu`` (``impl=cpp``: normlab's C++ kernels), ``triton`` (``impl=triton``:
-normlab's Triton kernels; ``triton-interpreter`` under ``TRITON_INTERPRET=1``), ``inductor``
-(``impl=compiled``, or any eager implementation inside a model run with ``compile=true``),
-``aten`` (``impl=torch`` and ``impl=reference``: PyTorch's eager operators) and ``quack``
-(``impl=torch`` of RMSNorm on CUDA when PyTorch's bundled QuACK kernel may override
-``F.rms_norm``: :func:`quack_rms_norm_available`). ``unknown`` for a class the norm table does not
-list, nor any of its bases.
+``normlab_cpu`` (impl=cpp), ``triton`` (impl=triton; ``triton-interpreter`` under
+``TRITON_INTERPRET=1``), ``inductor`` (impl=compiled, or any eager impl under ``compile=true``),
+``aten`` (impl=torch and reference), ``quack`` (impl=torch RMSNorm where
+``quack_rms_norm_available``), ``unknown`` (a class the table does not list, nor its bases).
+Detected by availability (packages, device), not by a trace of the kernels launched.
 
-This is a detection by availability (what the installed packages and the device make PyTorch
-dispatch to), not a trace of the kernels launched.
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -41,10 +37,9 @@ def _torch_version() -> tuple[int, int]:
 
 
 def quack_rms_norm_available(device: torch.device) -> bool:
-    """True when eager ``F.rms_norm`` on ``device`` may run PyTorch's bundled QuACK kernel instead
-    of ATen's: a CUDA device of compute capability >= :data:`QUACK_CAPABILITY`, PyTorch >=
-    :data:`QUACK_TORCH` and :data:`QUACK_MODULE` importable. ``F.layer_norm`` has no such override,
-    and under ``torch.compile`` it does not fire. Detection by availability, not a trace."""
+    """True when eager ``F.rms_norm`` on ``device`` may run PyTorch's bundled QuACK kernel: CUDA
+    capability >= ``QUACK_CAPABILITY``, torch >= ``QUACK_TORCH``, ``QUACK_MODULE`` importable.
+    Never for ``F.layer_norm`` or under ``torch.compile``."""
     if device.type != "cuda" or _torch_version() < QUACK_TORCH:
         return False
     if importlib.util.find_spec(QUACK_MODULE) is None:

@@ -1,30 +1,13 @@
 """``torch.compile`` of the reference norms, forward and backward each one compiled function.
 
-Differentiating ``torch.compile(reference)`` leaves the backward to AOTAutograd and inductor, which
-(on CPU) reduce ``dweight`` / ``dbias`` column by column over all rows: a strided sweep that
-re-reads x and dy with little prefetching (for bf16, half a cache line per access). Here an
-``autograd.Function`` runs a compiled forward that is the reference formula and also returns the
-row sums behind the statistics (sum of squares; for LayerNorm also the row sum), saved so the
-backward never re-reduces x, and a compiled backward in closed form that reduces the parameter
-gradients in blocks of 16 rows (``(rows / 16, 16, d).sum(1).sum(0)``): the partial sums of a block
-stay in vector registers while its rows stream through, and the blocks spread over the threads.
-``normlab-bench`` measures the effect (docs/results has the figures). Inductor still makes two
-passes over x and dy in the backward (one for ``dweight``, one for ``dx``); ``cpp_impl.py``'s
-kernels make one.
+An ``autograd.Function`` runs a compiled forward (the reference's arithmetic, also returning the
+row sums behind the statistics, saved for the backward) and a compiled closed-form backward in the
+statistics dtype (fp32, fp64 for fp64 input) that sums ``dweight`` / ``dbias`` in blocks of
+``ROW_BLOCK`` rows. The forward compiles with ``emulate_precision_casts``, so ``before_weight``
+rounds ``x_hat`` as the eager reference does. ``upcast=False`` compiles the whole reference.
+eps is a Python float dynamo guards on: a new eps, shape or dtype recompiles (``dynamic=False``).
 
-Numerics: the forward is the reference's arithmetic (upcast to at least fp32, statistics and
-normalization there, then the affine step in the ``norm.cast`` order). It is compiled with
-inductor's ``emulate_precision_casts``, so that ``cast=before_weight`` really rounds ``x_hat`` to
-bf16/fp16 before the multiply, as the eager reference does (without it inductor fuses the cast and
-the multiply, one rounding fewer: neither cast order, and a large share of bf16 elements off the
-reference; none with it; fp32 is unaffected). The backward computes in the statistics dtype
-(fp32, or fp64 for fp64 input): within fp32 rounding of autograd through the reference in fp32, at
-least as accurate in bf16/fp16. ``upcast=False`` (refused by the config for this implementation)
-falls back to compiling the reference as a whole.
-
-eps reaches the compiled forward as a Python float, so dynamo guards on its value: a run (or a
-multirun job in the same process) with another eps recompiles instead of reusing a stale kernel.
-Every new input shape or dtype is a recompile too (``dynamic=False``).
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -39,7 +22,7 @@ from normlab.norms.reference import (
 )
 
 #: Rows per block in the dweight / dbias reductions: each block's partial column sums stay in
-#: vector registers while its rows stream through (the best of 4, 8, 16 and 32 in normlab-bench).
+#: vector registers while its rows stream through.
 ROW_BLOCK = 16
 
 
@@ -67,14 +50,10 @@ def _scale(y_hat, weight, bias, dtype, after: bool):
 
 
 def _rms_forward(x, weight, eps: float, after: bool = False):
-    """(rows, d) -> ``rms_norm_ref(x, weight, eps)`` and the row sums of squares ``(rows, 1)``.
-
-    The raw sum, not rstd, is what is saved: a derived ``(rows,)`` output makes inductor split the
-    kernel into a reduction sweep and a second sweep over x; with the raw sum it is one sweep.
-    """
+    """(rows, d) -> ``rms_norm_ref(x, weight, eps)`` and the row sums of squares ``(rows, 1)``."""
     dtype = x.dtype
     xs = x.to(torch.promote_types(dtype, torch.float32))
-    sum_sq = (xs * xs).sum(-1, keepdim=True)
+    sum_sq = (xs * xs).sum(-1, keepdim=True)  # saved raw, not as rstd: one inductor sweep
     y_hat = xs * torch.rsqrt(sum_sq / x.shape[-1] + eps)  # rsqrt(mean(x^2) + eps)
     return _scale(y_hat, weight, None, dtype, after), sum_sq
 
@@ -134,12 +113,12 @@ _layer_ref_c = torch.compile(layer_norm_ref, dynamic=False)
 
 
 def compiled_layer_norm():
-    """The compiled :func:`layer_norm_ref` (autograd through it; used for ``upcast=False``)."""
+    """The compiled ``layer_norm_ref`` (autograd through it; used for ``upcast=False``)."""
     return _layer_ref_c
 
 
 def compiled_rms_norm():
-    """The compiled :func:`rms_norm_ref` (autograd through it; used for ``upcast=False``)."""
+    """The compiled ``rms_norm_ref`` (autograd through it; used for ``upcast=False``)."""
     return _rms_ref_c
 
 
@@ -148,10 +127,9 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def _graph_backward(fn, dy, inputs, needs) -> list:
-    """``create_graph=True`` (double backward): the vector-Jacobian product of ``fn`` (the
-    reference formula) at the saved ``inputs``, as a graph in the inputs and ``dy``; None for the
-    inputs that are None or need no gradient. The compiled backward's saved row sums are constants
-    to autograd, so differentiating it would drop the statistics' dependence on x."""
+    """``create_graph=True``: the vector-Jacobian product of ``fn`` (the reference formula) at
+    ``inputs``, a graph in the inputs and ``dy``; None where an input is None or needs no grad."""
+    # not the compiled backward: its saved row sums are constants to autograd
     live = [t for t, need in zip(inputs, needs, strict=True) if t is not None and need]
     with torch.enable_grad():
         grads = iter(torch.autograd.grad(fn(*inputs), live, dy, create_graph=True))

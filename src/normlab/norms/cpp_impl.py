@@ -1,53 +1,12 @@
 """normlab's fused C++ LayerNorm and RMSNorm for CPU (``norm.impl=cpp``), forward and backward.
 
-The kernels (``cpu_kernels.cpp``) are compiled on first use with ``torch.utils.cpp_extension``
-(g++ and ninja; seconds, announced as a log warning), once per
-machine and version of the kernel source (the build is named by a hash of the source and flags),
-then loaded from ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). The vector ISA
-is the one inductor picks for this CPU (AVX-512, plus AVX512-BF16 where present; AVX2 elsewhere).
-The ops are registered as ``torch.ops.normlab_cpu``: ``norm(x, weight?, bias?, eps, rms) -> y``,
-the one the modules call, has its autograd registered in C++ (a ``torch::autograd::Node``, at the
-end of ``cpu_kernels.cpp``), so a call carries no Python ``autograd.Function`` (whose overhead
-exceeds the kernel itself on short inputs); ``norm_fwd`` / ``norm_bwd`` are the kernels
-it calls through the dispatcher (``torch.compile`` traces them with the fakes registered here).
+Semantics and roundings are the reference's (``reference.py``); ``dw`` / ``db`` change in the
+last fp32 bits with the thread count (fixed threads: bit-identical). Any leading shape, CPU
+tensors only. ``cpu_kernels.cpp`` is built on first use (g++, ninja), cached in
+``TORCH_EXTENSIONS_DIR`` by a hash of source and flags, as ``torch.ops.normlab_cpu``: ``norm``
+(autograd in C++) and the kernels ``norm_fwd`` / ``norm_bwd`` (saving x, ``mean``, ``rstd``).
 
-Why they exist: on CPU, PyTorch's RMSNorm is not fused and inductor's code for the backward makes
-a second pass over x and dy for the weight gradient (a column reduction), so neither measures what
-RMSNorm itself costs. These kernels give both kinds the same treatment: the forward keeps a row in
-L1 between the statistics and the output; the backward reads every tensor from memory once. Rows
-of more than 4 KiB go in blocks of 8: one sweep over their columns accumulates in registers both
-the per-row sums and the block's column sums for ``dweight`` / ``dbias`` (the design of
-``triton_impl.py``). Shorter rows go one at a time, as in PyTorch's CPU LayerNorm backward: x
-and dy are then two sequential streams, which the hardware prefetches (in a training step x comes
-from DRAM), and the ``dweight`` row they add to stays in L1. ``normlab-bench`` shows the effect.
-
-Semantics (last dimension of size d normalised; as ``reference.py`` and ``triton_impl.py``):
-
-* LayerNorm (Ba et al. 2016, arXiv:1607.06450): ``y = (x - mean) * rsqrt(var + eps) * w + b``,
-  biased variance (two passes over the row: no cancellation), eps inside the square root.
-* RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467): ``y = x * rsqrt(mean(x^2) + eps) * w``.
-* dtypes: fp32, fp64, bf16, fp16 input. Statistics and every sum in fp32 (fp64 for fp64 input),
-  a row's statistics in blocks of 4096 elements whose sums are added in double (so rows of
-  millions of elements keep fp32 accuracy, as PyTorch's own; summed straight they would not);
-  ``x_hat`` rounded to the input dtype, times ``w`` rounded to the input dtype, rounded, plus ``b``,
-  rounded: the roundings of the eager reference (``reference.py``), so a bf16/fp16 output equals the
-  reference's except where the statistics, summed in another order, put ``x_hat`` on the other side
-  of a rounding tie (rare, one unit apart). PyTorch's own ``F.layer_norm`` / ``F.rms_norm`` round
-  once, at the end, and so differ from both in many bf16 elements.
-  With AVX512-BF16, ``vdpbf16ps`` / ``vcvtneps2bf16`` read bf16 values below 1.2e-38 as zero.
-* Saved for backward: x as contiguous ``(rows, d)`` (a copy when the input was not contiguous),
-  the weight as the kernel takes it, ``mean`` and ``rstd`` ``(rows,)`` (``mean`` is zeros for
-  RMSNorm: one op signature for both kinds).
-* Backward with ``g = dy * w``: ``dx = rstd * (g - mean_d(g) - x_hat * mean_d(g * x_hat))``
-  (RMSNorm without ``mean_d(g)``), ``dw = sum_rows(dy * x_hat)``, ``db = sum_rows(dy)``: column sums
-  kept in fp32 per thread, summed in fp32 in thread order by the kernel, cast to the parameter dtype
-  at the end. The rows each
-  thread takes depend on the thread count, so ``dw`` / ``db`` change in the last fp32 bits with it,
-  as with PyTorch's own CPU LayerNorm; fixed threads give
-  bit-identical results.
-
-Any leading shape; non-contiguous input is copied to contiguous rows first. CPU tensors only: the
-config refuses ``impl=cpp`` on other devices (:func:`normlab.norms.resolve_norm`).
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -79,19 +38,14 @@ log = logging.getLogger(__name__)
 
 
 def _isa_flags() -> tuple[str, list[str]]:
-    """``(isa name, compiler flags)``: inductor's choice of vector ISA for this CPU, so the kernels
-    use the same ``at::vec`` code path (and bf16 instructions) as ``torch.compile`` would.
-
-    Picking imports inductor and builds its probe kernels (seconds, at every process start), so
-    the pick is kept in ``normlab_isa_<key>.json`` under the extensions root
-    (``TORCH_EXTENSIONS_DIR`` or torch's default), ``key`` a hash of torch's version and this
-    CPU's model and flags (``/proc/cpuinfo``): another CPU or torch picks anew. An unreadable file
-    is picked anew too."""
+    """``(isa name, compiler flags)``: inductor's vector ISA for this CPU (``torch.compile``'s
+    ``at::vec`` path), kept in ``normlab_isa_<key>.json`` under the extensions root, ``key`` a hash
+    of torch's version and this CPU's model and flags; an unreadable file is picked anew."""
     from torch.utils import cpp_extension
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     key = hashlib.sha256(f"{torch.__version__} {_cpu_identity()}".encode()).hexdigest()[:16]
-    cache = Path(root) / f"normlab_isa_{key}.json"
+    cache = Path(root) / f"normlab_isa_{key}.json"  # picking builds inductor's probe kernels
     with contextlib.suppress(OSError, ValueError, TypeError):
         name, flags = json.loads(cache.read_text())
         return str(name), [str(f) for f in flags]
@@ -115,7 +69,7 @@ def _cpu_identity() -> str:
 
 
 def _pick_isa() -> tuple[str, list[str]]:
-    """Inductor's pick (:func:`_isa_flags`); ``("generic", [])`` (portable scalar code) with a torch
+    """Inductor's pick (``_isa_flags``); ``("generic", [])`` (portable scalar code) with a torch
     that lacks ``torch._inductor.cpu_vec_isa``."""
     try:
         from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -136,24 +90,13 @@ def _pick_isa() -> tuple[str, list[str]]:
 
 
 #: Seconds a run waits for another process that is building the same kernels before it refuses
-#: (``NORMLAB_BUILD_WAIT_S`` overrides it); a build takes seconds, so this only ends a real stall.
+#: (``NORMLAB_BUILD_WAIT_S`` overrides it); a build takes a minute or two, so this ends a stall.
 BUILD_WAIT_S = 600.0
 
 
 def build(name: str, source: Path, flags: list[str]) -> None:
-    """``torch.utils.cpp_extension.load`` of one C++ file registering torch ops (no Python module).
-
-    Builds are serialised by an ``flock`` on ``<build dir>/normlab.lock``, which the kernel releases
-    when its holder dies, so a killed build never blocks a later one. Under that lock no other
-    normlab process is building, so the ``lock`` file torch's own ``FileBaton`` leaves behind when
-    a build is killed (SIGTERM from ``timeout`` or SLURM) is stale: it is removed, with a warning,
-    instead of being waited on forever. A run that must wait for a live builder says so, names its
-    pid, and refuses after :data:`BUILD_WAIT_S`.
-
-    Raises:
-        ConfigError: ninja missing; the compiler failed (first line of its error); another process
-            held the build lock longer than the wait allows.
-    """
+    """``cpp_extension.load`` of one C++ file registering torch ops, serialised by ``_build_lock``.
+    ConfigError: ninja missing, the compiler failed (first line), the lock wait ran out."""
     from torch.utils import cpp_extension
 
     if shutil.which("ninja") is None and not _ninja_module():
@@ -163,7 +106,7 @@ def build(name: str, source: Path, flags: list[str]) -> None:
         )
     build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
     with _build_lock(build_dir):
-        baton = build_dir / "lock"
+        baton = build_dir / "lock"  # torch's FileBaton, stale under our lock (a killed build)
         if baton.exists():
             log.warning("normlab: removing a stale build lock left by a killed build: %s", baton)
             baton.unlink(missing_ok=True)
@@ -175,8 +118,8 @@ def build(name: str, source: Path, flags: list[str]) -> None:
             shutil.copyfile(source, copy)
         if not (build_dir / f"{name}.so").exists():
             log.warning(
-                "normlab: building the C++ norm kernels for this machine (norm.impl=cpp, once; "
-                "seconds) in %s",
+                "normlab: building the C++ norm kernels for this machine (norm.impl=cpp, once: "
+                "about a minute or two, longer on a busy machine) in %s",
                 build_dir,
             )
         try:
@@ -201,18 +144,14 @@ def build(name: str, source: Path, flags: list[str]) -> None:
 
 
 class _Terminated(BaseException):
-    """SIGTERM arrived while the kernels were building (see :func:`_compiler_dies_with_us`)."""
+    """SIGTERM arrived while the kernels were building (see ``_compiler_dies_with_us``)."""
 
 
 @contextlib.contextmanager
 def _compiler_dies_with_us():
-    """While the kernels build, SIGTERM (what ``timeout``, ``kill`` and SLURM send) ends the build's
-    processes (ninja and the compilers it started: every descendant of this process) and raises
-    inside the build instead of ending the process at once, so torch's ``finally`` releases its
-    lock and no compiler outlives the run to write into the build folder while the next run builds
-    there. The signal is then delivered again to the handler
-    that was there before (by default: the process ends, exit status 143). Outside the main thread,
-    where handlers cannot be set, it does nothing."""
+    """While the kernels build, SIGTERM ends every descendant (ninja, compilers) and raises inside
+    the build, so torch's ``finally`` releases its lock and no compiler outlives the run; the signal
+    then goes to the previous handler (default: exit 143). A no-op outside the main thread."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -265,13 +204,9 @@ def _descendants(pid: int) -> list[int]:
 
 @contextlib.contextmanager
 def _build_lock(build_dir: Path):
-    """Hold an exclusive ``flock`` on ``build_dir/normlab.lock`` (the file stays; the lock dies with
-    its process). Waits for a live holder with a notice naming its pid, at most
-    ``$NORMLAB_BUILD_WAIT_S`` (default :data:`BUILD_WAIT_S`) seconds.
-
-    Raises:
-        ConfigError: the wait ran out (naming the lock file and the holder's pid).
-    """
+    """Hold an exclusive ``flock`` on ``build_dir/normlab.lock`` (it dies with its process); wait
+    for a live holder, naming its pid, at most ``$NORMLAB_BUILD_WAIT_S`` (default ``BUILD_WAIT_S``)
+    seconds, then ConfigError."""
     build_dir.mkdir(parents=True, exist_ok=True)
     path = build_dir / "normlab.lock"
     wait_s = float(os.environ.get("NORMLAB_BUILD_WAIT_S", BUILD_WAIT_S))
@@ -344,13 +279,8 @@ def _register_fakes() -> None:
 
 @functools.cache
 def ops() -> object:
-    """Compile (once per machine, kernel source and ISA) and load the kernels, register their fake
-    (meta) implementations; returns ``torch.ops.normlab_cpu``.
-
-    Raises:
-        ConfigError: no ninja, or the build failed (one line; the compiler's output is in the
-            cause).
-    """
+    """``torch.ops.normlab_cpu``, built once per machine, kernel source and ISA, fakes registered.
+    ConfigError: no ninja, or the build failed (one line; the compiler's output is the cause)."""
     isa, flags = _isa_flags()
     digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:10]
     build(f"normlab_cpu_norms_{isa}_{digest}", SOURCE, flags)
@@ -359,7 +289,7 @@ def ops() -> object:
     return torch.ops.normlab_cpu
 
 
-#: The C++ builtin behind ``torch.ops.normlab_cpu.norm.default`` (set by :func:`ops`): called
+#: The C++ builtin behind ``torch.ops.normlab_cpu.norm.default`` (set by ``ops``): called
 #: directly in eager mode, it skips the two Python frames of ``OpOverloadPacket`` / ``OpOverload``.
 _NORM: list = [None]
 #: The functorch transform stack (None: no ``torch.func`` transform is active).

@@ -1,19 +1,11 @@
-"""Derf, Dynamic erf (Chen, Lu, Zhu, Sun & Liu, "Stronger Normalization-Free Transformers", 2025,
-arXiv:2512.10938): an elementwise replacement for a norm layer, DyT's design with erf in place of
-tanh and a learnable shift, ``y = weight * erf(alpha x + s) + bias``; ``alpha`` and ``s`` are
-learnable scalars (shape ``(1,)``), ``weight`` / ``bias`` ``(d,)`` initialised at ones / zeros.
-No statistic, so no eps (``NormConfig`` refuses a non-null ``norm.eps`` for ``kind=derf``).
+"""Derf, Dynamic erf (Chen et al. 2025, arXiv:2512.10938): ``weight * erf(alpha x + s) + bias``.
 
-Initialisation: ``alpha`` at ``norm.alpha_init`` (null: 0.5, DyT's default), ``s`` at 0, so that
-the function starts zero-centred, ``erf(alpha x)``.
+``alpha`` (at ``norm.alpha_init``) and ``s`` (at 0) learnable scalars ``(1,)``, ``weight`` /
+``bias`` ``(d,)`` at ones / zeros. No statistic, so no eps. ``ReferenceDerf`` (eager,
+``reference.py``'s dtype policy) and ``CompiledDerf`` (compiled forward and closed-form backward,
+as ``compiled.py``); no ``torch`` implementation.
 
-Implementations: ``ReferenceDerf`` (eager, the dtype policy of ``reference.py``: erf in at least
-fp32, the ``norm.cast`` order for the affine step, fp32 gradients), ``CompiledDerf`` (compiled
-forward and closed-form compiled backward, as ``compiled.py``). No ``torch`` implementation: the
-formula in plain ops rounds the gradients of alpha and s with the bf16 output, beyond the
-contract's tolerance. Backward, with ``z = alpha x + s``, ``t = erf(z)``,
-``g = dy * gain`` and ``dz = g * 2 / sqrt(pi) * exp(-z^2)``: ``dx = alpha dz``,
-``dalpha = sum(dz x)``, ``ds = sum(dz)``, ``dweight = sum_rows(dy t)``, ``dbias = sum_rows(dy)``.
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -31,16 +23,8 @@ _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
 
 
 def derf_ref(x, alpha, shift, weight, bias, upcast: bool = True, after: bool = False):
-    """Derf over ``(..., d)``: ``weight * erf(alpha x + shift) + bias``.
-
-    Args:
-        x: ``(..., d)`` any float dtype. alpha, shift: ``(1,)``. weight, bias: ``(d,)`` or None.
-        upcast: erf and the affine step in at least fp32 (values rounded as eager ops round them,
-            gradients not) or all in ``x.dtype``. after: ``cast=after_weight`` (one rounding).
-
-    Returns:
-        ``(..., d)`` in ``x.dtype``.
-    """
+    """Derf of ``x (..., d)``: ``weight * erf(alpha x + shift) + bias`` in ``x.dtype``; ``alpha``,
+    ``shift`` ``(1,)``; ``weight``, ``bias`` ``(d,)`` or None; ``upcast``, ``after`` as DyT's."""
     dtype = x.dtype
     xs = x.to(torch.promote_types(dtype, torch.float32)) if upcast else x
     t = torch.erf(alpha.to(xs.dtype) * xs + shift.to(xs.dtype))
@@ -50,9 +34,8 @@ def derf_ref(x, alpha, shift, weight, bias, upcast: bool = True, after: bool = F
 
 
 def derf_oracle(x, weight, bias, eps: float, alpha, shift) -> torch.Tensor:
-    """The float64 oracle of Derf (Chen et al. 2025): ``erf(alpha x + s) * w + b``, every input
-    cast to float64, ``(..., d)`` float64 out. ``eps`` is unused (Derf has none; the table's
-    oracle signature)."""
+    """The float64 oracle of Derf (Chen et al. 2025): ``erf(alpha x + s) * w + b``, ``(..., d)``
+    float64; ``eps`` unused (the table's oracle signature)."""
     y = torch.erf(alpha.double() * x.double() + shift.double())
     y = y if weight is None else y * weight.double()
     return y if bias is None else y + bias.double()
@@ -90,15 +73,15 @@ class ReferenceDerf(NormBase):
 
 
 def _derf_forward(x, alpha, shift, weight, bias, after: bool):
-    """(rows, d) -> :func:`derf_ref` (upcast) computed in one compiled sweep."""
+    """(rows, d) -> ``derf_ref`` (upcast) computed in one compiled sweep."""
     xs = x.to(torch.promote_types(x.dtype, torch.float32))
     t = torch.erf(alpha.to(xs.dtype) * xs + shift.to(xs.dtype))
     return _scale(t, weight, bias, x.dtype, after)
 
 
 def _derf_backward(dy, x, alpha, shift, weight, need_dw: bool, bias_dtype):
-    """dx, dalpha and ds ``(1,)``, dweight and dbias (None unless asked), in at least fp32, cast
-    once."""
+    """z = alpha x + s, dz = dy w 2/sqrt(pi) exp(-z^2): dx = alpha dz, dalpha = sum(dz x), ds =
+    sum(dz) ``(1,)``, dweight = sum_rows(dy erf(z)), dbias (None unless asked); >= fp32, cast."""
     ct = torch.promote_types(x.dtype, torch.float32)
     xs, dys, a = x.to(ct), dy.to(ct), alpha.to(ct)
     z = a * xs + shift.to(ct)
@@ -151,8 +134,7 @@ class _DerfFn(torch.autograd.Function):
 
 class CompiledDerf(ReferenceDerf):
     """Derf with a compiled forward and a compiled closed-form backward; same parameters and
-    results as :class:`ReferenceDerf` (double backward through the reference formula, no forward
-    AD)."""
+    results as ``ReferenceDerf`` (double backward through the reference formula, no forward AD)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

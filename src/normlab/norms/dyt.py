@@ -1,26 +1,11 @@
-"""DyT, Dynamic Tanh (Zhu, Chen, He, LeCun & Liu, "Transformers without Normalization", CVPR
-2025, arXiv:2503.10622): an elementwise replacement for a norm layer,
-``y = weight * tanh(alpha x) + bias`` with ``alpha`` one learnable scalar (shape ``(1,)``, as the
-paper's code) and ``weight`` / ``bias`` ``(d,)`` initialised at ones / zeros. No statistic, so no
-eps: the ``eps`` the norm table's signature passes is stored and unused (``NormConfig`` refuses a
-non-null ``norm.eps`` for ``kind=dyt``).
+"""DyT, Dynamic Tanh (Zhu et al. 2025, arXiv:2503.10622): ``y = weight * tanh(alpha x) + bias``.
 
-Initialisation of alpha (the paper, section 7): ``alpha_init = 0.5`` is its default and works for
-the non-LLM models it trains; for LLMs it reports that alpha_init must be tuned, smaller for wider
-models, and larger in the DyT before attention than in the other DyT layers (FFN input, final):
-for LLaMA 7B 0.8 (attention) / 0.2 (other), 13B 0.6 / 0.15, 34B and 70B 0.2 / 0.05 (the values of
-its LLaMA scripts, ``other_tasks/LLaMA`` in github.com/jiachenzhu/DyT, where DyT has no bias, as
-RMSNorm: ``norm.bias=false``); it also adds a learnable scalar after the embedding (initialised at
-sqrt(d_model) in that code). normlab's default is the paper's 0.5 (``norm.alpha_init``); set a
-position's alpha through the model's per-position norm overrides.
+``alpha`` one learnable scalar ``(1,)`` (as the paper's code), ``weight`` / ``bias`` ``(d,)`` at
+ones / zeros. No statistic, so no eps: the ``eps`` the table's signature passes is stored, unused.
+``ReferenceDyT`` (eager, ``reference.py``'s dtype policy), ``CompiledDyT`` (compiled forward and
+closed-form backward, as ``compiled.py``), ``TorchDyT`` (the paper's code in plain PyTorch ops).
 
-Implementations: ``ReferenceDyT`` (eager, the dtype policy of ``reference.py``: tanh in at least
-fp32, the ``norm.cast`` order for the affine step, fp32 gradients; the float64-able oracle's twin),
-``CompiledDyT`` (compiled forward and closed-form compiled backward, as ``compiled.py``) and
-``TorchDyT`` (the paper's code in plain PyTorch ops, autograd through them, output cast to the
-input dtype). Backward, with ``t = tanh(alpha x)`` and ``g = dy * gain``:
-``dx = alpha g (1 - t^2)``, ``dalpha = sum(g x (1 - t^2))``, ``dweight = sum_rows(dy t)``,
-``dbias = sum_rows(dy)``.
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -33,16 +18,8 @@ from normlab.norms.reference import NormBase, _affine, _affine_in_dtype
 
 
 def dyt_ref(x, alpha, weight, bias, upcast: bool = True, after: bool = False) -> torch.Tensor:
-    """DyT over ``(..., d)``: ``weight * tanh(alpha x) + bias``.
-
-    Args:
-        x: ``(..., d)`` any float dtype. alpha: ``(1,)``. weight, bias: ``(d,)`` or None.
-        upcast: tanh and the affine step in at least fp32 (values rounded as eager ops round them,
-            gradients not) or all in ``x.dtype``. after: ``cast=after_weight`` (one rounding).
-
-    Returns:
-        ``(..., d)`` in ``x.dtype``.
-    """
+    """DyT of ``x (..., d)``: ``weight * tanh(alpha x) + bias`` in ``x.dtype``; ``alpha`` ``(1,)``,
+    ``weight``, ``bias`` ``(d,)`` or None; ``upcast``, ``after`` as for ``layer_norm_ref``."""
     dtype = x.dtype
     xs = x.to(torch.promote_types(dtype, torch.float32)) if upcast else x
     t = torch.tanh(alpha.to(xs.dtype) * xs)
@@ -52,9 +29,8 @@ def dyt_ref(x, alpha, weight, bias, upcast: bool = True, after: bool = False) ->
 
 
 def dyt_oracle(x, weight, bias, eps: float, alpha) -> torch.Tensor:
-    """The float64 oracle of DyT (Zhu et al. 2025): ``tanh(alpha x) * w + b``, every input cast to
-    float64, ``(..., d)`` float64 out. ``eps`` is unused (DyT has none; the table's oracle
-    signature)."""
+    """The float64 oracle of DyT (Zhu et al. 2025): ``tanh(alpha x) * w + b``, ``(..., d)`` float64;
+    ``eps`` unused (the table's oracle signature)."""
     y = torch.tanh(alpha.double() * x.double())
     y = y if weight is None else y * weight.double()
     return y if bias is None else y + bias.double()
@@ -90,16 +66,14 @@ class ReferenceDyT(NormBase):
 
 
 class TorchDyT(ReferenceDyT):
-    """The paper's code (``tanh(alpha * x) * weight + bias``) in plain PyTorch ops, autograd
-    through them. A bf16/fp16 x times the fp32 alpha is promoted to fp32: ``after_weight`` keeps
-    the affine step there and casts once; ``before_weight`` casts ``tanh`` to the input dtype and
-    multiplies (adds) there, gradients rounded with it."""
+    """The paper's code (``tanh(alpha * x) * weight + bias``) in plain PyTorch ops, autograd through
+    them: ``before_weight`` casts tanh to the input dtype first, ``after_weight`` casts once."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
         t = torch.tanh(self.alpha * x)
         gain, bias = self.gain(), self.bias
-        if not self.after:
+        if not self.after:  # t is fp32 (x times the fp32 alpha): round it first
             t, gain = t.to(x.dtype), None if gain is None else gain.to(x.dtype)
             bias = None if bias is None else bias.to(x.dtype)
         y = t if gain is None else t * gain
@@ -107,7 +81,7 @@ class TorchDyT(ReferenceDyT):
 
 
 def _dyt_forward(x, alpha, weight, bias, after: bool):
-    """(rows, d) -> :func:`dyt_ref` (upcast) computed in one compiled sweep."""
+    """(rows, d) -> ``dyt_ref`` (upcast) computed in one compiled sweep."""
     from normlab.norms.compiled import _scale
 
     xs = x.to(torch.promote_types(x.dtype, torch.float32))
@@ -115,7 +89,8 @@ def _dyt_forward(x, alpha, weight, bias, after: bool):
 
 
 def _dyt_backward(dy, x, alpha, weight, need_dw: bool, bias_dtype):
-    """dx, dalpha ``(1,)``, dweight and dbias (None unless asked), in at least fp32, cast once."""
+    """dx = alpha g (1 - t^2), dalpha = sum(g x (1 - t^2)) ``(1,)``, dweight = sum_rows(dy t), dbias
+    = sum_rows(dy) (None unless asked), g = dy weight; in at least fp32, cast once."""
     from normlab.norms.compiled import _col_sum
 
     ct = torch.promote_types(x.dtype, torch.float32)
@@ -168,7 +143,7 @@ class _DyTFn(torch.autograd.Function):
 
 class CompiledDyT(ReferenceDyT):
     """DyT with a compiled forward and a compiled closed-form backward; same parameters and results
-    as :class:`ReferenceDyT` (double backward through the reference formula, no forward AD)."""
+    as ``ReferenceDyT`` (double backward through the reference formula, no forward AD)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

@@ -1,49 +1,12 @@
-"""GatedNorm (Qiu et al., "A Unified View of Attention and Residual Sinks: Outlier-Driven
-Rescaling is Essential for Transformer Training", 2026, arXiv:2601.22966, section 3.4): RMSNorm
-followed by an elementwise low-rank self-gate, so that the model can rescale the normalized
-features explicitly instead of through residual-stream outliers.
+"""GatedNorm (Qiu et al. 2026, arXiv:2601.22966, section 3.4): RMSNorm, then a low-rank self-gate.
 
-Formula over the last dimension (size d), rank r (``norm.gate_rank``, default
-:data:`~normlab.config.norm_table.DEFAULT_GATE_RANK`)::
+``y = x / sqrt(mean(x^2) + eps) * weight``, then ``y * 2 sigmoid(W_up silu(W_down y))`` with
+``gate_down`` W_down ``(r, d)``, ``gate_up`` W_up ``(d, r)`` (``F.linear`` layout), r =
+``norm.gate_rank``; no bias. ``gate_up`` starts at zero, so a fresh GatedNorm is RMSNorm;
+``gate_down`` is N(0, 1/d) from a private generator (``reset_gate``). Dtypes as RMSNorm's, the gate
+in >= fp32, the gated product rounded once. ``ReferenceGatedNorm`` (eager), ``CompiledGatedNorm``.
 
-    y  = x / sqrt(mean(x^2) + eps) * weight                       (RMSNorm, eps inside the root)
-    y' = y * 2 sigmoid(W_up silu(W_down y))                       W_down (r, d), W_up (d, r)
-
-Parameters: ``weight`` ``(d,)`` (ones; zeros when zero-centred), ``gate_down`` ``(r, d)`` and
-``gate_up`` ``(d, r)`` (``F.linear`` layout: ``y @ gate_down.T``). No bias.
-
-Initialisation and the factor 2: ``gate_up`` starts at zero, so the gate starts at sigmoid(0) =
-0.5 everywhere; normlab rescales it by 2 (as the reference code that ships GatedNorm does with its
-``layernorm_gating_weight = 2``), so a fresh GatedNorm *is* RMSNorm (gate 1, bit for bit in fp32)
-and the variants of a comparison start from the same function, not from RMSNorm halved.
-``gate_down`` is drawn N(0, 1/d) (unit-variance pre-activations for a unit-RMS y) from a private
-``torch.Generator`` (:meth:`ReferenceGatedNorm.reset_gate`), never from the global RNG, so that
-building a GatedNorm consumes no random number and every parameter built after it is the one an
-RMSNorm model of the same seed gets; ``normlab.model.GPT`` re-draws each gate from a generator
-seeded by the run seed and the norm's index. With ``gate_up`` at zero, ``gate_down`` gets no
-gradient at the first step (as LoRA's A); it does once ``gate_up`` has moved.
-
-Weight decay: ``gate_down`` and ``gate_up`` are matrices, and AdamW decays every matrix at
-``optim.weight_decay`` (``training.setup.make_optimizer``), whatever ``optim.norm_weight_decay``
-says (that key governs the norm gains). Decay pulls ``gate_up`` toward 0, the gate toward 1.
-
-Not a *statistic* kind in the norm table's sense: the gate scales each element, so the output is
-not the input scaled by a per-row statistic (no scale invariance of the whole, no ``+-1`` rows);
-it has an eps all the same (``Kind.eps``), the RMSNorm's, set by ``norm.eps``.
-
-Dtype policy (``upcast=True``): statistics, gate and product in at least fp32. ``cast``:
-``before_weight`` rounds y as RMSNorm's ``before_weight`` does (``x_hat`` to the input dtype, then
-the product with the weight there), computes the gate from that y in fp32 and rounds the gated
-product once; ``after_weight`` keeps y in fp32 and rounds once at the end. The same in fp32.
-Gradients are those of the unrounded fp32 chain, as in ``reference.py``. ``upcast=False``: every
-step in the input dtype.
-
-Implementations: :class:`ReferenceGatedNorm` (eager), :class:`CompiledGatedNorm` (a compiled
-forward and a compiled closed-form backward, as ``compiled.py``). Backward with
-``s1 = sigmoid(z1)``, ``z1 = y W_down^T``, ``h = z1 s1``, ``s2 = sigmoid(h W_up^T)``:
-``dz2 = dy * y * 2 s2 (1 - s2)``, ``dW_up = dz2^T h``, ``dz1 = (dz2 W_up) * s1 (1 + z1 (1 - s1))``,
-``dW_down = dz1^T y``, ``dy_total = 2 s2 dy + dz1 W_down``, then RMSNorm's backward of
-``dy_total``.
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -59,7 +22,7 @@ from normlab.config.norm_table import DEFAULT_GATE_RANK
 from normlab.norms.compiled import _col_sum, _graph_backward, _scale
 from normlab.norms.reference import NormBase, _affine_in_dtype, rms_norm_ref
 
-#: The gate is ``GATE_SCALE * sigmoid(...)``: 1 at initialisation (module docstring).
+#: The gate is ``GATE_SCALE * sigmoid(...)``: 1 at initialisation (``gate_up`` zero).
 GATE_SCALE = 2.0
 #: Seed of the generator a GatedNorm built on its own draws ``gate_down`` from (a model re-draws).
 STANDALONE_GATE_SEED = 2601_22966
@@ -71,17 +34,8 @@ def _gate(y: torch.Tensor, down: torch.Tensor, up: torch.Tensor) -> torch.Tensor
 
 
 def gated_ref(x, weight, gate_down, gate_up, eps: float, upcast: bool = True, after: bool = False):
-    """GatedNorm over ``(..., d)``.
-
-    Args:
-        x: ``(..., d)`` any float dtype. weight: ``(d,)`` or None. gate_down: ``(r, d)``.
-            gate_up: ``(d, r)``. eps: inside the square root, > 0.
-        upcast: statistics, gate and product in at least fp32 (values rounded as the module
-            docstring says, gradients not) or all in ``x.dtype``. after: ``cast=after_weight``.
-
-    Returns:
-        ``(..., d)`` in ``x.dtype``.
-    """
+    """GatedNorm of ``x (..., d)`` in ``x.dtype``; ``weight`` ``(d,)`` or None, ``gate_down``
+    ``(r, d)``, ``gate_up`` ``(d, r)``; ``upcast``, ``after`` as for ``rms_norm_ref``."""
     dtype = x.dtype
     if not upcast:
         y = rms_norm_ref(x, weight, eps, upcast=False)
@@ -98,13 +52,8 @@ def gated_ref(x, weight, gate_down, gate_up, eps: float, upcast: bool = True, af
 
 
 def gated_oracle(x, weight, bias, eps: float, gate_down, gate_up) -> torch.Tensor:
-    """The float64 oracle of GatedNorm (Qiu et al. 2026, section 3.4):
-    ``y = x / sqrt(mean(x^2) + eps) * w``, ``y * 2 sigmoid(W_up swish(W_down y))``, every input
-    cast to float64, ``(..., d)`` float64 out.
-
-    Raises:
-        ValueError: a bias (GatedNorm has none).
-    """
+    """The float64 oracle of GatedNorm (Qiu et al. 2026): ``y = x / sqrt(mean(x^2) + eps) * w``,
+    ``y * 2 sigmoid(W_up swish(W_down y))``, ``(..., d)`` float64; ValueError for a bias."""
     if bias is not None:
         raise ValueError("GatedNorm has no bias")
     x = x.double()
@@ -116,13 +65,8 @@ def gated_oracle(x, weight, bias, eps: float, gate_down, gate_up) -> torch.Tenso
 
 
 class ReferenceGatedNorm(NormBase):
-    """Eager GatedNorm; ``(..., d)`` in, same shape and dtype out; parameters ``weight`` ``(d,)``,
-    ``gate_down`` ``(gate_rank, d)`` (N(0, 1/d) from a private generator), ``gate_up``
-    ``(d, gate_rank)`` (zeros).
-
-    Raises:
-        ValueError: ``gate_rank`` not an integer >= 1 (and what ``NormBase`` refuses).
-    """
+    """Eager GatedNorm; ``(..., d)`` in, same shape and dtype out; ``gate_down`` ``(gate_rank, d)``
+    N(0, 1/d), ``gate_up`` ``(d, gate_rank)`` zeros; ValueError: ``gate_rank`` not an int >= 1."""
 
     def __init__(
         self,
@@ -162,7 +106,7 @@ class ReferenceGatedNorm(NormBase):
 
 
 def _gated_forward(x, weight, down, up, eps: float, after: bool):
-    """(rows, d) -> the value of :func:`gated_ref` (upcast), in one compiled function."""
+    """(rows, d) -> the value of ``gated_ref`` (upcast), in one compiled function."""
     dtype = x.dtype
     ct = torch.promote_types(dtype, torch.float32)
     xs = x.to(ct)
@@ -175,8 +119,9 @@ def _gated_forward(x, weight, down, up, eps: float, after: bool):
 
 
 def _gated_backward(dy, x, weight, down, up, eps: float, need_dw: bool):
-    """dx, dweight (None unless ``need_dw``), dgate_down, dgate_up in closed form (module
-    docstring), computed in at least fp32 from the unrounded y, each cast once."""
+    """dx, dweight (None unless ``need_dw``), dgate_down, dgate_up in closed form, in >= fp32 from
+    the unrounded y, each cast once; s1 = sigmoid(z1), z1 = y W_down^T, h = z1 s1, s2 =
+    sigmoid(h W_up^T); then RMSNorm's backward of d loss / d y."""
     ct = torch.promote_types(x.dtype, torch.float32)
     xs = x.to(ct)
     rstd = torch.rsqrt((xs * xs).mean(-1, keepdim=True) + eps)
@@ -237,8 +182,8 @@ class _GatedNormFn(torch.autograd.Function):
 
 class CompiledGatedNorm(ReferenceGatedNorm):
     """GatedNorm with a compiled forward and a compiled closed-form backward; same parameters and
-    results as :class:`ReferenceGatedNorm` (double backward through the reference formula, no
-    forward AD)."""
+    results as ``ReferenceGatedNorm`` (double backward through the reference formula, no forward
+    AD)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

@@ -1,34 +1,12 @@
 """Preflight: before training, check the chosen norm implementation against the reference.
 
-:func:`preflight` builds the norm that the run will use and the eager reference
-(``normlab.norms.reference``) of the same kind with the same parameters, runs both forward and
-backward on one random ``(64, d_model)`` input on the run's device and dtype, and compares the
-output and the gradients dx, dweight and dbias.
+``preflight`` runs the run's norm and the eager reference of the same kind and parameters forward
+and backward on one random ``(64, d_model)`` input (a private CPU generator, non-zero mean, random
+weight and bias) on the run's device and dtype, and compares output, dx, dweight and dbias by the
+normwise relative error ``max|got - ref| / max|ref|`` against ``TOLERANCES``. ``preflight_model``
+checks every distinct norm of the model in the dtype it receives (``norm_input_dtypes``).
 
-Error measure, per tensor: normwise relative error ``max|got - ref| / max|ref|`` (elementwise
-relative error is meaningless where values cancel to near zero). Tolerances, by the input dtype:
-
-* fp32 (and fp64): 1e-5. Both sides compute the statistics in fp32 and differ only in the order of
-  their sums; measured disagreement is ~1e-7 (outputs) to ~1e-6 (dweight summed over 64 rows).
-* bf16: 3e-2, fp16: 1e-2. The implementations round intermediate values (``x_hat``, the product
-  with the weight, the bias sum, ``dy * x_hat``) to the input dtype at different points; one
-  rounding at the largest element is up to 2^-8 (bf16) or 2^-11 (fp16) of it. Worst measured
-  (d 64-4096, 8 seeds, torch 2.13 CPU): bf16 1.7e-2 (torch LayerNorm dweight / dbias: its CPU
-  backward accumulates them in bf16), 8e-3 otherwise; fp16 2e-3. A wrong formula (unbiased
-  variance, eps outside the square root, a dropped term, a 1% scale error) is caught in fp32.
-
-Pass the dtype the norms really receive (:func:`norm_input_dtypes`): in normlab's GPT the residual
-stream stays fp32 under bf16/fp16 autocast (fp32 embeddings plus low-precision branch outputs
-promote to fp32), so the norms on it see fp32 input whatever ``precision`` says; but a norm fed by a
-matmul's output sees the autocast dtype: the QK norms (q and k come from ``c_attn``) and, with
-``peri`` / ``reordered`` placement, the output norms ``attn_out`` / ``mlp_out`` (they normalize the
-branch's output before it meets the stream). :func:`preflight_model` checks every distinct norm of
-the model (position, block schedule, width) in the dtype it will see.
-
-The input is drawn from a private generator (the global RNG, which seeds the model, is left
-untouched) with a non-zero mean, and weight / bias are random, so every term of the gradients
-matters. Every random tensor is drawn on the CPU (the same numbers on every device) and moved to
-the run's device before it meets a tensor there: a device refuses an op that mixes devices.
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -42,7 +20,9 @@ from normlab.config import ConfigError, ModelConfig, NormConfig, NormImpl, Place
 from normlab.config.schedule import BLOCK_POSITIONS
 from normlab.norms import build_norm, resolve_norm
 
-#: Normwise relative tolerance by input dtype (module docstring).
+#: Normwise relative tolerance by input dtype. In fp32 the two sides differ only in the order of
+#: their sums; in bf16 / fp16 they round intermediates at different points, and one rounding at the
+#: largest element is up to 2^-8 (bf16) or 2^-11 (fp16) of it.
 TOLERANCES: dict[torch.dtype, float] = {
     torch.float64: 1e-5,
     torch.float32: 1e-5,
@@ -64,29 +44,15 @@ def _rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
         return math.inf
     diff = (got.double() - ref.double()).abs().max().item()
     scale = ref.double().abs().max().item()
-    return diff / scale if scale > 0 else diff
+    return diff / scale if scale > 0 else diff  # normwise: values that cancel stay meaningful
 
 
 def preflight(
     norm_cfg: NormConfig, d_model: int, device: torch.device, dtype: torch.dtype, seed: int = 0
 ) -> dict:
-    """Check ``norm_cfg``'s implementation against the reference, forward and backward.
-
-    Args:
-        norm_cfg: a resolved norm config (concrete ``impl``, as from ``norms.resolve_norm``).
-        d_model: the hidden size the model will use.
-        device: where training runs.
-        dtype: the dtype of the norm's input (parameters stay fp32, as in the model); see above.
-
-    Returns:
-        ``{"impl", "kind", "dtype", "shape", "tolerance", "errors": {"output", "dx", "dweight",
-        "dbias", "dalpha" (DyT)} (normwise relative errors, only for the tensors that exist),
-        "max_error"}``.
-
-    Raises:
-        ConfigError: one line, ``norm.impl=X disagrees with the reference: max rel error E in T >
-            tolerance TOL for DTYPE (...)``; also for an ``auto`` impl (resolve first).
-    """
+    """Check resolved ``norm_cfg``'s implementation against the reference on a ``(64, d_model)``
+    input of ``dtype`` (parameters fp32): ``{impl, kind, dtype, shape, tolerance, errors (output,
+    dx, d<param>), max_error}``. ConfigError (one line) beyond tolerance or for an ``auto`` impl."""
     if norm_cfg.impl == NormImpl.auto:
         raise ConfigError(
             "norm.impl=auto: preflight needs the resolved implementation (norms.resolve_norm)"
@@ -133,7 +99,8 @@ def preflight(
     return result
 
 
-#: Positions fed by a matmul's output under ``placement``, besides ``qk`` (module docstring).
+#: Positions fed by a matmul's output under ``placement``, besides ``qk``: they normalize the
+#: branch's output before it meets the stream.
 _BRANCH_OUTPUT = {
     Placement.peri: ("attn_out", "mlp_out"),
     Placement.reordered: ("attn_out", "mlp_out"),
@@ -141,10 +108,9 @@ _BRANCH_OUTPUT = {
 
 
 def norm_input_dtypes(norm_cfg: NormConfig, autocast: torch.dtype) -> dict[str, torch.dtype]:
-    """The dtype of the input each position of the model's norms receives under ``autocast`` (the
-    forward's autocast dtype; fp32 for none): ``autocast`` for the QK norms and, under ``peri`` /
-    ``reordered``, the branch-output norms; fp32 (the residual stream) for every other position.
-    ``tests/norms/test_preflight.py`` checks this against the real model's forward."""
+    """The input dtype of each norm position under ``autocast`` (fp32 for none): ``autocast`` for
+    the QK norms and, under peri / reordered, the branch-output norms; fp32 for the rest."""
+    # the residual stream stays fp32 under autocast: fp32 embeddings + low-precision branches
     low = {"qk", *_BRANCH_OUTPUT.get(norm_cfg.placement, ())}
     return {p: autocast if p in low else torch.float32 for p in norm_cfg.used_positions()}
 
@@ -163,16 +129,9 @@ def _norms_of_model(norm_cfg: NormConfig, model: ModelConfig, device_type: str):
 def preflight_model(
     norm_cfg: NormConfig, model: ModelConfig, device: torch.device, autocast: torch.dtype
 ) -> dict:
-    """:func:`preflight` of every distinct norm of the model (kind, implementation and options of
-    each position and block, its width) in the dtype it receives (:func:`norm_input_dtypes`).
-
-    Returns:
-        the worst check's :func:`preflight` result plus ``"checks"``: every check's result with its
-        ``"position"`` (the first position and block that has it).
-
-    Raises:
-        ConfigError: the first norm that disagrees with its reference (:func:`preflight`).
-    """
+    """``preflight`` of every distinct norm of the model (config, width) in the dtype it receives:
+    the worst result plus ``"checks"`` (each with the first ``"position"`` that has it).
+    ConfigError: the first norm that disagrees with its reference."""
     dtypes = norm_input_dtypes(norm_cfg, autocast)
     checks, seen = [], set()
     for pos, block, cfg, width in _norms_of_model(norm_cfg, model, device.type):

@@ -1,21 +1,13 @@
 """Readable eager LayerNorm and RMSNorm: the oracle every other implementation is tested against.
 
-The dtype policy follows the seed documents and HF's ``LlamaRMSNorm``: upcast the input to fp32,
-compute the statistics and normalize in fp32, cast back to the input dtype, then scale (and shift).
-Those roundings shape the value only: the gradients are those of the unrounded fp32 chain (fp32
-sums, cast once), so the reference is the most exact oracle for bf16 / fp16 gradients too.
+LayerNorm (Ba et al. 2016): ``(x - mean(x)) * rsqrt(var(x) + eps) * weight + bias``, biased var;
+RMSNorm (Zhang & Sennrich 2019): ``x * rsqrt(mean(x^2) + eps) * weight``; over the last dim.
+Dtypes as HF's ``LlamaRMSNorm``: statistics and normalization in fp32, cast back, then scale;
+``cast=after_weight`` (Gemma / OLMo) scales in fp32 and rounds once; a ``zero_centered`` gain
+``1 + w`` is added in fp32. Values round as eager ops round them; gradients are the unrounded
+fp32 chain's (fp32 sums, cast once).
 
-``cast=after_weight`` (Gemma / OLMo) instead multiplies by the weight and adds the bias in fp32 and
-rounds once. ``zero_centered``: the weight is stored as w and applied as the gain ``1 + w``, added
-in fp32 (fp64 for fp64 parameters) whatever the parameter dtype (:meth:`NormBase.gain`); with
-``before_weight`` that fp32 gain is then rounded to the input dtype like any weight.
-
-Formulas (last dimension of size d, eps inside the square root):
-
-* LayerNorm (Ba et al. 2016, arXiv:1607.06450):
-  ``y = (x - mean(x)) * rsqrt(var(x) + eps) * weight + bias`` with the biased variance.
-* RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467):
-  ``y = x * rsqrt(mean(x^2) + eps) * weight``.
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -32,16 +24,8 @@ from normlab.norms import table_entry
 
 
 def _affine(y_hat, weight, bias, dtype, after: bool = False):
-    """``y_hat * weight + bias`` (``y_hat`` in fp32, or fp64) returned in ``dtype``.
-
-    Value: eager low-precision arithmetic, each step rounded to ``dtype`` (``y_hat``, the product,
-    the sum), as ``y_hat.to(dtype) * weight.to(dtype) + bias.to(dtype)`` computes it. Gradient:
-    that of the unrounded ``y_hat * weight + bias`` in ``y_hat.dtype``, so dx, dweight and dbias
-    are fp32 sums (fp64 for fp64 input) cast once to the input / parameter dtype, never rounded to
-    bf16 / fp16 on the way: the oracle the fused kernels are checked against is the most exact.
-    ``rounded + (exact - exact)`` adds an exact zero to the value and the identity to the graph.
-    ``after`` (``cast=after_weight``): the value is the exact chain rounded once to ``dtype``.
-    """
+    """``y_hat * weight + bias`` (``y_hat`` fp32 or fp64) in ``dtype``: the value rounded at each
+    step as eager ops in ``dtype`` round it (once with ``after``); the gradient unrounded."""
     exact = y_hat
     exact = exact if weight is None else exact * weight.to(exact.dtype)
     exact = exact if bias is None else exact + bias.to(exact.dtype)
@@ -49,7 +33,7 @@ def _affine(y_hat, weight, bias, dtype, after: bool = False):
         return exact.to(dtype)
     with torch.no_grad():
         rounded = _affine_in_dtype(y_hat, weight, bias, dtype)
-    return rounded + (exact - exact.detach()).to(dtype)
+    return rounded + (exact - exact.detach()).to(dtype)  # value + exact 0; the graph of `exact`
 
 
 def _affine_in_dtype(y_hat, weight, bias, dtype):
@@ -70,19 +54,9 @@ def layer_norm_ref(
     upcast: bool = True,
     after: bool = False,
 ) -> torch.Tensor:
-    """LayerNorm over the last dimension.
-
-    Args:
-        x: ``(..., d)`` any float dtype, any strides.
-        weight, bias: ``(d,)`` or None.
-        eps: added to the variance inside the square root, > 0.
-        upcast: statistics, normalization and gradients in at least fp32 (True; bf16/fp16 values
-            are rounded where eager ops round them, gradients are not) or all in ``x.dtype``.
-        after: ``cast=after_weight``: the affine step in fp32, one rounding (needs ``upcast``).
-
-    Returns:
-        ``(..., d)`` in ``x.dtype``.
-    """
+    """LayerNorm of ``x (..., d)`` (any float dtype, strides) over the last dim, in ``x.dtype``;
+    ``weight``, ``bias`` ``(d,)`` or None; ``upcast``: statistics and gradients in >= fp32, else all
+    in ``x.dtype``; ``after``: ``cast=after_weight``, one rounding (needs ``upcast``)."""
     dtype = x.dtype
     xs = x.to(torch.promote_types(dtype, torch.float32)) if upcast else x  # fp64 stays fp64
     mean = xs.mean(-1, keepdim=True)
@@ -101,17 +75,8 @@ def rms_norm_ref(
     upcast: bool = True,
     after: bool = False,
 ) -> torch.Tensor:
-    """RMSNorm over the last dimension.
-
-    Args:
-        x: ``(..., d)`` any float dtype, any strides.
-        weight: ``(d,)`` or None.
-        eps: added to the mean square inside the square root, > 0.
-        upcast, after: as for :func:`layer_norm_ref`.
-
-    Returns:
-        ``(..., d)`` in ``x.dtype``.
-    """
+    """RMSNorm of ``x (..., d)`` over the last dim, in ``x.dtype``; ``weight`` ``(d,)`` or None;
+    ``upcast``, ``after`` as for ``layer_norm_ref``."""
     dtype = x.dtype
     xs = x.to(torch.promote_types(dtype, torch.float32)) if upcast else x  # fp64 stays fp64
     rstd = torch.rsqrt((xs * xs).mean(-1, keepdim=True) + eps)
@@ -132,11 +97,8 @@ def layer_norm_oracle(x, weight, bias, eps: float) -> torch.Tensor:
 
 
 def rms_norm_oracle(x, weight, bias, eps: float) -> torch.Tensor:
-    """The float64 oracle of RMSNorm (Zhang & Sennrich 2019): ``x / sqrt(mean(x^2) + eps) * w``.
-
-    Raises:
-        ValueError: a bias (RMSNorm has none).
-    """
+    """The float64 oracle of RMSNorm (Zhang & Sennrich 2019): ``x / sqrt(mean(x^2) + eps) * w``;
+    ValueError for a bias."""
     if bias is not None:
         raise ValueError("RMSNorm has no bias")
     x = x.double()
@@ -156,12 +118,8 @@ def forward_ad_active(*tensors: torch.Tensor | None) -> bool:
 
 
 def refuse_double_backward(impl: str) -> None:
-    """Call first in an ``autograd.Function.backward``: grad mode is on there only under
-    ``create_graph=True``, which this backward cannot honour.
-
-    Raises:
-        RuntimeError: one line naming the implementation and the alternatives.
-    """
+    """Call first in an ``autograd.Function.backward``: a one-line RuntimeError when grad mode is
+    on there (only under ``create_graph=True``, which a fused backward cannot honour)."""
     if torch.is_grad_enabled():
         raise RuntimeError(
             f"norm.impl={impl} has no double backward (create_graph=True): its backward is a "
@@ -172,22 +130,10 @@ def refuse_double_backward(impl: str) -> None:
 class NormBase(nn.Module):
     """Parameter layout shared by every implementation of one kind, so checkpoints move freely.
 
-    ``weight``: ``(d,)`` initialised to ones when ``affine`` (zeros when ``zero_centered``: it is
-    applied as ``1 + w``, see :meth:`gain`); ``bias``: ``(d,)`` zeros when ``bias``.
-    Both are None otherwise (registered as None, like ``nn.LayerNorm``). ``cast``: a
-    :class:`~normlab.config.NormCast` (``after``: True for ``after_weight``).
-
-    What the class may be asked for is the norm table's, looked up by the class itself (the
-    ``(kind, impl)`` entry naming it): a bias only if ``Kind.bias``, the ``cast`` /
-    ``zero_centered`` its ``Impl`` honours; ``forward_ad`` (the implementation computes
-    forward-mode AD, plain differentiable torch ops) is ``JVP in Impl.autograd``, so that a kernel
-    behind an ``autograd.Function`` refuses tangents in :meth:`check_input` instead of returning
-    zeros. A class the table does not list (a test's) takes a bias and every option, and keeps its
-    class attribute ``forward_ad``.
-
-    Raises:
-        ValueError: ``bias=True`` for a kind without one; a ``cast`` or ``zero_centered`` the
-            class's implementation does not honour; ``zero_centered`` without ``affine``.
+    ``weight`` ``(d,)`` ones when ``affine`` (zeros, applied as ``1 + w``, when ``zero_centered``),
+    ``bias`` ``(d,)`` zeros when ``bias``, else None. The class's table entry says which options it
+    takes and ``forward_ad``; a class the table does not list takes every option. ValueError: a
+    bias the kind lacks, an option the impl does not honour, ``zero_centered`` without ``affine``.
     """
 
     forward_ad: ClassVar[bool] = False  # for a class the table does not list
@@ -206,7 +152,7 @@ class NormBase(nn.Module):
         super().__init__()
         _, impl = table_entry(type(self))
         if impl is not None:
-            self.forward_ad = JVP in IMPLS[impl].autograd
+            self.forward_ad = JVP in IMPLS[impl].autograd  # else check_input refuses tangents
         self.d, self.eps, self.upcast = d, float(eps), upcast
         self.zero_centered, self.cast = zero_centered, NormCast(cast)
         self.after = self.cast == NormCast.after_weight
@@ -232,20 +178,15 @@ class NormBase(nn.Module):
 
     def gain(self) -> torch.Tensor | None:
         """The applied weight ``(d,)``: ``weight``, or ``1 + weight`` added in fp32 (fp64 for fp64
-        parameters) when ``zero_centered`` (Gemma's ``1 + w.float()``: in bf16, 1 + 3.140625 would
-        round to 4.125; in fp32 it is exactly 4.140625). None without ``affine``."""
+        parameters) when ``zero_centered`` (Gemma); None without ``affine``."""
         w = self.weight
         if w is None or not self.zero_centered:
             return w
         return 1.0 + w.to(torch.promote_types(w.dtype, torch.float32))
 
     def check_input(self, x: torch.Tensor) -> None:
-        """Refuse what this implementation would compute wrongly.
-
-        Raises:
-            ValueError: ``x`` is not ``(..., d)``; or forward-mode tangents reach an
-                implementation without forward AD (``forward_ad = False``).
-        """
+        """ValueError when ``x`` is not ``(..., d)`` or forward-mode tangents reach an
+        implementation without forward AD (``forward_ad`` False)."""
         if x.shape[-1] != self.d:
             raise ValueError(
                 f"{type(self).__name__}({self.d}) expects input (..., {self.d}), "

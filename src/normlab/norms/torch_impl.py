@@ -1,12 +1,11 @@
 """PyTorch's own LayerNorm / RMSNorm ops behind normlab's shared parameter layout.
 
-``F.layer_norm`` / ``F.rms_norm`` given the weight round once, at the end: ``cast=after_weight``
-(with a bf16/fp16 input and an fp32 weight they compute in fp32, unfused). For
-``cast=before_weight`` with a bf16/fp16 input the op normalizes without the weight (``x_hat``
-rounded to the input dtype) and the weight (and bias) follow in the input dtype, as the reference
-does. In fp32 / fp64 the two orders are one formula and take the single fused call. A zero-centred
-gain ``1 + w`` is fp32: with a low-precision input the ``after_weight`` call then runs on the fp32
-upcast of x (Gemma's ``norm(x.float()) * (1 + w.float())``) and casts back.
+bf16/fp16 input: ``cast=before_weight`` normalizes without the weight (``x_hat`` rounded) and
+applies weight and bias in the input dtype, as the reference does; ``cast=after_weight`` passes
+the weight to the op, which rounds once; a zero-centred gain runs the op on ``x.float()`` and casts
+back (Gemma). fp32 / fp64: one fused call.
+
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ def _torch_norm(norm: NormBase, x: torch.Tensor, op, bias: torch.Tensor | None) 
 
 
 class TorchLayerNorm(NormBase):
-    """``F.layer_norm`` (the op behind ``nn.LayerNorm``); ``(..., d)`` in, same shape and dtype
-    out."""
+    """``F.layer_norm`` (the op behind ``nn.LayerNorm``); ``(..., d)`` in, same shape and dtype."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         op = lambda x, w, b: F.layer_norm(x, (self.d,), w, b, self.eps)  # noqa: E731
@@ -45,10 +43,7 @@ class TorchLayerNorm(NormBase):
 
 
 class TorchRMSNorm(NormBase):
-    """``F.rms_norm`` (the op behind ``nn.RMSNorm``); ``(..., d)`` in, same shape and dtype out.
-
-    On CPU this op is not fused (many small kernels for forward+backward): see ``normlab-bench``.
-    """
+    """``F.rms_norm`` (the op behind ``nn.RMSNorm``); ``(..., d)`` in, same shape and dtype out."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         op = lambda x, w, b: F.rms_norm(x, (self.d,), w, self.eps)  # noqa: E731

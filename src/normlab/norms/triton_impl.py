@@ -1,46 +1,13 @@
-"""``norm.impl=triton``: fused Triton kernels, forward and backward, their launchers, autograd
-functions and modules, for LayerNorm, RMSNorm and DyT. Imported only when ``norm.impl=triton`` is
-chosen (see ``config.norm_table.KINDS``). Kernels launch on ``x.device``: CUDA, or CPU tensors when
-``TRITON_INTERPRET=1`` was set before this module loaded.
+"""``norm.impl=triton``: fused Triton kernels, forward and backward, for LayerNorm, RMSNorm and DyT.
 
-LayerNorm and RMSNorm share one kernel pair and one autograd function (:class:`_TritonNormFn`,
-under :class:`TritonLayerNorm` and :class:`TritonRMSNorm`).
+Imported only when ``norm.impl=triton`` is chosen; kernels launch on ``x.device``: CUDA, or CPU
+with ``TRITON_INTERPRET=1`` set before import. Semantics and roundings are the reference's
+(``reference.py``, ``dyt.py``): statistics, ``x_hat`` and tanh in fp32 (fp64 for fp64 input), then
+the ``norm.cast`` order (``AFTER``: one rounding). Output and ``dx`` in ``x.dtype``; ``dw``, ``db``
+and DyT's ``dalpha`` summed in fp32 partials per program, cast once to the parameter dtype.
+A zero-centred weight arrives as its fp32 gain ``1 + w`` (``NormBase.gain``).
 
-Semantics are the reference's (``reference.py``), the last dimension of size ``d`` normalised:
-
-* LayerNorm (Ba et al. 2016, arXiv:1607.06450): ``y = (x - mean) * rsqrt(var + eps) * w + b``,
-  biased variance, eps inside the square root.
-* RMSNorm (Zhang & Sennrich 2019, arXiv:1910.07467): ``y = x * rsqrt(mean(x^2) + eps) * w``.
-
-dtype policy (``cast=before_weight``): statistics and ``x_hat`` in fp32 (fp64 for float64 input),
-``x_hat`` rounded to the input dtype, then multiplied by ``w`` rounded to the input dtype (and ``b``
-added), each product and sum rounded to the input dtype as eager PyTorch does; ``after_weight``
-(``AFTER``): ``x_hat * w + b`` in fp32, rounded once (and ``dw`` sums ``dy * x_hat`` unrounded).
-A zero-centred weight arrives as its fp32 gain ``1 + w`` (``NormBase.gain``). Output and ``dx``
-in ``x.dtype``; ``dw`` / ``db`` in the parameter's own dtype (fp32 parameters with bf16 activations
-are the usual case).
-
-Backward, per row, with ``g = dy * w`` (``g = dy`` without weight), ``x_hat`` recomputed in fp32
-from the saved statistics and ``mean_d`` the mean over the d columns of the row:
-
-* LayerNorm: ``dx = rstd * (g - mean_d(g) - x_hat * mean_d(g * x_hat))``
-* RMSNorm:   ``dx = rstd * (g - x_hat * mean_d(g * x_hat))``
-* both:      ``dw = sum_rows(dy * x_hat)`` (x_hat rounded as forward), ``db = sum_rows(dy)``
-
-``dw`` / ``db`` are never accumulated in low precision: each backward program loops over its rows
-keeping fp32 column sums, writes one fp32 partial row, and torch sums the ``(programs, d)`` partial
-buffer in fp32; only the final ``(d,)`` result is cast to the parameter dtype.
-
-DyT (``dyt.py``), forward, per element, in fp32 (fp64 for float64 input): ``t = tanh(alpha x)``,
-then the ``norm.cast`` order above: ``before_weight`` rounds t to the input dtype, multiplies by the
-gain rounded to it (and adds the bias), each step rounded; ``after_weight``
-computes ``t * gain + bias`` and rounds once. ``tanh(z) = sign(z) (1 - e) / (1 + e)`` with
-``e = exp(-2|z|)`` (no overflow; absolute error ~1e-7 in fp32 near 0, where ``t ~ z``).
-
-Backward with ``g = dy * gain`` (rounded as in the forward for ``before_weight``):
-``dx = alpha g (1 - t^2)``, ``dalpha = sum(g x (1 - t^2))``, ``dweight = sum_rows(dy t)``,
-``dbias = sum_rows(dy)``: each program keeps fp32 partial sums (a column row for dweight / dbias,
-a scalar for dalpha) and torch sums the partials in fp32; only the results are cast.
+Why: docs/norms.md
 """
 
 from __future__ import annotations
@@ -57,17 +24,11 @@ from normlab.norms.reference import NormBase, refuse_double_backward
 
 @triton.jit
 def _round_to(x, DTYPE: tl.constexpr):
-    """``x`` (fp32/fp64) rounded to the nearest ``DTYPE`` value (ties to even), kept in x's dtype.
-
-    bf16 is rounded with integer ops because the Triton CPU interpreter truncates fp32->bf16 casts;
-    on GPU this gives the same bits as a plain cast, and the cast of the result below is exact.
-    NaN passes through unchanged: the rounding bias would carry a NaN's mantissa into its sign bit
-    (the GPU's canonical NaN 0x7FFFFFFF + 0x8000 is 0x80007FFF, i.e. -0.0 after the mask; a negative
-    NaN wraps to +0.0), so a diverging run would lose its NaN. Infinities round to themselves.
-    """
-    if DTYPE == tl.bfloat16:
+    """``x`` (fp32/fp64) rounded to the nearest ``DTYPE`` value (ties to even), kept in x's dtype;
+    NaN and infinities pass through."""
+    if DTYPE == tl.bfloat16:  # integer ops: the CPU interpreter truncates fp32->bf16 casts
         bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # would turn a NaN into +-0
         r = tl.where(x != x, x, bits.to(tl.float32, bitcast=True).to(x.dtype))
     else:
         r = x.to(DTYPE).to(x.dtype)
@@ -155,8 +116,9 @@ def _norm_bwd(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Program p handles row tiles p, p + P, p + 2P, ... (P programs); stores DX and its fp32
-    (ACC) partial column sums DW[p, :], DB[p, :]."""
+    """Program p handles row tiles p, p + P, ... (P programs); stores DX and its ACC partial column
+    sums DW[p, :], DB[p, :]. With g = dy w: dx = rstd (g - mean(g) - x_hat mean(g x_hat)) (RMS:
+    no mean(g)), dw = sum_rows(dy x_hat), db = sum_rows(dy)."""
     IO: tl.constexpr = DX.dtype.element_ty
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -319,11 +281,7 @@ def norm_bwd(dy, x, weight, has_bias: bool, mean, rstd, is_rms: bool, after: boo
 
 class _TritonNormFn(torch.autograd.Function):
     """``(x (..., d), gain (d,)|None, bias (d,)|None, eps, is_rms, after) -> y (..., d)`` in
-    x.dtype (``after``: ``cast=after_weight``; the gain is the weight, or its fp32 ``1 + w``).
-
-    Saved for backward: the ``(rows, d)`` input, the weight, ``mean`` (LayerNorm only) and ``rstd``,
-    both ``(rows,)`` fp32 (fp64 for float64 input).
-    """
+    x.dtype; saves the ``(rows, d)`` input, the weight, ``mean`` (LayerNorm) and ``rstd``."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps, is_rms, after):
@@ -377,7 +335,7 @@ class TritonRMSNorm(NormBase):
 
 
 @triton.jit
-def _tanh(z):
+def _tanh(z):  # sign(z) (1 - e) / (1 + e), e = exp(-2|z|): no overflow
     e = tl.exp(-2.0 * tl.abs(z))
     t = (1.0 - e) / (1.0 + e)
     return tl.where(z < 0, -t, t)
@@ -451,8 +409,8 @@ def _dyt_bwd(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
-    """Program p handles row tiles p, p + P, ...; stores DX and its partial sums DA[p], DW[p, :],
-    DB[p, :] (ACC)."""
+    """Program p handles row tiles p, p + P, ...; stores DX and its ACC partial sums DA[p],
+    DW[p, :], DB[p, :]. With g = dy w: dx = alpha g (1 - t^2), dalpha = sum(g x (1 - t^2))."""
     IO: tl.constexpr = DX.dtype.element_ty
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)

@@ -1,23 +1,7 @@
-"""The model-size ladder: one comparison (the same variants, paired by seed) repeated at several
-model sizes, read as a trend. Runs are grouped by model shape (``model.n_layer``, ``model.d_model``,
-``model.n_head``); each size gets the full report of :func:`~normlab.report.compare.build_report`
-(its paired loss difference and compute-equivalent multiplier); across sizes:
-
-- per variant, final validation loss against training compute C (FLOPs: the model's
-  6 N + 12 L d T per token, Kaplan et al. 2020, times the tokens the run trained on) with a
-  power law L = E + A (C/C0)^-alpha, or L = A (C/C0)^-alpha where the data do not support the
-  fitted floor E (:func:`fit_power_law` says which and why), fitted to the size means (one point
-  per size, over the sizes every variant has: :func:`law_sizes`), beside its lack-of-fit F test
-  against seed noise (:func:`lack_of_fit`) and its leave-largest-out prediction
-  (:func:`leave_largest_out`): :func:`ladder_law`;
-- per variant, the trend of the step multiplier m (the steps part of the compute-equivalent
-  multiplier; the speed part is a machine's, reported per size) with parameters: a weighted
-  straight line of ln m on ln N (:func:`multiplier_trend`), its slope with a CI, and its value at
-  :data:`TARGET_PARAMS` (GPT-2 small) only when both laws pass the leave-largest-out check.
-
-N is ``summary.json``'s ``params`` (``model.num_params``: every weight but the position
-embedding, the token embedding tied with the head counted once). Losses in nats/token, compute in
-FLOPs. Nothing here writes files (see :func:`normlab.report.write_ladder`).
+"""The model-size ladder: one comparison (the same variants, paired by seed) at several model
+sizes, each size with its full report, read across sizes as each variant's loss-compute law and
+the trend of the step multiplier with parameters (``laws``); its ``report.md``,
+``ladder_loss.png`` and ``ladder_multiplier.png``. See docs/reports.md "The ladder report".
 """
 
 from __future__ import annotations
@@ -28,26 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy import optimize, stats
+from matplotlib.ticker import FuncFormatter
 
-from normlab.report.compare import DEFAULT_MARGIN, Report, build_report, tokens_seen
-from normlab.report.runs import (
-    NAN,
-    ReportError,
-    Run,
-    design_tag,
-    load_runs,
-    never_trained,
-    override_key,
-)
-from normlab.report.stats import combined_interval, finite_median, ratio_interval
+from normlab.report.compare import DEFAULT_MARGIN, build_report
+from normlab.report.context import tokens_seen
+from normlab.report.laws import ladder_law, law_sizes, law_value, multiplier_trend, trend_value
+from normlab.report.paired import Report
+from normlab.report.plots import axes, finish
+from normlab.report.runs import ReportError, Run, load_runs, never_trained, override_key
+from normlab.report.speed import NOT_COMPARABLE_FLAG
+from normlab.report.stats import NAN, finite_median, ratio_interval
+from normlab.report.text import ci_name, figure_lines, fmt, fmt_ci, method, missing, table
+from normlab.report.variants import design_tag
 
-#: The extrapolation target: GPT-2 small, 124M parameters as ``model.num_params`` counts them.
-TARGET_PARAMS = 124e6
-#: The two forms of the loss-compute law, with a fitted floor E and without.
-FULL, PURE = "E + A (C/C0)^-alpha", "A (C/C0)^-alpha"
-#: The parameters each form fits.
-N_PARAMS = {FULL: 3, PURE: 2}
 #: The config keys whose values make a model size.
 SIZE_KEYS = ("model.n_layer", "model.d_model", "model.n_head")
 #: Runs of one size sharing every override but these are one variant's seeds (or one rung's).
@@ -56,15 +33,9 @@ NOT_A_VARIANT = ("seed",)
 
 @dataclass
 class Ladder:
-    """Everything the ladder report says. ``sizes``: per size, smallest first,
-    ``{"shape": "4x128", "params": N, "tokens": median tokens, "compute", "report": Report,
-    "names": {ladder label: the report's label}}`` (:func:`included`, :func:`comparison_at`
-    read a size through its names); ``points``:
-    per variant label, ``{"params", "compute", "loss", "seed", "shape"}`` per completed run;
-    ``law_sizes``, ``left_out``: :func:`law_sizes`; ``laws``: per label, :func:`ladder_law`;
-    ``trends``: per non-baseline label, :func:`multiplier_trend` of the step multiplier plus
-    ``"sizes"`` (shape, params, m, ci, n, se, df per size with the variant) and
-    ``at_target["refused"]`` (why there is no 124M value; None when there is)."""
+    """Everything the ladder report says. ``sizes``: per size, smallest first, its ``shape``,
+    ``params``, ``tokens``, ``compute``, ``report`` and ``names`` (ladder label -> the size report's
+    label); ``points``, ``law_sizes``/``left_out``, ``laws`` and ``trends`` (``laws``) per label."""
 
     sources: list[Path]
     alpha: float
@@ -80,7 +51,7 @@ class Ladder:
 
 
 def size_of(run: Run) -> tuple[int, ...] | None:
-    """``(n_layer, d_model, n_head)`` of the run's model (:data:`SIZE_KEYS`, resolved config);
+    """``(n_layer, d_model, n_head)`` of the run's model (``SIZE_KEYS``, resolved config);
     None when a key is missing."""
     vals = [run.resolved(k) for k in SIZE_KEYS]
     return tuple(int(v) for v in vals) if all(isinstance(v, int) for v in vals) else None
@@ -96,8 +67,8 @@ def _variant_key(run: Run) -> frozenset[str]:
 
 
 def group_by_size(runs: list[Run]) -> dict[tuple[int, ...], list[Run]]:
-    """The runs that trained (:func:`~normlab.report.runs.never_trained` aside) grouped by
-    :func:`size_of`, smallest size (params, then shape) first; runs without a size left out."""
+    """The runs that trained (``never_trained`` aside) grouped by
+    ``size_of``, smallest size (params, then shape) first; runs without a size left out."""
     groups: dict[tuple[int, ...], list[Run]] = {}
     for r in runs:
         size = size_of(r)
@@ -121,322 +92,13 @@ def is_ladder(runs: list[Run]) -> bool:
 def training_flops(run: Run) -> float:
     """Training compute of ``run`` in FLOPs: (6 N + 12 L d T) per token (``GPT.flops_per_token``:
     N = ``summary.json`` ``params``, L layers, d width, T context) times the tokens it trained on
-    (:func:`~normlab.report.compare.tokens_seen`); nan when any part is unknown."""
+    (``tokens_seen``); nan when any part is unknown."""
     n = run.summary_float("params")
     dims = [run.resolved(k) for k in ("model.n_layer", "model.d_model", "model.context_length")]
     if not all(isinstance(v, int) for v in dims):
         return NAN
     layers, width, ctx = dims
     return (6.0 * n + 12.0 * layers * width * ctx) * tokens_seen(run)
-
-
-# --- loss against compute: the fitted power law ---------------------------------------------------
-
-
-def _log_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Least squares y = b0 + b1 x: the coefficients, their covariance (residual variance; nan
-    with no degree of freedom) and the degrees of freedom."""
-    coef, cov = np.polyfit(x, y, 1, cov="unscaled") if x.size > 2 else (np.polyfit(x, y, 1), None)
-    dof = x.size - 2
-    if cov is None:
-        return coef[::-1], np.full((2, 2), NAN), dof
-    resid = y - np.polyval(coef, x)
-    return coef[::-1], cov[::-1, ::-1] * float(resid @ resid) / dof, dof
-
-
-def _pure_law(c: np.ndarray, loss: np.ndarray, c0: float, why: str, alpha: float) -> dict:
-    """L = A (C/C0)^-alpha: a straight line of ln L on ln(C/C0) (``why``: why not the full form)."""
-    (ln_a, slope), cov, dof = _log_fit(np.log(c / c0), np.log(loss))
-    a = math.exp(ln_a)
-    se = {"E": NAN, "A": a * math.sqrt(cov[0, 0]), "alpha": math.sqrt(cov[1, 1])}
-    params = {"E": NAN, "A": a, "alpha": -slope}
-    return _law(PURE, params, se, n=c.size, dof=dof, c0=c0, why=why, alpha=alpha)
-
-
-def _law(
-    form: str,
-    params: dict[str, float],
-    se: dict[str, float],
-    *,
-    n: int,
-    dof: int,
-    c0: float,
-    why: str | None,
-    alpha: float,
-) -> dict[str, Any]:
-    """A fitted law as :func:`fit_power_law` returns it, with alpha's Student t interval (nan
-    with no degree of freedom)."""
-    q = stats.t.ppf(1 - alpha / 2, dof) if dof >= 1 else NAN
-    half = q * se["alpha"]
-    ci = (params["alpha"] - half, params["alpha"] + half) if math.isfinite(half) else (NAN, NAN)
-    out = {"form": form, **params, "se": se, "alpha_ci": ci, "n": n, "dof": dof, "c0": c0}
-    return {**out, "why": why}
-
-
-def _full_start(x: np.ndarray, loss: np.ndarray) -> tuple[float, float, float]:
-    """A start for L = E + A x^-alpha: the floor E on a grid below the lowest loss whose
-    straight line of ln(L − E) on ln x fits best, with that line's A and alpha."""
-    best = (math.inf, 0.0, 1.0, 0.1)
-    for e in np.linspace(0.0, 0.98 * loss.min(), 50):
-        coef = np.polyfit(np.log(x), np.log(loss - e), 1)
-        sse = float(np.sum((np.polyval(coef, np.log(x)) - np.log(loss - e)) ** 2))
-        best = min(best, (sse, float(e), math.exp(coef[1]), max(-coef[0], 1e-3)))
-    return best[1], best[2], best[3]
-
-
-def _full_law(
-    x: np.ndarray, loss: np.ndarray, c0: float, alpha: float, strict: bool
-) -> dict[str, Any] | str:
-    """L = E + A x^-alpha (x = C/C0) by bounded least squares, or why not: no convergence, no
-    finite covariance, or (``strict``) E at a bound. The covariance is (J'J)^-1 times the
-    residual variance on x.size − 3 degrees of freedom (nan standard errors with none)."""
-    try:
-        p, cov = optimize.curve_fit(
-            lambda x, e, a, al: e + a * x**-al,
-            x,
-            loss,
-            p0=_full_start(x, loss),
-            bounds=([0.0, 1e-12, 1e-6], [loss.min(), np.inf, 10.0]),
-            maxfev=20000,
-            absolute_sigma=True,  # (J'J)^-1 unscaled: curve_fit's own scaling needs a dof
-        )
-    except (RuntimeError, ValueError) as e:
-        return f"E + A C^-alpha did not converge ({e})"
-    if not np.all(np.isfinite(cov)):
-        return "E + A C^-alpha has no finite covariance (E, A, alpha not separately identified)"
-    if strict and (p[0] <= 1e-6 * loss.min() or p[0] >= (1 - 1e-6) * loss.min()):
-        return f"E + A C^-alpha put E at its bound ({p[0]:.3g}): the data show no loss floor"
-    dof = x.size - 3
-    resid = loss - (p[0] + p[1] * x ** -p[2])
-    var = float(resid @ resid) / dof if dof > 0 else NAN
-    names = ("E", "A", "alpha")
-    params = dict(zip(names, map(float, p), strict=True))
-    errs = dict(zip(names, map(float, np.sqrt(np.diag(cov) * var)), strict=True))
-    return _law(FULL, params, errs, n=x.size, dof=dof, c0=c0, why=None, alpha=alpha)
-
-
-def fit_power_law(
-    compute: list[float], losses: list[float], alpha: float = 0.05, form: str | None = None
-) -> dict:
-    """Final validation loss L (nats/token) against training compute C (FLOPs), one point per
-    size (its mean: :func:`ladder_law`): L = E + A (C/C0)^-alpha (``scipy.optimize.curve_fit``,
-    bounded: 0 <= E < min L, A > 0, 0 < alpha < 10; C0 = the geometric mean of C, so that A is
-    the reducible loss there), when there are at least 4 points (a degree of freedom over its 3
-    parameters), the fit converges with a finite covariance and E stays inside its bounds.
-    Otherwise L = A (C/C0)^-alpha (a straight line on log-log axes), with ``why`` saying why.
-    ``form`` (:data:`FULL` or :data:`PURE`) forces a form (E may then sit at a bound).
-
-    Returns:
-        ``form``, ``E`` (nan in the 2-parameter form), ``A``, ``alpha``; ``se`` of each (from
-        the fit's covariance, scaled by the residual variance; nan with no degree of freedom);
-        ``alpha_ci`` (1−``alpha`` Student t on ``dof`` = points − parameters; nan at 0);
-        ``n`` (points); ``c0``; ``why`` (None for the full form).
-
-    Raises:
-        ReportError: fewer points with finite positive C and L than the form has parameters
-            (2 unless forced), or fewer than 2 distinct C, or a forced full form that fails.
-    """
-    c, loss = np.asarray(compute, float), np.asarray(losses, float)
-    ok = np.isfinite(c) & np.isfinite(loss) & (c > 0) & (loss > 0)
-    c, loss = c[ok], loss[ok]
-    need = N_PARAMS[form] if form else 2
-    if c.size < need or np.unique(c).size < 2:
-        raise ReportError(f"{form or 'a power law'} needs >= {need} sizes, has {c.size}")
-    c0 = float(np.exp(np.log(c).mean()))
-    if form == PURE or (form is None and c.size < 4):
-        why = f"{c.size} sizes: E + A C^-alpha's 3 parameters would leave no degree of freedom"
-        return _pure_law(c, loss, c0, why if form is None else "the form asked for", alpha)
-    full = _full_law(c / c0, loss, c0, alpha, strict=form is None)
-    if isinstance(full, dict):
-        return full
-    if form == FULL:
-        raise ReportError(full)
-    return _pure_law(c, loss, c0, full, alpha)
-
-
-def law_value(law: dict[str, Any], compute: np.ndarray) -> np.ndarray:
-    """The fitted law (:func:`fit_power_law`) at ``compute`` (FLOPs): loss in nats/token."""
-    e = 0.0 if math.isnan(law["E"]) else law["E"]
-    return e + law["A"] * (np.asarray(compute, float) / law["c0"]) ** -law["alpha"]
-
-
-def usable(point: dict[str, Any]) -> bool:
-    """Whether a point of :attr:`Ladder.points` can enter a law: a training compute > 0 (nan
-    when the run records no ``params`` or tokens) and a finite final loss."""
-    return point["compute"] > 0 and math.isfinite(point["loss"])
-
-
-def size_means(points: list[dict[str, Any]], shapes: list[str]) -> list[dict[str, Any]]:
-    """Per shape of ``shapes`` (in that order, smallest first), the mean of one variant's runs
-    there (``points``: :attr:`Ladder.points`): ``{"shape", "compute"`` (geometric mean, FLOPs),
-    ``"loss"`` (mean, nats/token), ``"losses"``, ``"n"}``; a shape without a finite run left out."""
-    out = []
-    for shape in shapes:
-        pts = [p for p in points if p["shape"] == shape and usable(p)]
-        if pts:
-            losses = [p["loss"] for p in pts]
-            c = float(np.exp(np.mean(np.log([p["compute"] for p in pts]))))
-            row = {"shape": shape, "compute": c, "loss": float(np.mean(losses)), "losses": losses}
-            out.append({**row, "n": len(pts)})
-    return out
-
-
-def lack_of_fit(law: dict[str, Any], means: list[dict[str, Any]]) -> dict[str, Any]:
-    """The lack-of-fit F test of ``law`` (fitted to ``means``: :func:`size_means`) against pure
-    seed error: SS_lof = sum over sizes of n_i (mean_i − law_i)² on K − P degrees of freedom,
-    SS_pe = sum over runs of (loss − its size's mean)² on N − K; F = (SS_lof / df_lof) /
-    (SS_pe / df_pe), p = P(F_{df_lof, df_pe} > F). Returns ``F``, ``p`` (nan when a df is 0),
-    ``df_lof``, ``df_pe``, ``ss_lof``, ``ss_pe`` (nats²)."""
-    k, runs = len(means), sum(m["n"] for m in means)
-    df_lof, df_pe = k - N_PARAMS[law["form"]], runs - k
-    fitted = law_value(law, np.array([m["compute"] for m in means]))
-    ss_lof = float(sum(m["n"] * (m["loss"] - f) ** 2 for m, f in zip(means, fitted, strict=True)))
-    ss_pe = float(sum((x - m["loss"]) ** 2 for m in means for x in m["losses"]))
-    out = {"F": NAN, "p": NAN, "df_lof": df_lof, "df_pe": df_pe, "ss_lof": ss_lof, "ss_pe": ss_pe}
-    if df_lof > 0 and df_pe > 0:
-        with np.errstate(divide="ignore", invalid="ignore"):  # no seed scatter: F = inf, p = 0
-            f = np.float64(ss_lof / df_lof) / np.float64(ss_pe / df_pe)
-        out |= {"F": float(f), "p": float(stats.f.sf(f, df_lof, df_pe))}
-    return out
-
-
-def leave_largest_out(
-    law: dict[str, Any], means: list[dict[str, Any]], alpha: float = 0.05
-) -> dict[str, Any]:
-    """``law``'s form refitted to every size of ``means`` but the largest (the last), read at
-    the largest's compute. Returns ``shape`` (left out), ``predicted``, ``measured`` (its mean),
-    ``error`` (predicted − measured, nats/token), ``why``: None, or why there is no prediction
-    (fewer sizes left than the form has parameters), with the numbers nan."""
-    last = means[-1]
-    out = {"shape": last["shape"], "measured": last["loss"], "predicted": NAN, "error": NAN}
-    rest = means[:-1]
-    try:
-        fit = fit_power_law(
-            [m["compute"] for m in rest], [m["loss"] for m in rest], alpha, law["form"]
-        )
-    except ReportError as e:
-        return {**out, "why": str(e)}
-    pred = float(law_value(fit, np.array([last["compute"]]))[0])
-    return {**out, "predicted": pred, "error": pred - last["loss"], "why": None}
-
-
-def ladder_law(points: list[dict[str, Any]], shapes: list[str], alpha: float) -> dict[str, Any]:
-    """One variant's law over ``shapes``: :func:`fit_power_law` on its :func:`size_means`, plus
-    ``means``, ``runs``, ``lof`` (:func:`lack_of_fit`) and ``loo`` (:func:`leave_largest_out`).
-    With too few sizes for any law: ``form`` None, ``why`` the refusal, numbers nan, ``lof`` and
-    ``loo`` None."""
-    means = size_means(points, shapes)
-    runs = sum(m["n"] for m in means)
-    try:
-        law = fit_power_law([m["compute"] for m in means], [m["loss"] for m in means], alpha)
-    except ReportError as e:
-        se = {"E": NAN, "A": NAN, "alpha": NAN}
-        none = {"form": None, "E": NAN, "A": NAN, "alpha": NAN, "se": se, "alpha_ci": (NAN, NAN)}
-        none |= {"n": len(means), "dof": len(means) - 2, "c0": NAN, "why": str(e)}
-        return {**none, "means": means, "runs": runs, "lof": None, "loo": None}
-    extra = {"lof": lack_of_fit(law, means), "loo": leave_largest_out(law, means, alpha)}
-    return {**law, "means": means, "runs": runs, **extra}
-
-
-def law_sizes(
-    shapes: list[str], points: dict[str, list[dict[str, Any]]]
-) -> tuple[list[str], dict[str, str]]:
-    """The shapes (of ``shapes``, in order) where every variant of ``points`` (per label,
-    :attr:`Ladder.points`) has a :func:`usable` point: the laws' sizes, so that every variant's
-    law spans the same sizes and their alphas compare. Per other shape, why not: the variants
-    with no completed run there, and those whose runs there record no training compute."""
-    keep, left_out = [], {}
-    for shape in shapes:
-        runs = {lab: [p for p in pts if p["shape"] == shape] for lab, pts in points.items()}
-        absent = [lab for lab, pts in runs.items() if not pts]
-        blind = [lab for lab, pts in runs.items() if pts and not any(map(usable, pts))]
-        why = ["no completed run of " + ", ".join(absent)] if absent else []
-        if blind:
-            why.append(f"no training compute for {', '.join(blind)} (params or tokens unknown)")
-        if why:
-            left_out[shape] = "; ".join(why)
-        else:
-            keep.append(shape)
-    return keep, left_out
-
-
-# --- the multiplier across sizes: its trend and the extrapolation ---------------------------------
-
-
-def _trend_df(m: int, coef: np.ndarray, se: np.ndarray, df: np.ndarray, weighted: bool) -> float:
-    """Degrees of freedom of a trend's estimate sum coef_i ln k_i over ``m`` sizes: m − 2, or,
-    weighted, the smaller of that and Welch–Satterthwaite's on each ln k's ``se`` and ``df``
-    (the seeds' estimate of the weights: :func:`~normlab.report.stats.combined_interval`); nan
-    with fewer than 3 sizes."""
-    if m <= 2:
-        return NAN
-    if not (weighted and np.all(np.isfinite(df) & (df > 0))):
-        return float(m - 2)
-    parts = list(zip(np.abs(coef) * se, df, strict=True))
-    return min(float(m - 2), combined_interval(parts, 0.0)["df"])
-
-
-def multiplier_trend(
-    params: list[float],
-    ks: list[float],
-    se: list[float],
-    alpha: float = 0.05,
-    target: float = TARGET_PARAMS,
-    df: list[float] | None = None,
-) -> dict[str, Any]:
-    """The trend of a multiplier k (the ladder's: the step multiplier) with parameters N: least
-    squares ln k = a + b (ln N − x̄), one point per size, weighted by 1/se² (``se``: the standard
-    error of each ln k, on ``df`` degrees of freedom) when every size has one, else unweighted.
-    Slope b: k grows as N^b (b = 0: no trend). Its covariance: weighted, (X'WX)^-1 times
-    max(1, chi²/(m − 2)) (the scatter between sizes, when it exceeds what the seeds' errors
-    explain, widens it); unweighted, times the residual variance. Intervals: Student t on
-    :func:`_trend_df` (m sizes). At ``target`` parameters: the line's value,
-    exp(a + b (ln target − x̄)), with the line's interval there (the trend's uncertainty, not a
-    new run's seed noise): an extrapolation when ``target`` lies beyond the largest size.
-
-    Returns:
-        ``n`` (sizes), ``weighted``, ``slope``, ``slope_ci``, ``slope_df``, ``x_ref`` (x̄),
-        ``intercept`` (a), ``at_target``: ``{"params", "k", "ci", "df", "beyond"}`` (beyond:
-        target / largest N); intervals nan with fewer than 3 sizes, all nan with fewer than 2.
-    """
-    x, y, s = (np.asarray(v, float) for v in (params, ks, se))
-    d = np.asarray([NAN] * x.size if df is None else df, float)
-    ok = np.isfinite(x) & (x > 0) & np.isfinite(y) & (y > 0)
-    x, y, s, d = np.log(x[ok]), np.log(y[ok]), s[ok], d[ok]
-    m = int(x.size)
-    weighted = m > 0 and bool(np.all(np.isfinite(s) & (s > 0)))
-    out: dict[str, Any] = {"n": m, "weighted": weighted, "slope": NAN, "slope_ci": (NAN, NAN)}
-    out |= {"slope_df": NAN, "x_ref": NAN, "intercept": NAN}
-    out["at_target"] = {"params": target, "k": NAN, "ci": (NAN, NAN), "df": NAN, "beyond": NAN}
-    if m < 2 or np.unique(x).size < 2:
-        return out
-    w = 1 / s**2 if weighted else np.ones(m)
-    xr = float(w @ x / w.sum())
-    sxx = float(w @ (x - xr) ** 2)
-    b = float(w @ ((x - xr) * y) / sxx)
-    a = float(w @ y / w.sum())
-    chi2 = float(w @ (y - a - b * (x - xr)) ** 2)
-    scale = (max(1.0, chi2 / (m - 2)) if weighted else chi2 / (m - 2)) if m > 2 else NAN
-    x0 = math.log(target) - xr
-    coef_b = w * (x - xr) / sxx  # b = sum coef_b ln k; the line at target: a + x0 b
-    df_b, df_0 = (_trend_df(m, c, s, d, weighted) for c in (coef_b, w / w.sum() + x0 * coef_b))
-    q_b, q_0 = (stats.t.ppf(1 - alpha / 2, v) if v >= 1 else NAN for v in (df_b, df_0))
-    se_b, se_a = math.sqrt(scale / sxx), math.sqrt(scale / w.sum())
-    y0, se0 = a + b * x0, math.hypot(se_a, x0 * se_b)
-    out |= {"slope": b, "slope_ci": (b - q_b * se_b, b + q_b * se_b), "slope_df": df_b}
-    out |= {"x_ref": xr, "intercept": a}
-    out["at_target"] |= {"k": math.exp(y0), "df": df_0, "beyond": target / math.exp(x.max())}
-    out["at_target"]["ci"] = (math.exp(y0 - q_0 * se0), math.exp(y0 + q_0 * se0))
-    return out
-
-
-def trend_value(trend: dict[str, Any], params: np.ndarray) -> np.ndarray:
-    """The fitted trend (:func:`multiplier_trend`) at ``params``: the multiplier k."""
-    x = np.log(np.asarray(params, float)) - trend["x_ref"]
-    return np.exp(trend["intercept"] + trend["slope"] * x)
-
-
-# --- the ladder ---------------------------------------------------------------------------------
 
 
 def _size_row(size: tuple[int, ...], rep: Report) -> dict[str, Any]:
@@ -475,7 +137,7 @@ def _single_name(size: dict[str, Any], labels: list[str]) -> dict[str, str]:
 def _labels(sizes: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, str]]]:
     """The variant labels of the ladder, the baseline (the same at each size) first, and per
     size its names for them (ladder label -> the size report's label; a variant the size lacks
-    is absent: :func:`law_sizes` leaves that size out of the laws).
+    is absent: ``law_sizes`` leaves that size out of the laws).
 
     Raises:
         ReportError: sizes with other baselines, or a one-variant size that matches no label.
@@ -512,14 +174,14 @@ def comparison_at(size: dict[str, Any], label: str) -> dict[str, Any] | None:
 def _step_row(size: dict[str, Any], comp: dict[str, Any], alpha: float) -> dict[str, Any]:
     """One size's step multiplier m, the steps part of k alone: the geometric mean of its
     per-seed values with its interval and its log's se and df
-    (:func:`~normlab.report.stats.ratio_interval`)."""
+    (``ratio_interval``)."""
     m = ratio_interval(list(comp["compute"]["step_mults"].values()), alpha)
     row = {"shape": size["shape"], "params": size["params"], "m": m["gmean"], "ci": m["ci"]}
     return {**row, "n": m["n"], "se": m["se_log"], "df": m["df"]}
 
 
 def _refusal(lad: Ladder, label: str) -> str | None:
-    """Why the trend of ``label`` gets no value at :data:`TARGET_PARAMS`: the baseline's or the
+    """Why the trend of ``label`` gets no value at ``TARGET_PARAMS``: the baseline's or the
     variant's law missed the left-out largest size by more than that size's margin, or had no
     such check; None when both passed."""
     for lab in dict.fromkeys((lad.baseline, label)):
@@ -538,8 +200,8 @@ def _refusal(lad: Ladder, label: str) -> str | None:
 
 
 def _trend(lad: Ladder, label: str) -> dict[str, Any]:
-    """:func:`multiplier_trend` of variant ``label``'s step multiplier over the sizes that have
-    it, with those sizes' rows; its value at :data:`TARGET_PARAMS` nan unless :func:`_refusal`
+    """``multiplier_trend`` of variant ``label``'s step multiplier over the sizes that have
+    it, with those sizes' rows; its value at ``TARGET_PARAMS`` nan unless ``_refusal``
     passes (``at_target["refused"]``: why not)."""
     rows = [
         _step_row(s, c, lad.alpha) for s in lad.sizes if (c := comparison_at(s, label)) is not None
@@ -559,7 +221,7 @@ def _trend(lad: Ladder, label: str) -> dict[str, Any]:
 
 
 def _points(sizes: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
-    """Every completed run of variant ``label`` at every size, as :attr:`Ladder.points` has it."""
+    """Every completed run of variant ``label`` at every size, as ``Ladder.points`` has it."""
     return [
         {
             "params": r.summary_float("params"),
@@ -580,11 +242,9 @@ def build_ladder(
     baseline: str | None = None,
     margin_compute: float | None = None,
 ) -> Ladder:
-    """Load the runs of ``paths`` (sweep or run dirs), group them by model size
-    (:func:`group_by_size`), build each size's report (:func:`~normlab.report.compare.build_report`
-    on its run dirs, with ``margin``, ``alpha``, ``baseline``, ``margin_compute``), then fit each
-    variant's loss-compute law (:func:`ladder_law` over the sizes every variant has) and each
-    non-baseline variant's step-multiplier trend (:func:`multiplier_trend`, via :func:`_trend`).
+    """Load the runs of ``paths``, group them by model size, build each size's report
+    (``build_report``), then fit each variant's law over the sizes every variant has
+    (``ladder_law``) and each non-baseline variant's step-multiplier trend (``multiplier_trend``).
 
     Raises:
         ReportError: fewer than 2 sizes, a size's report refused (the message names the size),
@@ -614,3 +274,347 @@ def build_ladder(
     for lab in labels[1:]:
         lad.trends[lab] = _trend(lad, lab)
     return lad
+
+
+# --- the ladder's report.md ----------------------------------------------------------------------
+
+
+def si(x: float) -> str:
+    """``826112`` -> ``"826k"``, ``1.24e8`` -> ``"124M"``, ``9.5e12`` -> ``"9.5T"``."""
+    if missing(x):
+        return "n/a"
+    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def one_margin(lad: Ladder) -> float | None:
+    """The margin (nats/token) every size used, or None when each size has its own:
+    ``--margin-compute`` converts its fraction at each size's own baseline slope."""
+    if any(s["report"].margin_compute is not None for s in lad.sizes):
+        return None
+    margins = {s["report"].margin for s in lad.sizes}
+    return margins.pop() if len(margins) == 1 else None
+
+
+def _ladder_margin(lad: Ladder) -> str:
+    """The header's margin: the one every size used, or that each size has its own (Sizes)."""
+    one = one_margin(lad)
+    if one is not None:
+        return f"±{one:.4g} nats/token at each size"
+    low, high = (f(s["report"].margin for s in lad.sizes) for f in (min, max))
+    span = f"±{low:.4g} to ±{high:.4g} nats/token: see Sizes"
+    fractions = {s["report"].margin_compute for s in lad.sizes}
+    if len(fractions) == 1 and None not in fractions:
+        return (
+            f"per size: ±{fractions.pop():.3g} of effective compute (`--margin-compute`), "
+            f"converted to nats at each size's own baseline slope, so no one margin in nats "
+            f"holds for every size ({span})"
+        )
+    return f"per size ({span})"
+
+
+def _ladder_header(lad: Ladder) -> list[str]:
+    """The ladder's title and what it compares: sources, variants, sizes, margin, the laws'
+    degrees of freedom."""
+    links = ", ".join(f"[{s['shape']}]({s['shape']}/report.md)" for s in lad.sizes)
+    variants = ", ".join(f"`{lab}`" for lab in lad.labels[1:])
+    k = len(lad.law_sizes)
+    return [
+        "# normlab ladder report",
+        "",
+        f"- Sources: {', '.join(f'`{s}`' for s in lad.sources)}",
+        "- The question: quality across model sizes (of the four: equal steps, equal wall-clock, "
+        f"each kind at its own best learning rate, model size). `{lad.baseline}` against "
+        f"{variants} at {len(lad.sizes)} sizes, paired by seed within each size; each size's "
+        f"full report: {links}.",
+        f"- Margin: {_ladder_margin(lad)}; alpha = {lad.alpha:g}.",
+        f"- One point per size: laws are fitted to the {k} size means, with sizes − parameters "
+        f"degrees of freedom ({k - 3} for E + A (C/C0)^-alpha, {k - 2} for A (C/C0)^-alpha). "
+        + method("the-ladder-report"),
+    ]
+
+
+def _ladder_sizes(lad: Ladder) -> list[str]:
+    """Per size: N, tokens, compute, runs, its own margin and the baseline slope that converted
+    it (when the sizes have no one margin: ``one_margin``), and whether the laws use it."""
+    one = one_margin(lad)
+    rows = []
+    for s in lad.sizes:
+        rep = s["report"]
+        done = sum(r.excluded is None for r in rep.runs)
+        why = lad.left_out.get(s["shape"])
+        row = [s["shape"], si(s["params"]), si(s["tokens"]), fmt(s["tokens"] / s["params"], ".3g")]
+        row += [fmt(s["compute"], ".3g"), f"{done}/{len(rep.runs)}"]
+        if one is None:
+            row += [f"±{rep.margin:.4g}", f"{fmt(rep.slope, '.3g')} ({rep.slope_source})"]
+        rows.append([*row, "yes" if why is None else f"**no**: {why}"])
+    head = ["size (layers x width)", "N", "tokens", "tokens / N", "C (FLOPs)", "runs completed"]
+    head += [] if one is not None else ["margin (nats/token)", "baseline slope (nats/e-fold)"]
+    return ["", "## Sizes", "", *table([*head, "in the laws"], rows)]
+
+
+def _pair_row(lad: Ladder, size: dict[str, Any], label: str) -> list[Any]:
+    """One size's row of ``_ladder_pairs``: loss difference, step multiplier, speed, k."""
+    c = comparison_at(size, label)
+    if c is None:
+        return [size["shape"], 0, "—", "—", f"no run of `{label}`", "—", "—", "—", "—", "—", "—"]
+    k = c["compute"]
+    m = next(r for r in lad.trends[label]["sizes"] if r["shape"] == size["shape"])
+    flag = "" if k["comparable"] else NOT_COMPARABLE_FLAG
+    row = [size["shape"], c["n"], fmt(c["mean"], "+.4f"), fmt_ci(c["ci"]), c["verdict"]]
+    row += [fmt(m["m"], ".3f"), fmt_ci(m["ci"], ".3f"), fmt(k["speed"], ".3f"), k["source"] + flag]
+    return [*row, fmt(k["k"], ".3f") + flag, fmt_ci(k["ci"], ".3f")]
+
+
+def _ladder_pairs(lad: Ladder, label: str) -> list[str]:
+    """Per size: the paired loss difference of ``label``, its step multiplier m, the speed part
+    apart, and the compute-equivalent multiplier k = m x speed."""
+    conf = ci_name(lad.alpha)
+    head = ["size", "n", "loss diff", conf, "verdict", "step mult. m", f"m {conf}", "speed"]
+    head += ["speed from", "k = m x speed", f"k {conf}"]
+    return [
+        "",
+        f"## `{label}` vs `{lad.baseline}` at each size",
+        "",
+        "Loss diff: final validation loss, variant − baseline (nats/token), paired by seed, with "
+        "the size's TOST verdict; m: the step multiplier; speed: baseline / variant step time "
+        "(the machine's); k = m x speed, above 1 favours the variant. "
+        + method("the-headline-effective-compute"),
+        "",
+        *table(head, [_pair_row(lad, s, label) for s in lad.sizes]),
+    ]
+
+
+def _trend_word(t: dict[str, Any]) -> str:
+    """What a multiplier trend's slope interval shows."""
+    lo, hi = t["slope_ci"]
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return "no interval with fewer than 3 sizes."
+    if lo <= 0 <= hi:
+        return "**no trend shown**: the interval holds 0."
+    return f"**m {'grows' if lo > 0 else 'shrinks'} with size**."
+
+
+def _ladder_trend(lad: Ladder, label: str) -> list[str]:
+    """The slope of ln m on ln N, and the value at 124M parameters, an extrapolation shown only
+    when the laws' leave-largest-out check passed."""
+    t = lad.trends[label]
+    conf = f"{100 * (1 - lad.alpha):g}%"
+    if t["n"] < 2 or missing(t["slope"]):
+        return ["", f"- `{label}`: fewer than 2 sizes with a step multiplier: no trend."]
+    how = "weighted by 1/se² of each size's ln m" if t["weighted"] else "unweighted"
+    at = t["at_target"]
+    where = f"{si(at['params'])} parameters (GPT-2 small, {fmt(at['beyond'], '.3g')}x beyond)"
+    line = (
+        f"- `{label}`: m ∝ N^b with b = {t['slope']:+.4f}, {conf} CI {fmt_ci(t['slope_ci'])} "
+        f"(over {t['n']} sizes, {how}; {fmt(t['slope_df'], '.3g')} degrees of freedom): "
+        f"{_trend_word(t)}"
+    )
+    if at["refused"] is not None:
+        return ["", line, f"- `{label}` at {where}: **no value**: {at['refused']}."]
+    return [
+        "",
+        line,
+        f"- `{label}` at {where}: m = {fmt(at['k'], '.3f')}, {conf} interval "
+        f"{fmt_ci(at['ci'], '.3f')}. **An extrapolation**, shown because both laws predicted "
+        "the left-out largest size within its margin; it holds only if ln m stays a straight "
+        "line in ln N that far.",
+    ]
+
+
+def _law_row(lab: str, law: dict[str, Any]) -> list[Any]:
+    """One variant's row of the laws table (``ladder_law``)."""
+    if law["form"] is None:
+        return [f"`{lab}`", "none", "—", "—", "—", "—", law["n"], law["runs"], "—", law["why"]]
+    se = law["se"]
+    ci = "n/a: 0 df" if law["dof"] == 0 else fmt_ci(law["alpha_ci"], ".4f")
+    e = f"{fmt(law['E'])} ± {fmt(se['E'])}" if not missing(law["E"]) else "—"
+    row = [f"`{lab}`", law["form"], e, f"{fmt(law['A'])} ± {fmt(se['A'])}"]
+    row += [f"{fmt(law['alpha'])} ± {fmt(se['alpha'])}", ci, law["n"], law["runs"], law["dof"]]
+    return [*row, law["why"] or "3 parameters, a degree of freedom left, E inside its bounds"]
+
+
+def _check_row(lad: Ladder, lab: str, law: dict[str, Any]) -> list[Any]:
+    """One variant's lack-of-fit test and leave-largest-out prediction."""
+    lof, loo = law["lof"], law["loo"]
+    if lof is None:
+        return [f"`{lab}`", "—", "—", "—", "—", "—", "—", "—"]
+    f = f"{lof['F']:.3g} on ({lof['df_lof']}, {lof['df_pe']})"
+    f = f if not missing(lof["F"]) else f"n/a: df ({lof['df_lof']}, {lof['df_pe']})"
+    row = [f"`{lab}`", f, fmt(lof["p"], ".3g"), loo["shape"]]
+    if loo["why"] is not None:
+        return [*row, f"n/a: {loo['why']}", fmt(loo["measured"]), "—", "—"]
+    margin = next(s["report"].margin for s in lad.sizes if s["shape"] == loo["shape"])
+    within = "yes" if abs(loo["error"]) <= margin else "**no**"
+    row += [fmt(loo["predicted"]), fmt(loo["measured"]), fmt(loo["error"], "+.4f")]
+    return [*row, f"{within} (±{margin:.4g})"]
+
+
+def _ladder_laws(lad: Ladder) -> list[str]:
+    """The loss-compute laws over the size means and, per law, its two checks."""
+    c0 = ", ".join(f"`{lab}` {fmt(law['c0'], '.3g')}" for lab, law in lad.laws.items())
+    head = ["variant", "law", "E (fitted)", "A", "alpha", f"alpha {ci_name(lad.alpha)}"]
+    head += ["sizes", "runs", "dof", "why this form"]
+    left = "; ".join(f"{shape} ({why})" for shape, why in lad.left_out.items())
+    checks = ["variant", "lack of fit F (df)", "p", "left out", "predicted", "measured"]
+    checks += ["error (nats)", "within margin"]
+    laws = [_law_row(lab, law) for lab, law in lad.laws.items()]
+    tests = [_check_row(lad, lab, law) for lab, law in lad.laws.items()]
+    return [
+        "",
+        "## Final validation loss against training compute",
+        "",
+        "One point per size: the mean final validation loss (nats/token) of its completed seeds "
+        f"at its training compute C (FLOPs); C0 ({c0}) the geometric mean of the sizes' C. "
+        "**E is fitted**: the floor these sizes fit, not an irreducible loss. ± one standard "
+        "error. " + method("why-the-ladder-reads-size-means-and-what-it-refuses"),
+        *([] if not left else ["", f"Left out of every law, so all span the same sizes: {left}."]),
+        "",
+        *table(head, laws),
+        "",
+        "Lack of fit: a small p, the law misses the size means by more than seed noise. "
+        "Leave-largest-out: the law refitted without the largest size, read at its compute; a "
+        "trend gets a 124M value only when both its laws land within that size's margin.",
+        "",
+        *table(checks, tests),
+    ]
+
+
+#: The ladder's figures: key -> (title, one-line caption).
+LADDER_FIGURES = {
+    "ladder_loss": (
+        "Final validation loss vs training compute (log-log): size means, fitted laws",
+        "Final validation loss vs training compute, log-log: runs, size means (diamonds) and each "
+        "variant's fitted law.",
+    ),
+    "ladder_multiplier": (
+        "Step multiplier vs parameters, its trend (to 124M when allowed)",
+        "Step multiplier m vs parameters with its interval and trend, dashed to 124M parameters "
+        "only when both laws passed the leave-largest-out check.",
+    ),
+}
+
+
+def render_ladder(lad: Ladder) -> str:
+    """The ladder report (``report.md`` of a sweep over model sizes) as Markdown."""
+    lines = [*_ladder_header(lad), *_ladder_sizes(lad)]
+    for lab in lad.labels[1:]:
+        lines += _ladder_pairs(lad, lab)
+    if lad.trends:
+        lines += [
+            "",
+            "## Trend of the step multiplier with size",
+            "",
+            "Of m alone: the speed part of k is the machine's, read per size above. "
+            + method("why-the-ladder-reads-size-means-and-what-it-refuses"),
+        ]
+        for lab in lad.labels[1:]:
+            lines += _ladder_trend(lad, lab)
+    lines += [*_ladder_laws(lad), "", "## Figures", ""]
+    lines += figure_lines(lad.figures, LADDER_FIGURES)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+# --- the ladder's figures ------------------------------------------------------------------------
+
+
+def plot_ladder_loss(lad: Ladder, path: Path) -> Path | None:
+    """Final validation loss (nats/token) against training compute (FLOPs), log-log: one colour
+    per variant, a dot per completed run, a diamond per size mean the law is fitted to, and the
+    variant's law (``ladder_law``) over those means' computes."""
+    pts = {
+        lab: [p for p in ps if p["compute"] > 0 and p["loss"] > 0] for lab, ps in lad.points.items()
+    }
+    if not any(pts.values()):
+        return None
+    fig, ax = axes((7.5, 5))
+    for i, (lab, ps) in enumerate(pts.items()):
+        color, law = f"C{i % 10}", lad.laws[lab]
+        c, loss = np.array([p["compute"] for p in ps]), np.array([p["loss"] for p in ps])
+        ax.plot(c, loss, "o", ms=3, color=color, alpha=0.5, label=f"{lab} (runs)")
+        means = law["means"]
+        if not means or law["form"] is None:
+            continue
+        mc = np.array([m["compute"] for m in means])
+        ax.plot(mc, [m["loss"] for m in means], "D", ms=6, mfc="none", color=color)
+        grid = np.geomspace(mc.min(), mc.max(), 100)
+        label = f"{lab}: {law['form']}, alpha = {law['alpha']:.3f}"
+        ax.plot(grid, law_value(law, grid), "-", color=color, label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda v, _: f"{v:g}"))
+    title = "Final validation loss vs training compute (dots: runs; diamonds: size means; laws)"
+    return finish(
+        fig, ax, path, title, "training compute C (FLOPs)", "final validation loss (nats/token)"
+    )
+
+
+def plot_ladder_multiplier(lad: Ladder, path: Path) -> Path | None:
+    """The step multiplier m against parameters N (log-log): per variant and size m with its
+    interval, the trend, and, only when the trend has a 124M value, the line dashed to 124M with
+    the value there (``_k_axis``: wide intervals clipped)."""
+    if not lad.trends:
+        return None
+    fig, ax = axes((7.5, 5))
+    ax.axhline(1.0, color="0.5", lw=1, ls=":")
+    for i, (lab, t) in enumerate(lad.trends.items()):
+        color = f"C{(i + 1) % 10}"
+        rows = [r for r in t["sizes"] if r["m"] > 0]
+        if not rows:
+            continue
+        n = np.array([r["params"] for r in rows])
+        m = np.array([r["m"] for r in rows])
+        lo = np.array([r["ci"][0] if math.isfinite(r["ci"][0]) else r["m"] for r in rows])
+        hi = np.array([r["ci"][1] if math.isfinite(r["ci"][1]) else r["m"] for r in rows])
+        label = f"{lab} vs {lad.baseline}"
+        ax.errorbar(n, m, yerr=[m - lo, hi - m], fmt="o", capsize=3, color=color, label=label)
+        if not math.isfinite(t["slope"]):
+            continue
+        at = t["at_target"]
+        inside = np.geomspace(n.min(), n.max(), 50)
+        label = f"trend: m ∝ N^{t['slope']:+.3f}"
+        ax.plot(inside, trend_value(t, inside), "-", color=color, label=label)
+        if at["refused"] is not None:
+            continue
+        beyond = np.geomspace(n.max(), at["params"], 50)
+        ax.plot(beyond, trend_value(t, beyond), "--", color=color)
+        if all(map(math.isfinite, at["ci"])):
+            ax.errorbar(
+                [at["params"]],
+                [at["k"]],
+                yerr=[[at["k"] - at["ci"][0]], [at["ci"][1] - at["k"]]],
+                fmt="s",
+                mfc="none",
+                capsize=4,
+                color=color,
+                label=f"{at['params'] / 1e6:.0f}M parameters: extrapolated",
+            )
+    ax.set_xscale("log")
+    ms = [r["m"] for t in lad.trends.values() for r in t["sizes"]]
+    _k_axis(ax, ms + [t["at_target"]["k"] for t in lad.trends.values()])
+    conf = f"{100 * (1 - lad.alpha):g}% CI"
+    title = f"Step multiplier vs parameters (bars: {conf}, clipped; dashed: extrapolation)"
+    ylabel = "step multiplier m (> 1: a variant step is worth more)"
+    return finish(fig, ax, path, title, "parameters N", ylabel)
+
+
+def _k_axis(ax: Any, ks: list[float]) -> None:
+    """A log k axis over the multipliers ``ks`` (and 1) widened 3x each way: an interval
+    of two seeds can span decades and would flatten every point to the axis if drawn whole."""
+    ks = [k for k in ks if math.isfinite(k) and k > 0] + [1.0]
+    ax.set_yscale("log")
+    ax.set_ylim(min(ks) / 3, max(ks) * 3)
+    for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis(FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def write_ladder_figures(lad: Ladder, out_dir: Path) -> dict[str, Path | None]:
+    """Write the ladder's figures into ``out_dir``: ``ladder_loss.png`` and
+    ``ladder_multiplier.png``; returns name -> path, or None for a figure without data."""
+    return {
+        "ladder_loss": plot_ladder_loss(lad, out_dir / "ladder_loss.png"),
+        "ladder_multiplier": plot_ladder_multiplier(lad, out_dir / "ladder_multiplier.png"),
+    }

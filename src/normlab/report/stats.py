@@ -1,13 +1,8 @@
-"""Statistics of the report: descriptive statistics, Student t intervals, intervals of a sum of
-independent parts (Welch-Satterthwaite df, never narrower than a part's own t interval), the paired
-difference with its two one-sided tests (TOST, Schuirmann 1987), ratio intervals on logs, the sign
-test, the power of the TOST, Holm's adjustment of a family, and the compute-equivalent verdict: the
-step multiplier that aligns two validation curves (or annealed points), times the step-time ratio,
-paired across seeds, with the conversion of a margin between nats and compute by the curve's end
-slope.
+"""The report's statistics on plain lists of floats, in the caller's units (no file is read): t
+intervals, Welch-Satterthwaite sums, the paired TOST and its power, ratios on logs, the sign test,
+Holm, and the compute-equivalent multiplier with the nats <-> compute conversion.
 
-Inputs are plain lists of floats in the caller's units (nats/token for losses; ratios are
-dimensionless). Nothing here reads files.
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -18,9 +13,12 @@ from typing import Any
 import numpy as np
 from scipy import integrate, interpolate, optimize, special, stats
 
+from normlab.report.text import ci_name, fmt_ci
+
+#: The report's one not-a-number: a statistic with no value (n < 2, no data).
 NAN = float("nan")
-POWER = 0.8  # the power that :func:`seeds_needed` plans for by default
-MAX_SEEDS = 100_000  # :func:`seeds_needed` gives up (returns None) beyond this
+POWER = 0.8  # the power that ``seeds_needed`` plans for by default
+MAX_SEEDS = 100_000  # ``seeds_needed`` gives up (returns None) beyond this
 
 
 def finite_median(values: list[float]) -> float:
@@ -44,8 +42,8 @@ def describe(values: list[float]) -> dict[str, float]:
 
 
 def t_interval(values: list[float], confidence: float) -> tuple[float, float]:
-    """Two-sided Student t interval for the mean: mean ± t_{(1+confidence)/2, n-1} · s/√n (units of
-    ``values``; s the ddof=1 std). ``(nan, nan)`` when n < 2."""
+    """Two-sided Student t interval for the mean, mean ± t_{(1+confidence)/2, n−1} · s/√n; nan when
+    n < 2."""
     x = np.asarray(values, float)
     if x.size < 2:
         return NAN, NAN
@@ -56,23 +54,9 @@ def t_interval(values: list[float], confidence: float) -> tuple[float, float]:
 def combined_interval(
     parts: list[tuple[Any, Any]], estimate: Any, alpha: float = 0.05
 ) -> dict[str, Any]:
-    """The 1−alpha interval ``estimate ± half`` of a sum of independent estimates, each part given
-    as ``(se, df)``: ``se = sqrt(Σ se_i²)``, and ``half`` the larger of the Welch-Satterthwaite
-    half-width ``t_{1−alpha/2, df_ws} · se``, ``df_ws = (Σ se_i²)² / Σ (se_i⁴ / df_i)``
-    (Satterthwaite 1946, Welch 1947), and each part's own ``t_{1−alpha/2, df_i} · se_i``. The
-    floor is there because Behrens-Fisher has no exact answer at 1-2 df: when a 1-df part happens
-    to come out small, df_ws jumps towards the other part's and t falls just when that part's se
-    is underestimated (plain W-S covers 88% at n = 2 seeds in the coverage simulation).
-
-    ``df`` is the effective df, ``t_{1−alpha/2, df} · se = half``: df_ws where W-S wins, else
-    solved by brentq between the smallest df_i and df_ws, so ``(se, df)`` give the interval back.
-    One part gives its own t. Units of ``estimate`` and the ses (e.g. a log ratio). Elementwise:
-    numpy arrays broadcast and come back as arrays, scalars as floats. A part with se = 0 adds
-    nothing (all zero: df = inf, half = 0); a nan se or df, or df <= 0 where se > 0, gives nan.
-
-    Returns:
-        ``{"se", "df", "half", "ci"}`` with ``ci = (estimate − half, estimate + half)``.
-    """
+    """``{"se", "df", "half", "ci"}``: the 1−alpha interval ``estimate ± half`` of a sum of
+    independent ``(se, df)`` parts, Welch-Satterthwaite t (Welch 1947, Satterthwaite 1946), never
+    narrower than a part's own; ``df`` gives ``half`` back. Elementwise over numpy arrays."""
     both = np.broadcast_arrays(*[np.asarray(x, float) for part in parts for x in part])
     se, df = np.stack(both[0::2]), np.stack(both[1::2])
     total = (se**2).sum(axis=0)
@@ -96,8 +80,8 @@ def combined_interval(
 
 
 def _welch_satterthwaite_df(se: np.ndarray, df: np.ndarray) -> np.ndarray:
-    """``(Σ se_i²)² / Σ (se_i⁴ / df_i)`` over axis 0 (parts): inf when every se is 0, nan when
-    an se is nan or a part with se > 0 has a nan df or df <= 0."""
+    """``(Σ se_i²)² / Σ (se_i⁴ / df_i)`` over axis 0 (parts); inf when every se is 0, nan on a bad
+    part."""
     var = se**2
     total = var.sum(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -108,8 +92,7 @@ def _welch_satterthwaite_df(se: np.ndarray, df: np.ndarray) -> np.ndarray:
 
 
 def _df_for_half(t: float, q: float, low: float, high: float) -> float:
-    """The df at which ``t_{q, df} = t`` (brentq on [low, high]; t_{q, low} >= t >= t_{q, high}
-    when a part of df ``low`` floors the interval and W-S gives df ``high``)."""
+    """The df at which ``t_{q, df} = t``, by brentq on [low, high]."""
 
     def excess(d: float) -> float:  # decreasing in d
         return float(special.stdtrit(d, q)) - t
@@ -119,19 +102,14 @@ def _df_for_half(t: float, q: float, low: float, high: float) -> float:
     return float(optimize.brentq(excess, low, high, xtol=1e-12, rtol=1e-14))
 
 
-def _fmt_ci(ci: tuple[float, float]) -> str:
-    return f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
-
-
 def verdict_text(
     r: dict[str, Any], margin: float, alpha: float, unit: str = "nats", evidence: str | None = None
 ) -> str:
-    """The verdict of :func:`paired_difference`'s result ``r``, stating equivalence (TOST at
-    ``margin``, in ``unit``) and a detectable difference separately when both hold. ``evidence``:
-    what shows the difference (default: the 1−alpha CI excludes 0)."""
+    """The verdict words of a ``paired_difference`` result at ``margin`` (in ``unit``);
+    ``evidence``: what shows the difference (default: the 1−alpha CI excludes 0)."""
     if r["n"] < 2:
         return "not shown equivalent (n < 2)"
-    conf = evidence or f"{100 * (1 - alpha):g}% CI {_fmt_ci(r['ci'])} excludes 0"
+    conf = evidence or f"{ci_name(alpha)} {fmt_ci(r['ci'])} excludes 0"
     equivalent, detectable = r["equivalent"], r["detectable"]
     if equivalent and detectable:
         return f"equivalent within {margin:.4g} {unit}; the difference is detectable: {conf}"
@@ -145,15 +123,9 @@ def verdict_text(
 def paired_difference(
     diffs: list[float], margin: float, alpha: float = 0.05, unit: str = "nats"
 ) -> dict[str, Any]:
-    """Per-seed differences (variant − baseline, nats/token, or ``unit`` as the verdict names
-    it): n, mean, std, ``ci`` (1−alpha Student t), ``ci_tost`` (1−2·alpha), TOST p-values,
-    ``equivalent``, ``detectable``, verdict.
-
-    TOST (Schuirmann 1987): H0₋: μ ≤ −margin, p_lower = P(T_{n−1} ≥ (mean+margin)/se); H0₊:
-    μ ≥ +margin, p_upper = P(T_{n−1} ≤ (mean−margin)/se), se = s/√n. ``equivalent`` iff both reject
-    at alpha, i.e. iff ``ci_tost`` lies within (−margin, +margin); ``detectable`` iff ``ci``
-    excludes 0. Both can hold; the verdict (:func:`verdict_text`) then says both.
-    """
+    """Per-seed differences, variant − baseline, in ``unit``: n, mean, std, ``ci`` (1−alpha),
+    ``ci_tost`` (1−2·alpha), ``p_lower`` / ``p_upper`` (TOST, Schuirmann 1987), ``equivalent``,
+    ``detectable``, ``verdict``."""
     d = describe(diffs)
     out = {**d, "ci": (NAN, NAN), "ci_tost": (NAN, NAN), "p_lower": NAN, "p_upper": NAN}
     out |= {"equivalent": False, "detectable": False}
@@ -170,10 +142,8 @@ def paired_difference(
 
 
 def holm(pvalues: list[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (Holm 1979), in the order given: with the m finite
-    p-values sorted p(1) <= ... <= p(m), adj p(i) = max over j <= i of min(1, (m − j + 1) · p(j)).
-    Rejecting where adj p < alpha controls the family-wise error rate at alpha for any dependence
-    between the tests. A nan p-value (no test: n < 2) stays nan and does not count in m."""
+    """Holm's step-down adjusted p-values (Holm 1979), in order; a nan p stays nan, outside the
+    family."""
     finite = sorted((p, i) for i, p in enumerate(pvalues) if math.isfinite(p))
     out = [NAN] * len(pvalues)
     running = 0.0
@@ -186,11 +156,9 @@ def holm(pvalues: list[float]) -> list[float]:
 def holm_verdicts(
     comparisons: list[dict[str, Any]], margin: float, alpha: float, unit: str = "nats"
 ) -> list[dict[str, Any]]:
-    """Per :func:`paired_difference` result of a family (variants against one baseline), the
-    family's verdict: ``p_tost`` (max of the two one-sided p-values), ``p_diff`` (the two-sided
-    paired t-test of a zero difference), their Holm-adjusted values (:func:`holm`, each over the
-    family), ``equivalent`` and ``detectable`` iff the adjusted p < alpha, and the ``verdict``
-    text of :func:`verdict_text` (whose CI, unadjusted, it quotes)."""
+    """Per ``paired_difference`` result of a family: ``p_tost``, ``p_diff`` (two-sided),
+    Holm-adjusted, with ``equivalent`` / ``detectable`` at adjusted p < alpha and the ``verdict``
+    words."""
     p_tost = [max(c["p_lower"], c["p_upper"]) if c["n"] >= 2 else NAN for c in comparisons]
     p_diff = [p_two_sided(c) for c in comparisons]
     out = []
@@ -205,8 +173,7 @@ def holm_verdicts(
 
 
 def p_two_sided(c: dict[str, Any]) -> float:
-    """The two-sided paired t-test p-value of H0 mean = 0 for a :func:`paired_difference`
-    result (nan when n < 2; 0 or 1 when the std is 0)."""
+    """Two-sided paired t-test p of a zero mean (nan when n < 2; 0 or 1 when the std is 0)."""
     if c["n"] < 2:
         return NAN
     se = c["std"] / math.sqrt(c["n"])
@@ -216,10 +183,8 @@ def p_two_sided(c: dict[str, Any]) -> float:
 
 
 def ratio_interval(ratios: list[float], alpha: float = 0.05) -> dict[str, Any]:
-    """Per-seed (or per-pair) ratios (e.g. step time variant/baseline, dimensionless): n,
-    geometric mean exp(mean log r), ``se_log`` = s/√n of log r (s ddof=1) with ``df`` = n − 1,
-    and the 1−alpha Student t interval on log r (:func:`combined_interval`), exponentiated.
-    ``se_log``, ``df`` and ``ci`` are nan when n < 2."""
+    """Ratios: n, geometric mean, ``se_log`` and ``df`` = n − 1 of log r, the 1−alpha t interval on
+    log r exponentiated; se_log, df, ci nan when n < 2."""
     logs = np.log(np.asarray(ratios, float))
     out = {"n": int(logs.size), "gmean": float(np.exp(logs.mean())) if logs.size else NAN}
     if logs.size < 2:
@@ -230,10 +195,8 @@ def ratio_interval(ratios: list[float], alpha: float = 0.05) -> dict[str, Any]:
 
 
 def sign_test(ratios: list[float]) -> dict[str, Any]:
-    """The two-sided exact sign test of a median ratio of 1 (dimensionless ratios, e.g. step time
-    variant/baseline per interleaved pair): ``below`` (r < 1) and ``above`` (r > 1) counts, ties
-    left out, and ``p`` = ``scipy.stats.binomtest(below, below + above, 0.5)``; nan with no
-    untied ratio. Blind to how far a ratio lies from 1, so two outlier pairs cannot make it."""
+    """Two-sided exact sign test of a median ratio of 1: ``below``, ``above`` (ties out), ``p``
+    (nan: none)."""
     r = np.asarray(ratios, float)
     below, above = int((r < 1).sum()), int((r > 1).sum())
     p = stats.binomtest(below, below + above, 0.5).pvalue if below + above else NAN
@@ -241,17 +204,9 @@ def sign_test(ratios: list[float]) -> dict[str, Any]:
 
 
 def tost_power(n: int, std: float, margin: float, alpha: float = 0.05, delta: float = 0.0) -> float:
-    """Power of the paired TOST at ``margin`` with ``n`` pairs: the probability that the 1−2·alpha
-    CI lies within ±margin when the differences are normal with mean ``delta`` and std ``std``
-    (``std``, ``margin``, ``delta`` in one unit, e.g. nats/token).
-
-    Exact (Phillips 1990, J. Pharmacokinet. Biopharm. 18:137): with se = std/√n,
-    t = t_{1−alpha, n−1} and s the sample std, TOST rejects iff
-    −margin + t·s/√n < mean < margin − t·s/√n. Given s, mean is N(delta, se²), and
-    (n−1)s²/std² is χ²_{n−1}; the probability is integrated over s by quadrature in the χ²
-    quantile u ∈ (0, 1). nan when n < 2 or std is not finite; for std = 0, 1 when |delta| < margin
-    else 0.
-    """
+    """Paired TOST power at ``margin``, ``n`` normal differences (``delta``, ``std``), exact over
+    the sample std (Phillips 1990, J. Pharmacokinet. Biopharm. 18:137); nan when n < 2 or std not
+    finite."""
     if n < 2 or not math.isfinite(std) or std < 0 or not margin > 0:
         return NAN
     if std == 0:
@@ -273,10 +228,8 @@ def tost_power(n: int, std: float, margin: float, alpha: float = 0.05, delta: fl
 
 
 def std_upper(std: float, n: int, alpha: float = 0.05) -> float:
-    """The one-sided 1−alpha upper confidence bound of a normal std estimated by ``std`` (ddof=1)
-    from ``n`` values: std · sqrt((n − 1) / χ²_{alpha, n−1}), since (n − 1)s²/σ² is χ²_{n−1}
-    (units of ``std``; nan when n < 2 or std is not finite). At n = 2 and alpha = 0.05 it is
-    15.9x the estimate: power planned from the estimate alone can be far too hopeful."""
+    """One-sided 1−alpha upper bound of a normal std: std · sqrt((n − 1) / χ²_{alpha, n−1}); nan
+    when n < 2."""
     if n < 2 or not math.isfinite(std):
         return NAN
     return float(std * math.sqrt((n - 1) / stats.chi2.ppf(alpha, n - 1)))
@@ -285,10 +238,8 @@ def std_upper(std: float, n: int, alpha: float = 0.05) -> float:
 def seeds_needed(
     std: float, margin: float, alpha: float = 0.05, power: float = POWER, delta: float = 0.0
 ) -> int | None:
-    """The smallest number of paired seeds n >= 2 whose :func:`tost_power` reaches ``power``, for
-    differences of std ``std`` and true mean ``delta`` (same unit as ``margin``). None when
-    ``std`` is not finite, when |delta| >= margin (no n suffices) or when n > :data:`MAX_SEEDS`.
-    Power grows with n: found by doubling, then bisection."""
+    """Fewest paired seeds n >= 2 whose ``tost_power`` reaches ``power``; None when std is not
+    finite, |delta| >= margin, or n > ``MAX_SEEDS``."""
     if not math.isfinite(std) or not math.isfinite(delta) or abs(delta) >= margin:
         return None
     if tost_power(2, std, margin, alpha, delta) >= power:
@@ -305,22 +256,11 @@ def seeds_needed(
 
 
 # --- the compute-equivalent verdict --------------------------------------------------------------
-# A multiplier above 1 favours the variant: "norm=rms: 1.013x the effective compute of norm=layer"
-# means the baseline would need 1.3% more compute to reach the variant's loss.
 
 
 def steps_to_reach(steps: list[float], losses: list[float], target: float) -> float:
-    """The step at which a validation curve first reaches ``target`` (nats/token), linearly
-    interpolated between the two evaluations around the crossing; the curve is read as its running
-    minimum (the best loss so far), so a noisy uptick does not undo a crossing. ``nan`` when the
-    curve never reaches ``target``; the first step when it starts at or below it.
-
-    Args:
-        steps: evaluation steps, increasing; losses: the loss at each (same length).
-
-    Raises:
-        ValueError: lengths differ or fewer than 2 points.
-    """
+    """Step at which the curve's running minimum first reaches ``target`` (linear between
+    evaluations; nan: never). Raises ValueError: lengths differ or fewer than 2 points."""
     s, loss = np.asarray(steps, float), np.asarray(losses, float)
     if s.shape != loss.shape or s.size < 2:
         raise ValueError(
@@ -341,19 +281,9 @@ def steps_to_reach(steps: list[float], losses: list[float], target: float) -> fl
 def step_multiplier(
     base: tuple[list[float], list[float]], var: tuple[list[float], list[float]]
 ) -> float:
-    """Steps of the baseline one step of the variant is worth, at the variant's final quality:
-    ``m = steps_base(L_var(S)) / S`` when the variant ends no better than the baseline (m <= 1),
-    else ``m = S / steps_var(L_base(S))`` (m > 1), with S the last step both curves share and
-    ``steps_*`` from :func:`steps_to_reach`. Both branches interpolate inside the measured curves
-    (no extrapolation). A time-shift estimator: if the variant's curve is the baseline's stretched
-    in steps by a factor c, ``m = 1/c``.
-
-    Args:
-        base, var: ``(steps, losses)`` of two paired validation curves (same seed and batches;
-            steps increasing, losses nats/token, >= 2 points each).
-    Returns:
-        the multiplier (dimensionless), nan when a curve misses the other's final loss.
-    """
+    """Baseline steps one variant step is worth at the variant's final loss, inside two paired
+    curves ``(steps, losses)`` up to their last shared step; nan when a curve misses the other's
+    loss."""
     (sb, lb), (sv, lv) = base, var
     end = min(sb[-1], sv[-1])
     lb_end = float(np.interp(end, sb, lb))
@@ -364,12 +294,8 @@ def step_multiplier(
 
 
 def _annealed_steps_to_reach(budgets: np.ndarray, losses: np.ndarray, target: float) -> float:
-    """The budget at which annealed runs first reach ``target``: the running minimum of the
-    losses interpolated over ln T by a monotone cubic (PCHIP, Fritsch & Carlson 1980), inverted
-    by brentq between the two budgets around the first crossing. A chord in (ln T, loss) lies
-    above a convex law and reads the crossing late; PCHIP follows the curvature and never
-    overshoots the points. nan outside the points (never reached, or already below ``target``
-    at the smallest budget)."""
+    """Budget at which annealed points reach ``target``: PCHIP over ln T (Fritsch & Carlson 1980);
+    nan outside."""
     x, best = np.log(budgets), np.minimum.accumulate(losses)
     hit = np.flatnonzero(best <= target)
     if losses[0] < target or hit.size == 0:  # reached before the smallest budget, or never
@@ -387,16 +313,8 @@ def _annealed_steps_to_reach(budgets: np.ndarray, losses: np.ndarray, target: fl
 def annealed_step_multiplier(
     base: tuple[list[float], list[float]], var: tuple[list[float], list[float]]
 ) -> float:
-    """:func:`step_multiplier` read on annealed points: budgets T (steps, increasing), each with
-    the final validation loss (nats/token) of a run annealed to its end at T. With S the largest
-    budget both have: ``m = T_base(L_var(S)) / S`` when the variant is no better at S (m <= 1),
-    else ``m = S / T_var(L_base(S))`` (m > 1); ``T_*(L)`` interpolates the running minimum over
-    ln T by a monotone cubic (:func:`_annealed_steps_to_reach`). No extrapolation: nan when the
-    loss lies outside the other's points, or when the two share no budget.
-
-    Raises:
-        ValueError: a run's budgets and losses differ in length or number fewer than 2.
-    """
+    """``step_multiplier`` on annealed points ``(budgets, losses)`` at the largest shared budget;
+    nan when none. Raises ValueError: budgets and losses differ in length or are fewer than 2."""
     tb, lb = (np.asarray(x, float) for x in base)
     tv, lv = (np.asarray(x, float) for x in var)
     if tb.shape != lb.shape or tv.shape != lv.shape or min(tb.size, tv.size) < 2:
@@ -412,13 +330,8 @@ def annealed_step_multiplier(
 
 
 def annealed_slope(budgets: list[float], losses: list[float]) -> float:
-    """``-dL/d ln T`` over annealed points, nats per e-fold of steps: the least-squares slope of
-    the annealed final loss on ln(budget), sign flipped (positive while more steps still help);
-    the slope :func:`nats_for_compute` and :func:`compute_for_nats` take on annealed runs.
-
-    Raises:
-        ValueError: fewer than 2 finite points with a positive budget.
-    """
+    """``-dL/d ln T`` of annealed points (nats per e-fold of steps), least squares. Raises
+    ValueError: fewer than 2 finite points with a positive budget."""
     t, loss = np.asarray(budgets, float), np.asarray(losses, float)
     keep = (t > 0) & np.isfinite(loss)
     if keep.sum() < 2:
@@ -432,21 +345,9 @@ def compute_multiplier(
     speed_se: tuple[float, float] | None = None,
     alpha: float = 0.05,
 ) -> dict[str, Any]:
-    """The effective-compute multiplier of a variant over the baseline, paired across seeds:
-    ``k_i = m_i * t_base / t_var`` with ``m_i`` from :func:`step_multiplier` and ``speed`` the
-    step-time ratio ``t_base / t_var`` (>1: the variant's step is faster), per seed (same length
-    as ``step_mults``) or one interleaved-bench figure. Geometric mean and a 1−alpha interval on
-    ``log k`` (:func:`combined_interval`): the seeds' part has se = s/√n of log k and n − 1 df;
-    when ``speed`` is one figure, ``speed_se = (se, df)`` of its log (:func:`ratio_interval`'s
-    ``se_log``, ``df``) is a second, independent part (Welch-Satterthwaite df, floored at each
-    part's own t). A ``speed_se`` that is not finite (a bench of one pair) is left out.
-
-    Returns:
-        ``{"n", "k", "ci", "step_mult", "speed", "se_log", "df"}``: k, ci, step_mult and speed
-        (geometric means) dimensionless; ``se_log`` the standard error of ln k and ``df`` its
-        effective degrees of freedom (``t_{1−alpha/2, df} · se_log`` is the half-width of ci on
-        ln k); the seeds with a finite k only; ci, se_log, df nan when n < 2.
-    """
+    """``{"n", "k", "ci", "step_mult", "speed", "se_log", "df"}``: k = m x t_base / t_var paired
+    across seeds, geometric mean and interval on log k; ``speed_se``: the bench's ``(se, df)`` on
+    the log."""
     m = np.asarray(step_mults, float)
     sp = np.broadcast_to(np.asarray(speed, float), m.shape)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -472,13 +373,8 @@ def compute_multiplier(
 
 
 def end_slope(steps: list[float], losses: list[float], points: int = 4) -> float:
-    """``-dL/d ln(step)`` at the end of a curve, nats per e-fold of steps: the least-squares slope
-    of loss on ln(step) over the last ``points`` evaluations (>= 2) after step 0, sign flipped so
-    that a curve still falling gives a positive number.
-
-    Raises:
-        ValueError: fewer than 2 evaluations after step 0.
-    """
+    """``-dL/d ln(step)`` over a curve's last ``points`` evaluations after step 0 (nats per e-fold
+    of steps). Raises ValueError: fewer than 2 evaluations after step 0."""
     s, loss = np.asarray(steps, float), np.asarray(losses, float)
     keep = (s > 0) & np.isfinite(loss)
     s, loss = s[keep][-points:], loss[keep][-points:]
@@ -488,13 +384,12 @@ def end_slope(steps: list[float], losses: list[float], points: int = 4) -> float
 
 
 def nats_for_compute(fraction: float, slope: float) -> float:
-    """The loss difference (nats/token) that ``fraction`` more compute is worth at the end of a
-    curve of end slope ``slope`` (:func:`end_slope`, nats per e-fold of steps):
-    ``slope * ln(1 + fraction)``. A margin of 1% of compute at a slope of 0.3 is 0.003 nats."""
+    """Nats/token that ``fraction`` more compute is worth at ``slope``: ``slope * ln(1 +
+    fraction)``."""
     return slope * math.log1p(fraction)
 
 
 def compute_for_nats(nats: float, slope: float) -> float:
-    """The inverse of :func:`nats_for_compute`: the compute fraction a loss difference of
-    ``nats`` is worth (inf when the curve no longer falls, ``slope`` <= 0)."""
+    """Compute fraction ``nats`` is worth, the inverse of ``nats_for_compute`` (inf when slope <=
+    0)."""
     return math.expm1(nats / slope) if slope > 0 else math.inf

@@ -1,14 +1,14 @@
 """The report's tables and figures for a wandb run: the tables as plain columns and rows
-(:func:`report_tables`, no wandb needed), where to log them (:func:`wandb_settings`: project,
-group and mode from the runs' logger config), and the logging itself (:func:`log_report_to_wandb`).
-"""
+(``report_tables``, no wandb needed), where to log them (``wandb_settings``: project, group and
+mode from the runs' logger config), and the logging itself (``log_report_to_wandb``).
+See docs/reports.md "Logging the report to wandb"."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from normlab.report.compare import Report
+    from normlab.report.paired import Report
 
 Table = tuple[list[str], list[list[Any]]]
 MODES = ("offline", "online", "disabled")
@@ -19,11 +19,9 @@ def _ci(c: dict[str, Any]) -> list[float]:
 
 
 def report_tables(rep: Report) -> dict[str, Table]:
-    """``name -> (columns, rows)`` of every table the report has: variants, the
-    compute-equivalent verdict, comparisons, a
-    family's Holm-adjusted values, the bpb and held-out comparisons, time to target, the
-    interleaved speed ratios and the tuned grid.
-    Values are numbers or text (losses nats/token, bpb bits/byte, ratios dimensionless)."""
+    """``name -> (columns, rows)`` of every table of the report (variants, compute-equivalent
+    verdict, comparisons, family, bpb and held-out, time to target, interleaved speed, tuned grid);
+    numbers or text, losses in nats/token, bpb in bits/byte, ratios dimensionless."""
     cols = ["n", "mean", "std", "min", "max", "step_time_ms", "tokens_per_s"]
     out: dict[str, Table] = {
         "variants": (
@@ -97,11 +95,10 @@ def _compute_table(rep: Report) -> Table:
 
 
 def wandb_settings(rep: Report, mode: str | None = None, project: str | None = None) -> dict:
-    """``wandb.init`` keyword arguments for the report's run: ``mode`` (the argument, else the
-    runs' ``logger.mode`` when they all use wandb with one mode, else ``offline``), ``project``
-    (argument, else the runs' ``logger.project``, else ``normlab``), ``group`` (the runs'
-    ``logger.group`` when they share one, else the first source dir's name), ``job_type``
-    ``report`` and ``name`` ``report-<group>``."""
+    """``wandb.init`` keyword arguments for the report's run: ``mode`` and ``project`` (the
+    argument, else the runs' logger config, else ``offline`` / ``normlab``), ``group`` (the runs'
+    shared one, else the first source's name), ``job_type`` ``report`` and ``name``
+    ``report-<group>``."""
     runs = rep.runs
 
     def shared(key: str) -> Any:
@@ -122,7 +119,7 @@ def wandb_settings(rep: Report, mode: str | None = None, project: str | None = N
 
 
 def log_report_to_wandb(rep: Report, run: Any = None) -> bool:
-    """Log :func:`report_tables` (as ``wandb.Table``, under ``report/<name>``) and the written
+    """Log ``report_tables`` (as ``wandb.Table``, under ``report/<name>``) and the written
     figures (``wandb.Image``) of ``rep`` to the wandb ``run``; False (nothing done) without wandb
     or without a run."""
     if run is None:

@@ -1,9 +1,7 @@
 """What the study scripts share: compose a config as ``train`` does, set up its model inputs, name
 the output dir, write Markdown tables.
 
-The studies themselves live in modules named after their job (``fp16_statistics``,
-``norm_cost``); the sweeps are ``conf/experiment/*.yaml`` files run by ``train`` and read by
-``normlab-report``.
+Why: docs/experiments.md
 """
 
 from __future__ import annotations
@@ -20,8 +18,7 @@ from normlab.config import TrainConfig
 
 
 def with_default_experiment(overrides: list[str], name: str) -> list[str]:
-    """``overrides`` with ``experiment=<name>`` in front unless they already choose an
-    experiment."""
+    """``overrides`` with ``experiment=<name>`` in front unless they choose an experiment."""
     return (
         list(overrides)
         if any(o.startswith("experiment=") for o in overrides)
@@ -31,8 +28,8 @@ def with_default_experiment(overrides: list[str], name: str) -> list[str]:
 
 @dataclass
 class StudyInputs:
-    """A config resolved for its device (concrete norm impl, vocabulary from the tokenizer) and one
-    training batch ``x``, ``y`` of shape ``(batch_size, context_length)``."""
+    """A config resolved for its device and one training batch ``x``, ``y`` of shape
+    ``(batch_size, context_length)``."""
 
     cfg: TrainConfig
     device: torch.device
@@ -41,12 +38,8 @@ class StudyInputs:
 
 
 def study_inputs(overrides: list[str]) -> StudyInputs:
-    """Compose and build the run as ``train`` does (``training.setup.build_run``: device, norm,
-    precision, preflight, vocabulary), and take its training batch 0.
-
-    Raises:
-        ConfigError, DataError: as ``train`` would.
-    """
+    """Build the run as ``train`` does (``build_run``) and take its training batch 0; raises
+    ConfigError, DataError as ``train`` would."""
     from normlab.training.setup import build_run
 
     run = build_run(compose(overrides))

@@ -1,28 +1,13 @@
 """fp16 statistics study: when does a norm computing ``mean(x^2)`` in fp16 overflow, and who
-notices?
+notices? (fp16 squares overflow past ``|x| > sqrt(65504) = 255.9``; the row comes out zeroed.)
 
-``normlab-study fp16-statistics [overrides]`` (``scripts/fp16_statistics.sh``; the
-model comes from ``conf/experiment/fp16_statistics.yaml`` plus the overrides) writes into ``--out``
-(default ``outputs/studies/fp16_statistics/<time>/``):
+``norm_error_sweep``: every norm kind x implementation (``upcast`` true and false where honoured),
+output error against an fp64 oracle vs input RMS, in fp16 and bf16. ``model_study``: the
+experiment's GPT with the residual stream entering block 0 scaled to a target RMS, whole in fp16
+and under fp16 autocast, checked by ``diagnostics.first_nonfinite`` against an fp64 copy.
+``write_report`` writes ``fp16_statistics.md`` and ``.json``; ``plot_sweep`` the figure.
 
-* ``fp16_statistics.png``: for every norm kind and implementation, and ``upcast`` true/false for the
-  reference, the output error against an fp64 oracle vs the input RMS, in fp16 and bf16. fp16's
-  largest value is 65504, so a square overflows once ``|x| > sqrt(65504) = 255.9``: a row of
-  constant magnitude overflows at RMS 255.9, a Gaussian row (peak about 3x its RMS) near RMS 90.
-  Without fp32 statistics the mean square becomes inf and the output silently collapses to 0
-  (``x * rsqrt(inf)``): no NaN, no error, just a zeroed row.
-* ``fp16_statistics.md``: the verdict, both tables, the setup (:func:`write_report`; the verdict
-  in words: :func:`verdict`; the error-vs-scale figure: :func:`plot_sweep`).
-* ``fp16_statistics.json``: every number.
-
-The model-level check builds the experiment's GPT twice (``norm.upcast`` true and false, same
-weights), scales the residual stream entering block 0 to a target RMS (a forward hook on the
-embedding dropout), and runs :func:`normlab.diagnostics.first_nonfinite` and a forward pass with
-the loss, against an fp64 copy. Two modes: the whole model in fp16 (``model.half()``), where the
-norms see fp16 inputs; and fp16 autocast, as ``train precision=fp16`` runs it, where the residual
-stream stays fp32 (embeddings and residual additions are fp32), so the norms never see fp16 inputs
-and ``upcast=false`` changes nothing. That second mode is why this is a script and not a training
-sweep: a normally trained model cannot reach the failure.
+Why: docs/experiments.md
 """
 
 from __future__ import annotations
@@ -56,9 +41,8 @@ DEFAULT_MODEL_RMS = [1.0, 30.0, 60.0, 90.0, 150.0, 255.9, 400.0, 1000.0, 4000.0]
 
 
 def norm_cases(device_type: str, impls: list[str] | None = None) -> list[tuple[str, NormConfig]]:
-    """``(label, resolved NormConfig)`` for each statistic kind of the norm table and each of its
-    implementations the device can run (``norms.available_impls``), twice (``upcast`` true and
-    false) for the implementations that honour ``upcast=false``. ``impls``: names to keep."""
+    """``(label, resolved NormConfig)`` per statistic kind x implementation the device runs (only
+    ``impls`` if given), twice (``upcast`` true, false) where ``upcast=false`` is honoured."""
     cases = []
     for kind, spec in KINDS.items():
         if not spec.statistic:  # the study is about the overflow of a norm's statistic
@@ -105,13 +89,9 @@ def norm_error_sweep(
     d: int,
     device: torch.device,
 ) -> list[dict[str, Any]]:
-    """Every case x dtype x input RMS: output error of the norm against :func:`oracle`.
-
-    Each entry: ``case``, ``dtype``, ``rms`` (input RMS), ``max_abs`` (largest |x|), ``err_max`` /
-    ``err_median`` over rows (relative L2 error, inf when not finite), ``broken_frac`` (rows with
-    error >= :data:`BROKEN` or not finite), ``nonfinite_frac``, and ``stats_overflow_frac``: rows
-    whose mean square computed in ``dtype`` itself is not finite (the input's property).
-    """
+    """Every case x dtype x input RMS: relative L2 error against ``oracle`` (``err_max``,
+    ``err_median``, ``broken_frac`` >= ``BROKEN``) and ``stats_overflow_frac``, rows whose mean
+    square in ``dtype`` is not finite."""
     base = unit_rows(rows, d).to(device)
     out = []
     for dtype in dtypes:
@@ -167,8 +147,8 @@ def scaled_stream(model: nn.Module, factor: float) -> Iterator[None]:
 
 
 def overflowed_norms(model: nn.Module, *inputs: torch.Tensor) -> tuple[list[str], torch.Tensor]:
-    """Run ``model(*inputs)`` (no grad); return the norms whose statistics were not finite, in
-    execution order, and the model's outputs."""
+    """Run ``model(*inputs)`` (no grad): the norms whose statistics were not finite, in execution
+    order, and the outputs."""
     found: list[str] = []
     handles = [
         m.register_forward_hook(
@@ -196,14 +176,9 @@ def model_check(
     target_rms: float,
     autocast: bool = False,
 ) -> dict[str, Any]:
-    """One forward of ``model`` with the residual stream entering block 0 scaled to ``target_rms``.
-
-    ``model`` is fp16 (``autocast`` False) or fp32 run under fp16 autocast; ``ref`` its fp64 copy.
-    Returns ``first_nonfinite`` (its sentence, or None), the norms whose statistics overflowed,
-    the loss and the fp64 loss, the relative error of each position's logits against fp64 (max and
-    median over positions; at init the loss hardly depends on the logits, their error does), and
-    the largest |x| entering block 0.
-    """
+    """One forward of ``model`` (fp16, or fp32 under fp16 ``autocast``) with the stream entering
+    block 0 at ``target_rms``, against its fp64 copy ``ref``: ``first_nonfinite``, overflowed norms,
+    losses and the logits' relative error (at init the loss hardly depends on the logits)."""
     device = next(model.parameters()).device
     with torch.no_grad():
         emb = ref.drop(ref.tok_emb(x) + ref.pos_emb(torch.arange(x.shape[1], device=device)))
@@ -233,16 +208,15 @@ def model_check(
 
 
 def model_study(inputs, targets: list[float]) -> list[dict[str, Any]]:
-    """:func:`model_check` for ``upcast`` true and false, whole model fp16 and fp16 autocast."""
+    """``model_check`` for ``upcast`` true and false, whole model fp16 and fp16 autocast."""
     from normlab.model import GPT
     from normlab.training.distributed import seed_everything
 
     cfg, out = inputs.cfg, []
     for upcast in (True, False):
         norm = dataclasses.replace(cfg.norm, upcast=upcast)
-        seed_everything(
-            cfg.seed
-        )  # the same weights for both settings: norms draw no random numbers
+        # the same weights for both settings: norms draw no random numbers
+        seed_everything(cfg.seed)
         model = GPT(cfg.model, norm).to(inputs.device).eval()
         ref = copy.deepcopy(model).double()
         half = copy.deepcopy(model).half()

@@ -1,30 +1,13 @@
 """Where the step time goes: norms vs attention vs MLP vs the rest, per norm implementation.
 
-``normlab-study norm-cost [overrides]`` (``scripts/norm_cost.sh``; the setup comes from
-``conf/experiment/norm_cost.yaml`` plus the overrides) builds one training setup per norm kind x
-implementation (torch, reference, compiled; triton on CUDA) exactly as ``normlab-bench step`` does,
-and in interleaved rounds times, for each setup, one plain optimizer step (``StepSetup.run_step``:
-the step benchmark) and one step with module hooks that split it:
+``normlab-study norm-cost`` builds one setup per norm kind x implementation as ``normlab-bench
+step`` does and, in interleaved rounds, times a plain step and a step whose module hooks split it
+into ``CATEGORIES``: ``norm``, ``attention``, ``mlp`` (forward and backward hooks, exclusive time),
+``other`` (the rest of forward and backward) and ``optimizer`` (the rest of the step), which sum to
+the hooked step's time; means over the steps are reported. Writes ``norm_cost.md``,
+``norm_cost.png`` and ``norm_cost.json``.
 
-* ``norm``, ``attention``, ``mlp``: forward and backward of every norm of the model, by position
-  (``training.diagnostics.named_norms``: attn_in, attn_out, mlp_in, mlp_out, qk, embedding, final),
-  of every ``CausalSelfAttention`` and every ``MLP``. Forward: a forward pre-hook and a
-  forward hook; backward: a full backward pre-hook (gradient of the output ready) and a full
-  backward hook (gradient of the input computed). The device is synchronized at every clock read.
-  Time is *exclusive*: an interval inside another hooked one (the QK-norms inside attention) is
-  taken out of the outer one, so each millisecond is counted once; and a module inside a norm (a
-  norm that wraps another) is never hooked, so a nested norm counts once.
-* ``other``: the rest of forward and backward (embeddings, residual additions, head, loss),
-  i.e. the measured forward + backward time minus the three above.
-* ``optimizer``: unscale, gradient clipping, AdamW, zero_grad: the step time minus forward +
-backward.
-
-So the five categories add up to the hooked step time by construction (the check that nothing is
-counted twice is that ``other`` stays >= 0). Hooks and synchronization slow a step down (on a GPU
-they also stop the CPU from running ahead); the table gives the plain step time beside it, and
-the shares are of the hooked step. Reported: the mean over the measured steps (means add up).
-Writes ``norm_cost.md`` (table), ``norm_cost.png`` (stacked bars) and ``norm_cost.json`` into
-``--out`` (default ``outputs/studies/norm_cost/<time>/``).
+Why: docs/experiments.md
 """
 
 from __future__ import annotations
@@ -49,9 +32,8 @@ HOOKED = ("norm", "attention", "mlp")
 
 
 def categories(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
-    """``id(module) -> (module, category)`` for the modules to hook: every norm of
-    :func:`~normlab.training.diagnostics.named_norms` (``norm``; modules inside a norm are not
-    hooked), every ``CausalSelfAttention`` (``attention``) and ``MLP`` (``mlp``)."""
+    """``id(module) -> (module, category)`` to hook: every norm of ``named_norms`` (not modules
+    inside it), every ``CausalSelfAttention`` (``attention``) and ``MLP`` (``mlp``)."""
     from normlab.model import MLP, CausalSelfAttention
 
     out = {id(m): (m, "norm") for _, _, m in named_norms(model)}
@@ -62,11 +44,8 @@ def categories(model: nn.Module) -> dict[int, tuple[nn.Module, str]]:
 
 
 class ModuleTimer:
-    """Accumulates wall time (ms) per ``(category, "fwd" | "bwd")`` of the modules :func:`category`
-    names, while :meth:`attached`; ``calls`` counts the intervals measured. Exclusive time: per
-    phase a stack of open modules, and each slice of time between two hook events goes to the
-    innermost open one only (so a norm inside attention is norm time, not attention time too, and
-    the overlapping backward intervals of the q and k norms are not counted twice)."""
+    """Wall ms per ``(category, "fwd" | "bwd")`` of the ``categories`` modules while ``attached``,
+    exclusive: each slice between two hook events goes to the innermost open module only."""
 
     def __init__(self, model: nn.Module, device: torch.device):
         self.model, self.device = model, device
@@ -124,9 +103,8 @@ class ModuleTimer:
 def breakdown(
     module_ms: dict[tuple[str, str], float], fwd_ms: float, bwd_ms: float, total_ms: float
 ) -> dict[str, float]:
-    """Split one step into :data:`CATEGORIES` (ms): the hooked categories forward + backward,
-    ``other`` = forward + backward not in them, ``optimizer`` = the rest of the step. The values sum
-    to ``total_ms``; also returns ``<cat>_fwd`` / ``<cat>_bwd`` and ``total``."""
+    """Split one step into ``CATEGORIES`` (ms, summing to ``total_ms``), with ``<cat>_fwd``,
+    ``<cat>_bwd`` and ``total``."""
     out: dict[str, float] = {}
     for cat in HOOKED:
         out[f"{cat}_fwd"], out[f"{cat}_bwd"] = (
@@ -143,9 +121,8 @@ def breakdown(
 
 
 def hooked_step(setup, timer: ModuleTimer) -> dict[str, float]:
-    """One training step of a ``bench_step.StepSetup``: ``training.step.train_step``, the function
-    ``run_step`` and ``train`` call, with ``timer``'s module hooks attached and a clock read (device
-    synchronized) at each phase mark; split by :func:`breakdown`."""
+    """One ``train_step`` of a ``StepSetup`` with ``timer``'s hooks and a synchronized clock read at
+    each phase mark, split by ``breakdown``."""
     from normlab.training.step import lr_at, train_step
 
     cfg, dev = setup.cfg, setup.run.device
@@ -172,8 +149,7 @@ def hooked_step(setup, timer: ModuleTimer) -> dict[str, float]:
 
 
 def variants(device_type: str, kinds: list[str], impls: list[str] | None) -> list[list[str]]:
-    """Overrides per variant: ``norm=<kind> norm.impl=<impl>`` for every kind x implementation
-    (default: those of the kind the device runs, :func:`normlab.norms.available_impls`)."""
+    """``[norm=<kind>, norm.impl=<impl>]`` per kind x impl (default: ``available_impls``)."""
     from normlab.config import NormKind
     from normlab.norms import available_impls
 
@@ -186,9 +162,8 @@ def variants(device_type: str, kinds: list[str], impls: list[str] | None) -> lis
 def measure(
     common: list[str], variant_overrides: list[list[str]], steps: int = 10, warmup: int = 3
 ) -> list[dict[str, Any]]:
-    """Build every setup, warm each up (compilation), then ``steps`` interleaved rounds of one plain
-    and one hooked step per setup. Per variant: ``plain_ms`` (median of plain steps), the mean
-    (ms) of every :func:`breakdown` key over the hooked steps, and ``calls`` per hooked step."""
+    """Warm every setup up, then ``steps`` interleaved rounds of a plain and a hooked step each;
+    per variant ``plain_ms`` (median), the mean of each ``breakdown`` key (ms) and ``calls``."""
     from normlab.bench.step import build_setup, recompile_limit
 
     setups = [build_setup([*common, *v]) for v in variant_overrides]
@@ -226,8 +201,7 @@ def measure(
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """Markdown: per variant the plain and hooked step time and each category in ms and % of the
-    hooked step."""
+    """Markdown: per variant the plain and hooked step time, each category in ms and % of hooked."""
     body = [
         [
             f"`{r['variant']}`",
@@ -251,8 +225,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
-    """Stacked bars of :data:`CATEGORIES` (ms, hooked step) per variant, the plain step time
-    marked."""
+    """Stacked bars of ``CATEGORIES`` (ms, hooked step) per variant, the plain step marked."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(max(6, 1.3 * len(rows) + 2), 5), layout="constrained")

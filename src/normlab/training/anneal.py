@@ -1,33 +1,12 @@
-"""Cool-down branches of a warm-up/stable/decay run: one annealed point per budget.
+"""Cool-down branches of a wsd run: one annealed point per budget (Hägele et al. 2024).
 
-"Steps the baseline needs to reach a loss" must be read on annealed runs, never on a point of one
-cosine curve before its end. With ``optim.schedule=wsd`` (Hu et al. 2024, MiniCPM,
-arXiv:2404.06395) the learning rate stays at ``lr`` until the decay, so a run of a shorter budget
-is the same run up to its own decay start: Hägele et al. 2024 (arXiv:2405.18392) show that
-cool-downs branched from one constant-lr run match separately trained runs (a cool-down of about
-20% of the steps, the 1-sqrt shape best).
+For each budget ``T`` of ``optim.anneal_at``, once the main run has done step ``D = T -
+round(decay_fraction * T)``, ``Annealer`` copies the run's state, trains steps ``D..T-1`` with
+``lr_at(step, T)``, evaluates, appends the point to ``annealed.jsonl`` and restores everything:
+the main run goes on bit for bit. A point is ``{"budget_steps", "branch_from", <eval keys>,
+"branch_time_s", "diverged"}``, non-finite values null.
 
-For each budget of ``optim.anneal_at`` (:meth:`~normlab.config.OptimConfig.budgets`: ``T =
-round(f * max_steps)`` steps, branch point ``D = T - round(decay_fraction * T)``), once the main
-run has done step D (``done == D``), before that step's checkpoint and sample, :class:`Annealer`
-copies the model, optimizer, grad scaler and every RNG state, runs steps ``D..T-1`` with
-``lr_at(step, T)`` on the batches of those steps (exactly what a fresh run of ``max_steps=T``
-does), evaluates on the fixed validation batches, appends the point to ``annealed.jsonl`` and
-restores everything, so the main run goes on bit for bit as if no branch ran. A branch costs
-``T - D`` (about ``decay_fraction * T``) extra steps and one evaluation; its time is not on the
-``max_time_s`` clock nor in the step-time statistics, and its steps are not metrics rows.
-
-``annealed.jsonl``: one JSON object per point, ``{"budget_steps": T, "branch_from": D,
-"val/loss", "val/bpb", <every other key of the eval row>, "branch_time_s", "diverged"}``;
-non-finite values are null. A branch with a non-finite training loss is recorded with
-``"diverged": true`` and null ``val/`` keys (not evaluated); the main run goes on. A wsd run that
-completes at ``max_steps`` adds its final evaluation as the budget ``max_steps`` point
-(``"branch_from": null``, ``"branch_time_s": null``).
-
-Resume: lines recorded after the resumed step (``branch_from``, or ``budget_steps`` for the
-final point, above it) are dropped, they belong to steps being redone; a branch whose point is
-recorded is not redone, and one that branches at the resumed step with no point runs first (a
-signal during a branch abandons it: the main run checkpoints step D and stops).
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -64,11 +43,8 @@ MAX_BYTES = 16 << 20
 
 @dataclass
 class Annealer:
-    """The cool-down branches of one run (module docstring). ``path``: ``annealed.jsonl`` on rank
-    0, None on the others (they branch too: every step and evaluation is collective) and for a
-    run that is not wsd (``enabled`` False: nothing happens). ``branches``: ``{D: [T, ...]}``;
-    ``points``: the points recorded so far, this process's and those kept from before a resume.
-    """
+    """The cool-down branches of one run: ``branches`` ``{D: [T, ...]}``, the ``points`` so far;
+    ``path`` is ``annealed.jsonl`` on rank 0 of a wsd run, else None (other ranks branch too)."""
 
     enabled: bool
     path: Path | None
@@ -81,9 +57,8 @@ class Annealer:
         return [t for t in self.branches.get(done, []) if t not in recorded]
 
     def after_step(self, run: Run, done: int, stop: StopSignals) -> None:
-        """Run the branches due after step ``done`` (:meth:`due`), each leaving the run as it was;
-        a stop signal abandons a branch (no point: the run stops after ``done`` and a resume
-        from there runs it)."""
+        """Run the branches due after step ``done``, each leaving the run as it was; a stop signal
+        abandons a branch (no point: a resume from ``done`` runs it)."""
         for budget in self.due(done):
             point = branch(run, budget, done, stop)
             if point is None:
@@ -92,8 +67,7 @@ class Annealer:
             self.record(point)
 
     def complete(self, run: Run, val_row: dict[str, Any]) -> None:
-        """The main run completed at ``max_steps``: its final evaluation is that budget's point
-        (once: a resume of a run that completed before its summary keeps the recorded one)."""
+        """Record the final evaluation as budget ``max_steps``'s point, unless already recorded."""
         if self.enabled and run.cfg.max_steps not in {p["budget_steps"] for p in self.points}:
             self.record(_point(run.cfg.max_steps, None, val_row, None, diverged=False))
 
@@ -112,9 +86,8 @@ class Annealer:
 
 
 def open_annealer(run: Run, run_dir: Path) -> Annealer:
-    """The annealer of ``run`` (a new one, or a resumed one at ``run.start``: ``annealed.jsonl``
-    cut back to the points recorded at or before that step; a new run starts without the file).
-    Every rank calls it: rank 0 reads the file and the others get its points."""
+    """The annealer of ``run``; a resume cuts ``annealed.jsonl`` back to ``run.start``, a new run
+    deletes it. Collective: rank 0 reads the file and broadcasts its points."""
     cfg = run.cfg
     enabled = cfg.optim.schedule == LrSchedule.wsd
     branches: dict[int, list[int]] = {}
@@ -130,9 +103,8 @@ def open_annealer(run: Run, run_dir: Path) -> Annealer:
 
 
 def branch(run: Run, budget: int, start: int, stop: StopSignals) -> dict[str, Any] | None:
-    """Train steps ``start..budget-1`` from the run's state with ``lr_at(step, budget)``, evaluate,
-    and restore the model, optimizer, scaler and RNG states exactly. Returns the point (module
-    docstring), or None when a stop signal (on any rank) abandoned the branch."""
+    """Train steps ``start..budget-1`` with ``lr_at(step, budget)``, evaluate and restore the run
+    exactly; returns the point, or None when a stop signal on any rank abandoned it."""
     saved = _snapshot(run)
     try:
         synchronize(run.device)
@@ -152,8 +124,8 @@ def branch(run: Run, budget: int, start: int, stop: StopSignals) -> dict[str, An
 
 
 def _snapshot(run: Run) -> dict[str, Any]:
-    """Deep copies of what a branch changes: weights, optimizer and scaler state, RNG states (on
-    the run's device: one more copy of the weights and AdamW moments while a branch runs)."""
+    """Deep copies of what a branch changes: weights, optimizer and scaler state, RNG states."""
+    # on the run's device: one more copy of the weights and AdamW moments while a branch runs
     return {
         "model": {k: v.detach().clone() for k, v in run.model.state_dict().items()},
         "optimizer": copy.deepcopy(run.optimizer.state_dict()),
@@ -163,7 +135,7 @@ def _snapshot(run: Run) -> dict[str, Any]:
 
 
 def _restore(run: Run, saved: dict[str, Any]) -> None:
-    """Put back a :func:`_snapshot` (in place: the parameters stay the optimizer's)."""
+    """Put back a ``_snapshot`` (in place: the parameters stay the optimizer's)."""
     run.model.load_state_dict(saved["model"])
     run.optimizer.load_state_dict(saved["optimizer"])
     if saved["scaler"]:  # empty without a scaler (fp32, bf16)
@@ -175,7 +147,7 @@ def _restore(run: Run, saved: dict[str, Any]) -> None:
 def _point(
     budget: int, start: int | None, row: dict[str, Any], seconds: float | None, diverged: bool
 ) -> dict[str, Any]:
-    """One line of ``annealed.jsonl`` (module docstring); non-finite floats become None."""
+    """One line of ``annealed.jsonl``; non-finite floats become None."""
     val = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
     first = {k: val.pop(k, None) for k in (NAMES["val_loss"], NAMES["val_bpb"])}
     return {
@@ -192,9 +164,8 @@ def _point(
 
 
 def read_points(path: Path) -> list[dict[str, Any]]:
-    """The points of an ``annealed.jsonl``: lines that are JSON objects with an int
-    ``budget_steps`` and an int or null ``branch_from``; others (a torn last line) are left out.
-    A missing file, a link or one over :data:`MAX_BYTES` reads as no points (with a warning)."""
+    """The valid points of an ``annealed.jsonl`` (others, a torn last line, left out); a missing
+    file, a link or one over ``MAX_BYTES`` reads as none (with a warning)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -235,8 +206,8 @@ def _kept_points(path: Path, start: int) -> list[dict[str, Any]]:
 
 
 def _rewrite(path: Path, points: list[dict[str, Any]]) -> None:
-    """Replace ``path`` atomically by ``points`` (no file when there are none); a link at
-    ``path`` is replaced, never followed."""
+    """Replace ``path`` atomically by ``points`` (no file if none); a link is replaced, not
+    followed."""
     if not points:
         path.unlink(missing_ok=True)
         return
@@ -247,9 +218,8 @@ def _rewrite(path: Path, points: list[dict[str, Any]]) -> None:
 
 
 def _append(path: Path, text: str, exclusive: bool = False) -> bool:
-    """Append ``text`` to ``path`` (created if absent; ``exclusive``: must not exist) and fsync;
-    a link at ``path`` is refused, never followed. False when it failed (logged: a point lost
-    never stops training)."""
+    """Append ``text`` to ``path`` and fsync (``exclusive``: must not exist; a link is refused);
+    False when it failed, logged: a lost point never stops training."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
     try:
         fd = os.open(path, flags | (os.O_EXCL if exclusive else 0), 0o644)

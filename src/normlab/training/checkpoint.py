@@ -1,17 +1,12 @@
 """Atomic checkpoint files: write, list, verify, load.
 
-A checkpoint is one file ``<run dir>/checkpoints/step-<8-digit step>-<digest>.pt``, written by
-``torch.save`` into a hidden temporary file in the same folder, flushed, fsynced and renamed (then
-the folder is fsynced), so a kill at any moment leaves either the previous checkpoint or the new
-one, never half of one. ``digest`` is the first 16 hex digits of the file's SHA-256: a truncated or
-corrupted file (a kill during a copy, a partial rsync, a bad disk) is detected on load before
-``torch.load`` reads it. ``torch.load`` alone does not notice flipped bytes inside a tensor.
+A checkpoint is ``<run dir>/checkpoints/step-<8-digit step>-<digest>.pt``, written to a hidden
+temporary file, fsynced and renamed: a kill leaves the previous checkpoint or the new one.
+``digest`` is the first 16 hex digits of the file's SHA-256, checked before ``torch.load`` (which
+misses flipped bytes in a tensor). Loading walks the newest ``keep`` newest first, skipping damaged
+ones, with ``weights_only=True``: it runs no pickled code.
 
-The newest ``keep`` checkpoints are kept. Loading walks them newest first and skips (and names) the
-ones that fail their check, so a damaged newest checkpoint costs the steps since the previous one.
-Files are loaded with ``weights_only=True``: loading a checkpoint runs no pickled code.
-
-What goes into a checkpoint and how a run resumes from one: ``resume.py``.
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -59,8 +54,7 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """``(step, path)`` of every file named like a checkpoint in ``directory``, newest step
-    first."""
+    """``(step, path)`` of every file named like a checkpoint in ``directory``, newest first."""
     if not directory.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name))]
@@ -68,9 +62,8 @@ def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
 
 
 def plain(value: Any) -> Any:
-    """``value`` with every numpy scalar or array outside tensors turned into Python numbers and
-    lists, in dicts, lists and tuples at any depth: what ``torch.load(weights_only=True)`` reads
-    back (it refuses numpy types, so an eval row of numpy floats made a checkpoint unreadable)."""
+    """``value`` with numpy scalars and arrays, at any depth of dicts, lists and tuples, as Python
+    numbers and lists: ``torch.load(weights_only=True)`` refuses numpy types."""
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -83,15 +76,8 @@ def plain(value: Any) -> Any:
 
 
 def save_checkpoint(directory: Path, state: dict[str, Any], keep: int) -> Path:
-    """Write ``state`` (must hold ``step``) atomically to ``directory``; keep the newest ``keep``.
-
-    Temporary file, flush, fsync, rename, fsync of the folder; then older checkpoints beyond
-    ``keep`` and leftovers of interrupted saves are deleted. Returns the checkpoint's path.
-
-    Raises:
-        OSError: the file could not be written (the temporary file is removed; older checkpoints
-            are untouched).
-    """
+    """Write ``state`` (with ``step``) atomically to ``directory``, keep the newest ``keep``;
+    returns the path. Raises OSError if it cannot be written (older checkpoints untouched)."""
     directory.mkdir(parents=True, exist_ok=True)
     step = int(state["step"])
     tmp = directory / f"{_TMP_PREFIX}{step:08d}.tmp{os.getpid()}"
@@ -120,7 +106,7 @@ def save_checkpoint(directory: Path, state: dict[str, Any], keep: int) -> Path:
 
 @dataclass
 class Loaded:
-    """Result of :func:`load_latest`: the newest valid state (or None) and what was skipped."""
+    """Result of ``load_latest``: the newest valid state (or None) and what was skipped."""
 
     state: dict[str, Any] | None = None
     path: Path | None = None
@@ -148,11 +134,8 @@ def verify(path: Path) -> str | None:
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load one checkpoint after checking its digest.
-
-    Raises:
-        ValueError: the file fails its check, cannot be read, or has another format version.
-    """
+    """Load one checkpoint after checking its digest; raises ValueError when it fails its check,
+    cannot be read, or has another format version."""
     problem = verify(path)
     if problem is not None:
         raise ValueError(problem)
@@ -168,8 +151,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
 
 
 def load_latest(directory: Path, map_location: str | torch.device = "cpu") -> Loaded:
-    """The newest checkpoint in ``directory`` that passes its check; damaged ones are skipped by
-    name."""
+    """The newest checkpoint in ``directory`` that passes its check; damaged ones named, skipped."""
     out = Loaded()
     for _, path in list_checkpoints(directory):
         try:
@@ -182,8 +164,8 @@ def load_latest(directory: Path, map_location: str | torch.device = "cpu") -> Lo
     return out
 
 
-#: Norm module names of checkpoints written before norms were named by position (normlab.model):
-#: ``blocks.{i}.norm1`` / ``norm2`` and ``norm_f``, by the placement they were trained with.
+#: Legacy norm module names (``blocks.{i}.norm1`` / ``norm2``, ``norm_f``) -> position names, by
+#: the placement a checkpoint trained with.
 _OLD_NORM_NAMES = {
     "pre": {"norm1": "attn_in", "norm2": "mlp_in"},
     "post": {"norm1": "attn_out", "norm2": "mlp_out"},
@@ -192,14 +174,8 @@ _OLD_NAME = re.compile(r"^(blocks\.\d+\.)(norm1|norm2)\.|^norm_f\.")
 
 
 def upgrade_model_state(state: dict[str, Any], placement: str) -> dict[str, Any]:
-    """A model state dict with the norm names of older checkpoints (``norm1``, ``norm2``,
-    ``norm_f``) renamed to the position names (``attn_in`` / ``mlp_in`` for pre-norm, ``attn_out``
-    / ``mlp_out`` for post-norm, ``final``); a state without old names is returned as it is.
-
-    Raises:
-        ValueError: a post-norm checkpoint with a final norm (``norm_f``): post-norm has none
-            since norms were named by position, so those weights fit no current model.
-    """
+    """A model state dict with legacy norm names (``norm1``, ``norm2``, ``norm_f``) renamed to
+    position names; raises ValueError for a post-norm one with ``norm_f`` (post-norm has none)."""
     if not any(_OLD_NAME.match(k) for k in state):
         return state
     if placement == "post" and any(k.startswith("norm_f.") for k in state):

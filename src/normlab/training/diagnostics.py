@@ -1,32 +1,11 @@
-"""See inside the norms: per-block statistics of the residual stream, the norms and their gains.
+"""``diag/`` statistics of the residual stream, the norms and their gains, on diagnosed steps.
 
-Hooks are registered only for the step being diagnosed and removed right after its forward pass,
-so a run without ``diag_interval`` executes no hook at all.
+``ActivationRecorder.hooks`` records one forward pass: the stream entering each block and the
+final norm, each branch's output, each norm's output and its exact-zero rows, and ``max_logit``;
+``gain_stats`` and ``block_grad_norms`` add gains and gradient norms; ``first_nonfinite`` names
+the module that first made inf or nan. Values are Python floats computed in fp32.
 
-Every value is logged under ``diag/`` (units: activations as they are, gradient norms as L2 norms):
-
-* ``diag/block{i}/resid_rms``, ``diag/block{i}/resid_mean``: the residual stream entering block i,
-  ``rms = sqrt(mean(x^2))`` and ``mean`` over every element of the batch;
-* ``diag/<norm>_out_rms`` / ``_mean``: each norm's output, where ``<norm>`` is its position
-  name (:func:`named_norms`, :func:`normlab.config.schedule.diag_norm_names`):
-  ``block{i}/attn_in``, ``block{i}/attn_out``, ``block{i}/mlp_in``, ``block{i}/mlp_out``,
-  ``block{i}/qk_q`` and ``qk_k`` (QK-norm), ``qk_v`` (HybridNorm), ``embedding/norm``,
-  ``final/norm``;
-  ``diag/final/resid_rms`` etc. for the stream entering the final norm (the head under post-norm);
-* ``diag/<norm>_zero_rows``: rows (vectors of d_model) that
-  the norm turned into exact zeros from a non-zero input: its statistic overflowed
-  (``x * rsqrt(inf) = 0``: fp32 inputs beyond about 1.8e19, fp16 beyond 255.9 without upcast),
-  a failure that makes no NaN and that the loss alone does not show (:func:`zero_rows`);
-* ``diag/<norm>_gain_mean`` / ``_min`` / ``_max``: the learnable gain (``weight``);
-* ``diag/block{i}/grad_norm``: L2 norm of all gradients of block i's parameters, before clipping
-  and after fp16 unscaling (``step.train_step``);
-* ``diag/max_logit``: the largest absolute logit;
-* outliers (:func:`tail_stats`): ``diag/block{i}/attn_absmax``, ``_p99``, ``_kurtosis`` of the
-  attention branch's output (``block.attn``, before dropout and the residual add),
-  ``diag/block{i}/mlp_*`` of the MLP branch's, ``diag/block{i}/resid_*`` of the residual stream
-  entering block i and ``diag/final/resid_*`` of the stream after the last block: abs-max, the
-  99th percentile of ``|x|`` and the Pearson kurtosis ``E[(x - mu)^4] / sigma^4`` (3 for a
-  Gaussian; outlier features push it far above).
+Why, and every key: docs/running.md
 """
 
 from __future__ import annotations
@@ -49,7 +28,7 @@ def rms_and_mean(x: torch.Tensor) -> tuple[float, float]:
 
 def zero_rows(x: torch.Tensor, out: torch.Tensor) -> int:
     """How many rows (last dimension) of a norm's ``out`` are exactly zero where its input ``x``
-    is not: the sign of an overflowed statistic (a zero input row gives a zero output rightly)."""
+    is not: an overflowed statistic (a zero input row gives a zero output rightly)."""
     x, out = x.detach(), out.detach()
     return int(((out == 0).all(-1) & (x != 0).any(-1)).sum())
 
@@ -57,23 +36,22 @@ def zero_rows(x: torch.Tensor, out: torch.Tensor) -> int:
 ZERO_ROWS_SUFFIX = "_zero_rows"
 #: Tensors with more elements than this get p99 and kurtosis on a subsample of this size.
 TAIL_SAMPLE = 1 << 20
-#: The suffixes :func:`tail_stats` writes, in its order.
+#: The suffixes ``tail_stats`` writes, in its order.
 TAIL_SUFFIXES = ("_absmax", "_p99", "_kurtosis")
 
 
 def sample_stride(numel: int, last_dim: int, size: int = TAIL_SAMPLE) -> int:
-    """The stride of an even subsample of at most ``size`` of ``numel`` elements that visits every
-    index of the last dimension (``last_dim`` features): the smallest stride >= ``numel / size``
-    that is coprime with ``last_dim``, so that a feature carrying outliers is never skipped."""
+    """The smallest stride >= ``numel / size`` coprime with ``last_dim``: an even subsample of at
+    most ``size`` elements that visits every feature of the last dimension."""
     stride = max(1, -(-numel // size))
-    while math.gcd(stride, max(1, last_dim)) != 1:
+    while math.gcd(stride, max(1, last_dim)) != 1:  # a feature carrying outliers is never skipped
         stride += 1
     return stride
 
 
 def quantile_top(a: torch.Tensor, q: float) -> float:
-    """``torch.quantile(a, q)`` (linear interpolation) of a 1-D tensor for a high ``q``, from the
-    top ``(1 - q) * n`` values alone (``torch.topk``: a partial selection, not a full sort)."""
+    """``torch.quantile(a, q)`` (linear interpolation) of a 1-D tensor for a high ``q``, from its
+    top ``(1 - q) * n`` values alone (``torch.topk``, not a full sort)."""
     n = a.numel()
     pos = q * (n - 1)
     lo = int(math.floor(pos))
@@ -84,22 +62,15 @@ def quantile_top(a: torch.Tensor, q: float) -> float:
 
 
 def tail_stats(x: torch.Tensor, size: int = TAIL_SAMPLE) -> tuple[float, float, float]:
-    """``(abs-max, p99 of |x|, Pearson kurtosis)`` of every element of ``x`` (any shape, dtype).
-
-    The abs-max is exact, over every element. p99 and kurtosis are taken over every element up to
-    ``size`` of them, beyond that over the evenly strided subsample of :func:`sample_stride`
-    (deterministic: no random number is drawn, training stays bit for bit the same). Everything is
-    computed in fp32 (torch's pairwise sums: a relative error near 1e-6 at 2^20 elements); p99
-    interpolates linearly as ``torch.quantile`` does (:func:`quantile_top`); kurtosis is
-    ``E[(x - mu)^4] / var^2`` with the population variance (3 for a Gaussian, 1.8 for a uniform),
-    nan for a constant tensor.
-    """
+    """``(exact abs-max, p99 of |x|, kurtosis E[(x - mu)^4] / var^2)`` of ``x`` (any shape, dtype),
+    in fp32; p99 and kurtosis over a strided subsample beyond ``size`` elements; kurtosis nan if
+    constant."""
     x = x.detach().reshape(-1, x.shape[-1] if x.dim() else 1)
     absmax = x.abs().max().float().item()
     flat = x.reshape(-1)
-    if flat.numel() > size:
+    if flat.numel() > size:  # deterministic: no random number drawn, training stays bit-identical
         flat = flat[:: sample_stride(flat.numel(), x.shape[-1], size)]
-    v = flat.float()
+    v = flat.float()  # torch's pairwise sums: a relative error near 1e-6 at 2^20 elements
     p99 = quantile_top(v.abs(), 0.99)
     c2 = (v - v.mean()).square_()
     var = c2.mean().item()
@@ -108,10 +79,9 @@ def tail_stats(x: torch.Tensor, size: int = TAIL_SAMPLE) -> tuple[float, float, 
 
 
 def named_norms(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
-    """Every norm of a :class:`normlab.model.GPT` in depth order, as ``(diag name, qualified
-    module name, module)``: ``("block0/attn_in", "blocks.0.attn_in", ...)``, the QK-norms as
-    ``block{i}/qk_q`` / ``qk_k`` / ``qk_v`` (``blocks.{i}.attn.q_norm``), ``embedding/norm`` and
-    ``final/norm``; the placement decides which exist (post-norm has no final norm)."""
+    """Every norm of a ``GPT`` in depth order as ``(diag name, module name, module)``:
+    ``("block0/attn_in", "blocks.0.attn_in", m)``, ``block{i}/qk_q`` (``blocks.{i}.attn.q_norm``),
+    ``embedding/norm``, ``final/norm``; only those the placement has."""
     out = []
     if getattr(model, "embedding", None) is not None:
         out.append(("embedding/norm", "embedding", model.embedding))
@@ -130,7 +100,7 @@ def named_norms(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
 
 @dataclass
 class ActivationRecorder:
-    """Collects the statistics of one forward pass of a :class:`normlab.model.GPT`."""
+    """Collects the statistics of one forward pass of a ``GPT``."""
 
     stats: dict[str, float] = field(default_factory=dict)
 
@@ -189,8 +159,7 @@ class ActivationRecorder:
 
 
 def gain_stats(model: nn.Module) -> dict[str, float]:
-    """Mean, min and max of every norm's gain (``weight``), keyed by its :func:`named_norms`
-    name."""
+    """Mean, min and max of every norm's gain (``weight``), keyed by its ``named_norms`` name."""
     out: dict[str, float] = {}
     for key, _, norm in named_norms(model):
         w = getattr(norm, "weight", None)
@@ -204,8 +173,7 @@ def gain_stats(model: nn.Module) -> dict[str, float]:
 
 
 def block_grad_norms(model: nn.Module) -> dict[str, float]:
-    """L2 norm of the gradients of each block's parameters (call after backward, after
-    unscaling)."""
+    """L2 norm of the gradients of each block's parameters (after backward and unscaling)."""
     out = {}
     for i, block in enumerate(model.blocks):
         sq = sum(
@@ -239,28 +207,19 @@ def _kind(t: torch.Tensor) -> str:
 
 
 def norm_statistics_finite(norm: nn.Module, x: torch.Tensor) -> bool:
-    """Whether a normlab norm's statistic ``mean(x^2)`` is finite in the dtype the norm computes it
-    in.
-
-    Without ``upcast`` an fp16 norm squares in fp16, where any |x| > 255.9 overflows to inf; the
-    output then silently collapses to zero (``x * rsqrt(inf) = 0``), so the output alone hides it.
-    """
+    """Whether a normlab norm's statistic ``mean(x^2)`` is finite in the dtype it computes it in
+    (fp16 without ``upcast`` overflows past |x| > 255.9, and the output alone hides it)."""
     xs = x.detach().float() if getattr(norm, "upcast", True) else x.detach()
     return bool(torch.isfinite((xs * xs).mean(-1)).all())
 
 
 def first_nonfinite(model: nn.Module, *inputs: torch.Tensor) -> NonFinite | None:
-    """Run ``model(*inputs)`` and name the first module, in execution order, that made non-finite
-    values.
-
-    Leaf modules are watched (a block's output is non-finite because one of its leaves made it), and
-    for every norm (a module with ``eps`` and ``upcast``) also its statistics, computed in the dtype
-    the norm uses. Returns None when everything is finite.
-    """
+    """Run ``model(*inputs)`` and name the first leaf module, in execution order, that made
+    non-finite values (for a norm, also in its statistics); None when all is finite."""
     found: list[NonFinite] = []
     handles = []
     for name, module in model.named_modules():
-        if any(True for _ in module.children()):
+        if any(True for _ in module.children()):  # leaves only: a block's output is a leaf's
             continue
 
         def hook(m, args, out, name=name):

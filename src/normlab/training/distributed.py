@@ -1,16 +1,11 @@
 """Several processes, one model: the process group, rank helpers, collectives, pre-emption signals.
 
-One process per device. ``torchrun --nproc_per_node=N`` sets ``RANK``, ``WORLD_SIZE``,
-``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; under submitit (a SLURM job with
-``tasks_per_node > 1``, or its local executor) :func:`setup` derives them from the job
-environment. Without them the run is a single process: no process group is created and every helper
-below is a no-op that returns its input, so ``train.py`` calls the same code either way.
+One process per device, ranks from torchrun's variables or, under submitit, from the job
+environment (``setup``). In a single process no group is created and every helper is a no-op that
+returns its input. Backend: gloo without CUDA; with CUDA ``cpu:gloo,cuda:nccl`` (NCCL for
+gradients, gloo for small CPU-side exchanges). ``signals.py``'s stop signals are re-exported here.
 
-Backend: gloo on a machine without CUDA; with CUDA, ``cpu:gloo,cuda:nccl`` (NCCL for the gradients
-and CUDA tensors, gloo for the small CPU-side exchanges: run dir, step flags, validation losses).
-
-The stop signals (``StopSignals``, ``preempt_handler``, ``preempt_signal``) live in ``signals.py``
-and are re-exported here for the entry point.
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -39,8 +34,7 @@ log = logging.getLogger(__name__)
 
 
 def _submitit_env():
-    """submitit's job environment when this process is one of several tasks of a submitit job
-    (and torchrun did not already set the variables); else None."""
+    """submitit's job environment for one of several tasks not started by torchrun, else None."""
     if "RANK" in os.environ or "SUBMITIT_EXECUTOR" not in os.environ:
         return None
     try:
@@ -54,16 +48,12 @@ def _submitit_env():
 
 
 def setup() -> None:
-    """Join the process group when launched as one of several processes; nothing for a single one.
-
-    Idempotent (the jobs of a multirun share one group). Under submitit the torchrun-style variables
-    are exported first from the job environment (master: the first node; port: from the job id).
-    The group is destroyed at exit (:func:`teardown`).
-    """
+    """Join the process group when launched as one of several processes, once (a multirun's jobs
+    share it); nothing for a single one. Left at exit (``teardown``)."""
     if dist.is_initialized():
         return
     sub = _submitit_env()
-    if sub is not None:
+    if sub is not None:  # master: the first node; port: from the job id
         from submitit.helpers import TorchDistributedEnvironment
 
         TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
@@ -123,12 +113,8 @@ def all_gather(obj: Any) -> list[Any]:
 
 
 def gather_rows(values: torch.Tensor) -> torch.Tensor:
-    """``(world_size, n)``: every rank's 1-D ``values`` (moved to CPU), in rank order, on every
-    rank.
-
-    Sums over ranks taken from this are computed in the same order everywhere, so every rank gets
-    the same bits.
-    """
+    """``(world_size, n)`` on the CPU: every rank's ``values`` flattened, in rank order, on every
+    rank (so sums over ranks give the same bits everywhere)."""
     values = values.detach().reshape(-1).cpu()
     if world_size() == 1:
         return values[None]
@@ -150,12 +136,7 @@ def all_reduce_max(value: int) -> int:
 
 
 def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    """``model`` in DistributedDataParallel when there are several processes, else ``model`` itself.
-
-    DDP broadcasts rank 0's weights at construction and averages gradients over ranks in backward
-    (the GPT has no buffers to keep in sync). Validation calls the unwrapped model: each rank
-    evaluates its own share of the batches.
-    """
+    """``model`` in DistributedDataParallel with several processes, else ``model`` itself."""
     if world_size() == 1:
         return model
     from torch.nn.parallel import DistributedDataParallel
@@ -166,10 +147,7 @@ def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
 
 def sync_gradients(module: torch.nn.Module, sync: bool):
-    """Context for one micro-batch's backward: ``no_sync`` (gradients stay local) unless ``sync``.
-
-    Gradient accumulation all-reduces once per optimizer step, on the last micro-batch.
-    """
+    """Context for a micro-batch's backward: ``no_sync`` (gradients stay local) unless ``sync``."""
     if sync or not hasattr(module, "no_sync"):
         return contextlib.nullcontext()
     return module.no_sync()
@@ -181,11 +159,8 @@ def shard(n: int) -> range:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu; with several processes ``cuda`` is
-    ``cuda:<LOCAL_RANK>``.
-
-    Raises ConfigError for an absent CUDA device, or one ``cuda:N`` named for several processes.
-    """
+    """``auto`` -> cuda when available, else cpu; ``cuda`` is ``cuda:<LOCAL_RANK>`` with several
+    processes. Raises ConfigError for absent CUDA or one ``cuda:N`` for several processes."""
     device = torch.device(
         ("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name
     )
@@ -226,8 +201,8 @@ def seed_rank(seed: int, step: int) -> None:
 
 
 def restore_rank_rng(states: list[dict[str, Any]], seed: int, step: int) -> None:
-    """Restore this rank's RNG states from a checkpoint's (one per rank that saved it). Resumed with
-    another number of processes, every rank takes rank 0's and ranks > 0 then :func:`seed_rank`."""
+    """Restore this rank's RNG states from a checkpoint's (one per rank); with another number of
+    processes every rank takes rank 0's, then ``seed_rank``."""
     if len(states) == world_size():
         resume.restore_rng(states[rank()])
     else:

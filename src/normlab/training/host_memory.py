@@ -1,13 +1,11 @@
 """Host memory of a CPU run: keep what PyTorch's CPU allocator frees inside the process.
 
-PyTorch's CPU allocator is plain ``malloc``. With glibc's defaults, blocks over the (dynamic) mmap
-threshold get their own ``mmap`` and go back to the kernel when freed, and the heap top is trimmed:
-the next step asks for the same activations again and page-faults every 4 KiB page of them back in,
-zero-filled: thousands of minor page faults per training step (glibc's threshold adapts, so the
-count varies from process to process; measured counts belong in docs/results). ``build_run`` calls
-:func:`keep_freed_memory` for every CPU run, so ``train`` and ``normlab-bench`` time the same
-allocator behaviour; ``free_memory`` (after each run) calls :func:`release_freed_memory`, so the
-next job of a multirun starts from a trimmed heap.
+PyTorch's CPU allocator is plain ``malloc``; with glibc's defaults large freed blocks go back to
+the kernel and the next step page-faults the same activations in again. ``build_run`` calls
+``keep_freed_memory`` for every CPU run, so ``train`` and ``normlab-bench`` time the same
+allocator; ``free_memory`` calls ``release_freed_memory`` after each run.
+
+Why: docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -34,10 +32,8 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def keep_freed_memory() -> str:
-    """Ask glibc to keep freed memory in the process: ``mallopt(M_MMAP_MAX, 0)`` (no ``mmap`` per
-    large block) and ``mallopt(M_TRIM_THRESHOLD, 2**31 - 1)`` (no trimming of the heap top).
-    Idempotent. Returns what was done (:data:`KEPT`, or :data:`NOT_GLIBC` where the C library is
-    not glibc), also what :func:`host_memory` reports from then on."""
+    """Ask glibc to keep freed memory in the process (no ``mmap`` per large block, no heap trim);
+    idempotent. Returns ``KEPT`` or ``NOT_GLIBC``, what ``host_memory`` reports from then on."""
     libc = _libc()
     if libc is None:
         _state[0] = NOT_GLIBC
@@ -54,5 +50,5 @@ def release_freed_memory() -> None:
 
 
 def host_memory() -> str:
-    """What :func:`keep_freed_memory` did in this process (:data:`DEFAULTS` before any call)."""
+    """What ``keep_freed_memory`` did in this process (``DEFAULTS`` before any call)."""
     return _state[0]

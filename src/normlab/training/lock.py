@@ -1,10 +1,11 @@
-"""One process owns a run dir: :func:`own_run_dir` holds ``run_dir/.normlab.lock`` for the run.
+"""One process owns a run dir: ``own_run_dir`` holds ``run_dir/.normlab.lock`` for the run.
 
-The lock is an exclusive ``flock`` on that file (opened without following a link), so the kernel
-drops it when its process dies, however it dies: a lock file left by a dead process holds no lock
-and is taken over with a warning naming the process it names. The file says who holds it (pid,
-host, start time) for the one line that refuses a second writer. Under torchrun only rank 0
-takes it, and every rank learns whether it did.
+The lock is an exclusive ``flock`` on that file (never through a link), which the kernel drops
+when its process dies: a file left by a dead process is taken over with a warning. The file names
+its holder (pid, host, start) for the line that refuses a second writer. Under torchrun rank 0
+takes it and every rank learns whether it did.
+
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -47,11 +48,7 @@ def _holder(fd: int) -> dict[str, str]:
 
 
 def _open(path: Path) -> int:
-    """The lock file's descriptor, created if absent, never through a link.
-
-    Raises:
-        ConfigError: ``path`` is a link or not a regular file.
-    """
+    """The lock file's descriptor, created if absent; ConfigError for a link or non-file."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     except OSError as e:
@@ -75,11 +72,7 @@ def _is_at(path: Path, fd: int) -> bool:
 
 def take(run_dir: Path) -> int:
     """Lock ``run_dir`` (created if absent) for this process; returns the lock file's descriptor.
-
-    Raises:
-        RunDirBusy: a live process holds it (one line naming its pid, host and start).
-        ConfigError: the lock file is a link or not a regular file. OSError: it cannot be made.
-    """
+    Raises RunDirBusy (a live holder), ConfigError (a link, not a file) or OSError."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / LOCK_FILE
     while True:
@@ -122,12 +115,8 @@ def release(run_dir: Path, fd: int) -> None:
 
 @contextlib.contextmanager
 def own_run_dir(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir``'s lock for the block (rank 0 takes it, every rank raises when it could
-    not); a run dir this call created is removed again if the block leaves it empty.
-
-    Raises:
-        RunDirBusy: another live process holds it. ConfigError: a lock file that is a link.
-    """
+    """Hold ``run_dir``'s lock for the block (rank 0 takes it; every rank raises RunDirBusy or
+    ConfigError if it could not); a run dir it created and left empty is removed."""
     created = not run_dir.exists()
     fd, refusal = None, None
     if distributed.is_main():

@@ -1,31 +1,12 @@
 """``train(cfg, run_dir, opts) -> summary``: one training run, no Hydra inside.
 
-``setup.build_run`` does every refusing check and builds the run; :func:`train_loop` below is the
-loop, read top to bottom. Per-step metrics stay on the device (``metrics.py``) until a log step,
-an evaluation, a checkpoint or the end, where the host reads them once and checks every step for
-divergence. Before the first step (the row of step 0), every ``eval_interval`` steps and at the
-end the model is evaluated on the same fixed validation batches and those of the held-out corpora
-(``evaluation.py``: loss and bits per byte); every ``ckpt_interval`` steps, at the end, and when
-SIGTERM, SIGINT or SIGUSR2 (submitit's warning) arrives a checkpoint is saved; every
-``sample_interval`` steps and at the end a text sample is logged. With ``optim.anneal_at``, after
-each branch step (before its checkpoint) a cool-down branch trains, evaluates and is undone
-(``anneal.py``: the annealed points in ``annealed.jsonl``). ``summary.json`` is written whatever
-the outcome (``record.py``).
+``setup.build_run`` does every refusing check; ``train_loop`` is the loop, read top to bottom.
+Per-step metrics stay on the device until a sync, where the host reads them once and checks each
+step for divergence. The run ends at ``max_steps`` or once ``max_time_s`` is spent, and
+``summary.json`` is written whatever the outcome. Under ``torchrun`` every rank runs this; only
+rank 0 writes.
 
-The end is ``max_steps``, or the time budget ``max_time_s`` (training-step seconds, the clock of
-``record.py``): once spent, the step that spent it is the last, evaluated and checkpointed, and
-the run completes (``stopped_by: max_time_s``). The learning-rate schedule stays the one over
-``max_steps``: a budget cuts it short, it does not compress it (so runs of one config with
-different budgets take identical steps up to where each stops).
-
-A resumed run continues from the checkpoint's step with the same weights, optimizer and scaler
-state, RNG states and batches, so on CPU in fp32 it logs bit for bit the losses of a run that was
-never interrupted.
-
-Under ``torchrun`` (``distributed.py``) every rank runs this on the same config: the model is
-wrapped in DistributedDataParallel, rank r of N computes micro-batches r, r + N, ... of each step,
-the ranks agree at every sync on the losses and the divergence verdict and after every step on a
-stop signal, and only rank 0 writes metrics, the summary, checkpoints and wandb.
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -72,24 +53,11 @@ log = logging.getLogger(__name__)
 def train(
     cfg: TrainConfig, run_dir: Path, opts: RunOptions | None = None, downstream: Any = None
 ) -> dict[str, Any]:
-    """Train one model as ``cfg`` says; write ``metrics.jsonl``, ``summary.json`` and checkpoints
-    in ``run_dir``, which this process owns for the run (:func:`~normlab.training.lock.
-    own_run_dir`). ``downstream``: the :class:`normlab.evals.DownstreamEval` of
-    ``cfg.eval_tasks`` (required with them, refused without), scored at every evaluation.
-
-    Returns the summary (also written to ``run_dir/summary.json``): ``status`` is ``completed``;
-    ``diverged`` (a non-finite loss or gradient norm, a loss above ``max_loss`` or above
-    ``divergence_factor`` x the first loss, the fp16 grad scaler skipping every step or more
-    than ``max_skipped_fraction`` of those after its start-up calibration); ``interrupted``
-    (SIGTERM, SIGINT or SIGUSR2: a checkpoint was saved) or ``failed`` (an exception, re-raised;
-    one before the run started too: :func:`start`). Whatever the outcome, the wandb run is
-    closed and memory is released (:func:`~normlab.training.setup.free_memory`, here only).
-
-    Raises:
-        ConfigError, DataError: bad input, before any training step or file of the run.
-        RunDirBusy (a ConfigError): another live process owns ``run_dir``; nothing is changed.
-    """
+    """Train as ``cfg`` says into ``run_dir`` (owned by this process: ``lock.own_run_dir``);
+    returns the summary, ``status`` completed, diverged, interrupted or failed (re-raised).
+    Raises ConfigError, DataError (nothing written) and RunDirBusy (another process owns it)."""
     opts = opts or RunOptions()
+    # downstream: the DownstreamEval of cfg.eval_tasks (required with them, refused without)
     try:
         with own_run_dir(run_dir):
             run, record, metrics, timer, out = start(cfg, run_dir, opts, downstream)
@@ -105,15 +73,13 @@ def train(
                 finish(run, record, metrics, timer, out)
             return record.summary
     finally:
-        free_memory()
+        free_memory()  # here only, whatever the outcome
 
 
 def start(
     cfg: TrainConfig, run_dir: Path, opts: RunOptions, downstream: Any
 ) -> tuple[Run, RunRecord, MetricsBuffer, StepTimer, Outputs]:
-    """:func:`~normlab.training.setup.build_run`, then :func:`open_run`. An exception other than
-    a refusal (ConfigError, DataError: nothing written) leaves ``summary.json`` saying ``failed``
-    (:func:`~normlab.training.record.failed_summary`), as a failure inside the loop does."""
+    """``build_run``, then ``open_run``; a failure but a refusal writes a ``failed`` summary."""
     try:
         run = build_run(cfg, run_dir, opts, downstream)
         return (run, *open_run(run, run_dir, opts))
@@ -199,9 +165,8 @@ def out_of_time(train_time_s: float, max_time_s: float | None) -> bool:
 def sync(
     run: Run, record: RunRecord, metrics: MetricsBuffer, out: Outputs, evaluating: bool
 ) -> bool:
-    """Read the buffered steps (the host sync), check every one for divergence, evaluate on the
-    fixed validation batches (and the held-out corpora's) when ``evaluating``, log the rows. False
-    when the run diverged."""
+    """Read the buffered steps (the host sync), check each for divergence, evaluate when
+    ``evaluating``, log the rows; False when the run diverged."""
     rows, diverged = metrics.flush()
     if diverged is not None:
         out.log_rows(record, rows, last_logged=True)
@@ -216,10 +181,8 @@ def sync(
 
 @dataclass
 class Outputs:
-    """Where a run's outputs go: rows to ``metrics.jsonl`` and wandb (``sink``; nothing on ranks >
-    0) every ``log_interval`` steps, the progress ``bar``, text ``samples``, checkpoints to
-    ``run_dir/checkpoints`` every ``ckpt_interval`` steps (the newest ``ckpt_keep`` kept), and the
-    annealed points of cool-down branches to ``run_dir/annealed.jsonl`` (``anneal``)."""
+    """Where a run's outputs go: rows to ``sink`` (``metrics.jsonl`` and wandb; none on ranks > 0),
+    the ``bar``, text ``samples``, checkpoints (the newest ``ckpt_keep``), annealed points."""
 
     run_dir: Path
     sink: MetricsLogger | NoSink
@@ -237,8 +200,8 @@ class Outputs:
         self.bar.set_postfix(val=f"{record.progress.val_loss:.3f}")
 
     def log_rows(self, record: RunRecord, rows: list[dict[str, Any]], last_logged: bool) -> None:
-        """Log the rows of log steps (and the last row when ``last_logged``); move the bar; flag the
-        first diagnosed step where a norm zeroed rows (:meth:`RunRecord.flag_zero_rows`)."""
+        """Log the rows of log steps (and the last when ``last_logged``), move the bar, flag zeroed
+        norm rows (``RunRecord.flag_zero_rows``)."""
         for i, row in enumerate(rows):
             record.flag_zero_rows(row)
             if due(row["step"], self.log_interval) or (last_logged and i == len(rows) - 1):
@@ -292,10 +255,8 @@ class Outputs:
 def open_run(
     run: Run, run_dir: Path, opts: RunOptions
 ) -> tuple[RunRecord, MetricsBuffer, StepTimer, Outputs]:
-    """Start a run's bookkeeping: its record (summary, progress), the metric buffer and step timer
-    (a resumed run's from its checkpoint), the outputs (metrics sinks on rank 0, bar, samples);
-    then restore (resumed run) or derive (ranks > 0) the RNG streams, last: wandb may draw
-    numbers."""
+    """A run's record, metric buffer, step timer (a resumed run's from its checkpoint) and outputs;
+    then the RNG streams, restored or derived per rank."""
     t_start = time.perf_counter()
     cfg, state, main, world = run.cfg, run.state, distributed.is_main(), distributed.world_size()
     record = start_record(run, opts, t_start)
@@ -366,8 +327,7 @@ def open_run(
 def finish(
     run: Run, record: RunRecord, metrics: MetricsBuffer, timer: StepTimer, out: Outputs
 ) -> None:
-    """Complete the summary (:meth:`RunRecord.close`), write ``summary.json`` (rank 0) and close
-    the sinks, whatever failed."""
+    """Close the record, write ``summary.json`` (rank 0) and close the sinks, whatever failed."""
     out.bar.close()
     if out.anneal.enabled:
         record.set_annealed(out.anneal.points)

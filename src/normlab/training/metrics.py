@@ -1,18 +1,12 @@
-"""Metric names (the one place they are written) and the buffer that keeps per-step values on the
-device until a log step, where the host reads them all at once and checks them for divergence.
+"""Metric names (the one place they are written), the on-device buffer that the host reads once
+per log step and checks for divergence, and the loss-spike rule.
 
-Every row of ``metrics.jsonl`` (and of wandb) holds ``step`` and the keys of :data:`NAMES` but the
-``val/`` ones, which evaluation rows add (with :func:`eval_keys` per held-out corpus); the row of
-step 0 (the evaluation before the first step) holds only ``step``, ``perf/train_time_s`` (0) and
-the ``val/`` keys. Diagnostic rows add ``diag/...`` keys (``diagnostics.py``). Runs written
-before the rename used the names in :data:`OLD_NAMES`.
+Every row of ``metrics.jsonl`` holds ``step`` and the keys of ``NAMES`` but the ``val/`` ones,
+which evaluation rows add; step 0's row holds ``step``, ``perf/train_time_s`` and ``val/`` keys.
+A spike (``SpikeCounter``) is a loss above the median of the ``SPIKE_WINDOW`` losses before it
+plus ``SPIKE_K`` scaled MADs; an excursion counts once.
 
-Loss spikes (:class:`SpikeCounter`, ``train/spikes`` in every row, ``loss_spikes`` in
-``summary.json``): a step's training loss counts as a spike when it lies above the median of the
-:data:`SPIKE_WINDOW` finite losses of the steps before it plus :data:`SPIKE_K` times their scaled
-MAD (``1.4826 * median(|loss - median|)``, the standard deviation for Gaussian noise); one
-excursion above that line counts once, however many steps it lasts (it ends at the first step back
-at or below the line); the first :data:`SPIKE_WINDOW` steps are never judged (no full window).
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -38,7 +32,7 @@ NAMES = {
     "val_loss": "val/loss",  # mean loss over the fixed validation batches (nats/token)
     "val_bpb": "val/bpb",  # the same in bits per byte: val/loss / ln 2 / bytes per token
 }
-#: New name -> the name runs written before the rename used (``train/loss`` and ``val/loss`` kept).
+#: Metric key -> its short legacy key in run dirs (``train/loss``, ``val/loss`` have none).
 OLD_NAMES = {
     "train/lr": "lr",
     "train/grad_norm": "grad_norm",
@@ -65,17 +59,9 @@ MAX_SPIKE_STEPS = 100
 
 @dataclass
 class SpikeCounter:
-    """Online loss-spike count with the rule of the module docstring, over the losses fed to
-    :meth:`update` in step order (nats/token; a non-finite loss is neither judged nor kept).
-
-    ``window`` (>= 3 losses) and ``k`` (a finite number > 0) are the rule's parameters; ``count``
-    the spikes so far, ``steps`` the first step of each (the first :data:`MAX_SPIKE_STEPS`).
-    Cost per step: a median of ``window`` floats, twice (microseconds beside a training step).
-    :meth:`state` and :meth:`from_state` carry it through a checkpoint.
-
-    Raises:
-        ValueError: ``window`` < 3 or ``k`` not a finite number > 0.
-    """
+    """Online spike count over losses fed in step order (non-finite ones skipped): ``count``,
+    ``steps`` (the first step of each, at most ``MAX_SPIKE_STEPS``). Raises ValueError for
+    ``window`` < 3 or ``k`` not finite > 0."""
 
     window: int = SPIKE_WINDOW
     k: float = SPIKE_K
@@ -95,14 +81,13 @@ class SpikeCounter:
         """The line a loss must exceed to be a spike (None until the window is full)."""
         if len(self.recent) < self.window:
             return None
-        values = sorted(self.recent)
+        values = sorted(self.recent)  # two medians of window floats: microseconds a step
         med = _median_sorted(values)
         mad = _median_sorted(sorted(abs(v - med) for v in values))
         return med + self.k * MAD_SCALE * mad
 
     def update(self, step: int, loss: float) -> bool:
-        """Judge ``loss`` of ``step`` against the steps before it, then keep it; True when it
-        starts a new excursion (counted)."""
+        """Judge ``loss`` against the window, then keep it; True when it starts an excursion."""
         if not math.isfinite(loss):
             return False
         line = self.threshold()
@@ -129,7 +114,7 @@ class SpikeCounter:
 
     @classmethod
     def from_state(cls, state: dict | None) -> SpikeCounter:
-        """The counter of a checkpoint's :meth:`state` (a new one for None: older checkpoints)."""
+        """The counter of a checkpoint's ``state`` (a new one for None)."""
         return cls(**state) if state else cls()
 
 
@@ -141,8 +126,7 @@ def _median_sorted(values: list[float]) -> float:
 
 @dataclass
 class Divergence:
-    """The first step of a run that counts as divergence, why, and the last finite loss before
-    it."""
+    """The first step of a run that counts as divergence, why, and the last finite loss."""
 
     step: int
     reason: str
@@ -151,12 +135,9 @@ class Divergence:
 
 @dataclass
 class Limits:
-    """What ends a run as diverged (``loop.py``): a non-finite loss; a non-finite gradient norm
-    unless an fp16 grad scaler skips that step (``scaler_enabled``); a loss above ``max_loss``; a
-    loss above ``divergence_factor * max(first loss, ln vocab_size)`` (the first loss of the run:
-    about ``ln vocab_size`` for a freshly initialised model). None turns a rule off.
-    ``scaler_calibration``: the most skips at a run's start that are the fp16 scaler's calibration
-    (:func:`normlab.training.precision.calibration_skips_max`)."""
+    """What ends a run as diverged: a non-finite loss or (without a scaler) gradient norm, a loss
+    above ``max_loss`` or ``divergence_factor * max(first loss, ln vocab_size)``; None: rule off.
+    ``scaler_calibration``: ``precision.calibration_skips_max``."""
 
     scaler_enabled: bool = False
     scaler_calibration: int = 0
@@ -184,19 +165,9 @@ class Limits:
 
 @dataclass
 class MetricsBuffer:
-    """Per-step metrics kept on the device between host syncs.
-
-    :meth:`add` stores one step's ``(loss_sum, grad_norm)`` tensors without reading them;
-    :meth:`flush` gathers the steps added since the last flush over every rank, reads them back in
-    one transfer (the host sync), and checks every step in order, so divergence is found at the
-    step it happened however many steps a flush covers. ``skipped_steps`` counts the steps whose
-    gradient norm was non-finite with an fp16 grad scaler: the scaler skipped their optimizer step.
-    ``calibration_skips`` counts those of them that were its start-up calibration: skips from step
-    1 on, every step before skipped too, at most ``limits.scaler_calibration`` (the scale halving
-    from ``init_scale``); the ``max_skipped_fraction`` rule leaves them out. ``spikes`` counts
-    loss spikes (:class:`SpikeCounter`); ``max_grad_norm`` is the largest finite global gradient
-    norm before clipping so far (None before the first step).
-    """
+    """Per-step metrics kept on the device between host syncs; ``flush`` checks every step, so
+    divergence is found at its step. ``skipped_steps``: fp16 scaler skips, ``calibration_skips``
+    those of its start-up; ``max_grad_norm``: the largest finite one before clipping."""
 
     grad_accum: int
     tokens_per_step: int
@@ -220,8 +191,8 @@ class MetricsBuffer:
         extra: dict[str, float] | None = None,
         train_time_s: float | None = None,
     ) -> None:
-        """Keep step ``step`` (1-based: steps done) for the next :meth:`flush`; no host sync.
-        ``train_time_s``: the run's training-step seconds up to and including this step."""
+        """Keep step ``step`` (1-based) for the next ``flush``, no host sync; ``train_time_s``:
+        the training-step seconds up to and including it."""
         timed = {NAMES["train_time_s"]: train_time_s} if train_time_s is not None else {}
         self._pending.append((step, lr, step_time_ms, {**timed, **(extra or {})}))
         self._values.append(torch.stack([loss_sum, grad_norm]))
@@ -231,8 +202,7 @@ class MetricsBuffer:
 
     def flush(self) -> tuple[list[dict[str, Any]], Divergence | None]:
         """Rows of the steps added since the last flush, up to the first diverged one (included),
-        and that divergence (or None). Every rank gets the same rows and the same verdict: losses
-        are summed over ranks and gradient norms maxed, in rank order."""
+        and that divergence or None; the same on every rank (losses summed, norms maxed)."""
         if not self._pending:
             return [], None
         rows = distributed.gather_rows(torch.stack(self._values))  # (ranks, n * 2), on the CPU
@@ -255,8 +225,8 @@ class MetricsBuffer:
         return out, None
 
     def _count_skip(self, step: int, grad: float) -> None:
-        """Count step ``step`` (1-based) if the scaler skipped it, as calibration if every step
-        before it was a calibration skip and the scale had not yet halved down to 1."""
+        """Count step ``step`` (1-based) if the scaler skipped it; as calibration if every step
+        before it was one and the scale had not halved down to 1."""
         if not (self.limits.scaler_enabled and not math.isfinite(grad)):
             return
         self.skipped_steps += 1

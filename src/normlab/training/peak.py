@@ -1,12 +1,10 @@
 """The device's measured dense matmul peak, for MFU against what this machine can actually do.
 
-``peak_tflops: auto`` resolves through :func:`device_peak_tflops`: the best of a few timed square
-matmuls (``2 n^3`` FLOP each, PaLM appendix B counts a multiply-add as 2 FLOP) in the run's matmul
-dtype, cached per machine in ``$NORMLAB_CACHE/peak.json`` (or ``~/.cache/normlab``), keyed by the
-device name, dtype, thread count and torch version. ``normlab-bench peak`` prints and refreshes it.
-A published peak (an A100's 312 TF/s bf16 dense) is what a vendor promises; the measured one is what
-this build of torch reaches on this machine, so MFU against it says how much of the reachable
-throughput the training step uses.
+``peak_tflops: auto`` resolves through ``device_peak_tflops``: the best of a few timed square
+matmuls (``2 n^3`` FLOP each, PaLM appendix B) in the run's matmul dtype, cached in
+``$NORMLAB_CACHE/peak.json`` per device, dtype, thread count and torch version.
+
+Why: docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -21,10 +19,8 @@ import torch
 
 from normlab.data.tokens import default_cache_root
 
-#: Square matmul sizes timed per device type, smallest first: large enough to reach the plateau,
-#: small enough to finish in about a second (CPU: 2 n^3 = 17 GFLOP at n=2048). A size whose call
-#: would take over :data:`MAX_CALL_S` at the rate already measured is not timed: a dtype without
-#: fast matmuls on the device (fp16 on most CPUs: minutes at n=2048) stops at a small size.
+#: Square matmul sizes per device type, smallest first: large enough to reach the plateau. A size
+#: whose call would take over ``MAX_CALL_S`` at the rate measured is not timed (slow dtypes stop).
 SIZES = {"cpu": (256, 1024, 2048), "cuda": (1024, 4096, 8192)}
 MAX_CALL_S = 0.5
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -62,13 +58,8 @@ def _sync(device: torch.device) -> None:
 
 
 def measure_tflops(device: torch.device, dtype: str, repeats: int = 5) -> float:
-    """Best dense matmul throughput in TFLOP/s (``2 n^3`` FLOP per ``n x n @ n x n``) over the
-    sizes of :data:`SIZES` and ``repeats`` timed calls each, after one untimed call per size; a
-    size predicted to take over :data:`MAX_CALL_S` a call at the best rate so far ends it.
-
-    Raises:
-        ValueError: ``dtype`` is not one of fp32, bf16, fp16.
-    """
+    """Best dense matmul TFLOP/s (``2 n^3`` FLOP per ``n x n @ n x n``) over ``SIZES``, ``repeats``
+    timed calls each after a warm one; raises ValueError for a dtype not fp32, bf16, fp16."""
     if dtype not in DTYPES:
         raise ValueError(f"peak dtype {dtype!r} is not allowed: one of {', '.join(DTYPES)}")
     best = 0.0
@@ -88,11 +79,8 @@ def measure_tflops(device: torch.device, dtype: str, repeats: int = 5) -> float:
 
 
 def device_peak_tflops(device: torch.device, dtype: str, refresh: bool = False) -> dict:
-    """The cached (or, when absent or ``refresh``, newly measured) peak of ``device`` in ``dtype``.
-
-    Returns ``{"tflops": float, "key": str, "measured_at": str, "cached": bool}``; ``tflops`` is
-    TFLOP/s. A cache file that cannot be read is measured anew; one that cannot be written is left.
-    """
+    """The cached (or, when absent or ``refresh``, newly measured) peak of ``device`` in ``dtype``:
+    ``{"tflops", "key", "measured_at", "cached"}``; a failing cache read or write is passed by."""
     path, key = cache_file(), cache_key(device, dtype)
     try:
         table = json.loads(path.read_text())
@@ -118,16 +106,8 @@ PRECISION_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
 
 def resolve_peak(setting: float | int | str, device: torch.device, precision: str) -> dict:
-    """The peak MFU is reported against: ``setting`` is ``peak_tflops`` (``"auto"`` or TFLOP/s).
-
-    ``"auto"``: :func:`device_peak_tflops` of ``device`` in the run's matmul dtype (``precision``:
-    fp32, bf16 or fp16), from the per-machine cache or measured once (about 1-2 s on a CPU core).
-    Returns ``{"peak_tflops": float, "peak_tflops_source": "measured" | "configured",
-    "peak_dtype": str}``, the keys ``summary.json`` records.
-
-    Raises:
-        ValueError: ``precision`` is not fp32, bf16 or fp16.
-    """
+    """``summary.json``'s ``{"peak_tflops", "peak_tflops_source", "peak_dtype"}`` for ``setting``
+    ``"auto"`` (``device_peak_tflops``) or TFLOP/s; raises ValueError for another ``precision``."""
     if precision not in PRECISION_DTYPE:
         raise ValueError(f"precision {precision!r} is not allowed: one of {', '.join(DTYPES)}")
     dtype = PRECISION_DTYPE[precision]

@@ -1,17 +1,18 @@
 """Autocast context and gradient scaler per precision, and the check that the device can run it.
 
-Parameters and optimizer state stay fp32 in every precision; ``bf16``/``fp16`` run the forward pass
-under ``torch.autocast`` (matmuls in low precision, reductions and softmax in fp32 as autocast
-decides). ``fp16`` adds a ``torch.amp.GradScaler`` against gradient underflow (Micikevicius et al.
-2018, "Mixed Precision Training"). The scaler starts at ``init_scale`` and halves the scale at each
-step whose gradients overflow, skipping that step: the skips from a run's first step, before any
-step succeeds, are the scaler finding its scale (:func:`calibration_skips_max`), not instability.
+Parameters and optimizer state stay fp32; ``bf16``/``fp16`` run the forward under
+``torch.autocast``. ``fp16`` adds a ``GradScaler`` against gradient underflow (Micikevicius et al.
+2018), whose skips from a run's first step are its calibration (``calibration_skips_max``).
+
+Why: docs/running.md
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+from pathlib import Path
 
 import torch
 
@@ -23,13 +24,35 @@ DTYPES = {
     Precision.fp16: torch.float16,
 }
 
+log = logging.getLogger(__name__)
+
+#: Where Linux lists the CPU's model and flags; the flags of native bf16 arithmetic in it
+#: (x86: AVX512-BF16, AMX; Arm: BF16).
+CPUINFO = Path("/proc/cpuinfo")
+BF16_FLAGS = {"avx512_bf16", "amx_bf16", "bf16"}
+
+
+def emulated_bf16() -> str | None:
+    """One line when ``CPUINFO`` lists flags but none of ``BF16_FLAGS`` (bf16 is emulated and
+    slow there), naming the CPU; None when it has one, or the file lists no flags."""
+    flags, model = set(), None
+    with contextlib.suppress(OSError):
+        for line in CPUINFO.read_text().splitlines():
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key in ("flags", "Features"):
+                flags |= set(value.split())
+            model = model or (value if key == "model name" else None)
+    if not flags or flags & BF16_FLAGS:
+        return None
+    return (
+        f"precision=bf16 on {model or 'this CPU'}: no native bf16 (no avx512_bf16 or amx_bf16 in "
+        f"{CPUINFO}), so bf16 is emulated, usually slower than fp32"
+    )
+
 
 def check_precision(precision: Precision, device: torch.device) -> None:
-    """Run one tiny autocast matmul and its backward in ``precision`` on ``device``.
-
-    Raises:
-        ConfigError: the device cannot run that precision (one line, before any training).
-    """
+    """Run a tiny autocast matmul and backward in ``precision``; ConfigError if ``device`` can't,
+    one warning if a CPU runs bf16 emulated (``emulated_bf16``)."""
     if precision == Precision.fp32:
         return
     dtype = DTYPES[precision]
@@ -54,6 +77,8 @@ def check_precision(precision: Precision, device: torch.device) -> None:
             f"precision={precision.name} cannot run on device {device.type}: autocast produced "
             f"{out.dtype}"
         )
+    if device.type == "cpu" and precision == Precision.bf16 and (note := emulated_bf16()):
+        log.warning("normlab: %s", note)
 
 
 def autocast(precision: Precision, device: torch.device) -> contextlib.AbstractContextManager:
@@ -78,14 +103,11 @@ def grad_scaler(cfg: PrecisionConfig, device: torch.device) -> torch.amp.GradSca
 
 
 def calibration_skips_max(cfg: PrecisionConfig) -> int:
-    """The most skipped steps at the start of a run that are :func:`grad_scaler`'s calibration:
-    it skips step k (1-based, every step before it skipped) at ``init_scale * BACKOFF ** (k - 1)``,
-    and a skip counts as calibration while that scale is above 1 (16 for the default 2^16). Past
-    that, scaling the loss down no longer helps: the overflow is the model's. 0 without a scaler
-    (fp32, bf16)."""
+    """The most start-up skips that are ``grad_scaler``'s calibration: step k skipped at
+    ``init_scale * BACKOFF ** (k - 1)`` > 1 (16 for 2^16); 0 without a scaler."""
     if cfg.dtype != Precision.fp16:
         return 0
     scale, n = cfg.init_scale, 0
-    while 1.0 < scale < math.inf:
+    while 1.0 < scale < math.inf:  # at scale 1 the overflow is the model's, not the scale's
         n, scale = n + 1, scale * BACKOFF
     return n

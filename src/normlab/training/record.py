@@ -1,33 +1,11 @@
-"""The run record: where a run is (:class:`Progress`), its status, and ``summary.json``.
+"""The run record: where a run is (``Progress``), its status, and ``summary.json``.
 
-:class:`RunRecord` is the one writer of a run's ``status``: ``running`` when it starts
-(:func:`start_record`), then exactly one of :meth:`~RunRecord.complete` (``completed``, or
-``diverged`` when the fp16 grad scaler skipped too many steps), :meth:`~RunRecord.diverge`,
-:meth:`~RunRecord.interrupt` or :meth:`~RunRecord.fail`. :meth:`~RunRecord.close` adds the keys of
-the outcome whatever it was, and :func:`write_summary` writes the file atomically. A run that fails
-before its record exists (building the model) gets :func:`failed_summary`: ``failed`` all the same.
+``RunRecord`` is the one writer of ``status``: ``running`` (``start_record``), then exactly one of
+``complete`` (``completed``, or ``diverged`` for too many fp16 scaler skips), ``diverge``,
+``interrupt`` or ``fail``; ``close`` adds the outcome's keys and ``write_summary`` writes the file
+atomically. A run that fails before its record exists gets ``failed_summary``.
 
-Keys of the outcome (besides status, step times, MFU): ``steps_completed`` and ``steps_done``
-(the same count: optimizer steps done), ``stopped_by`` (``max_steps`` or ``max_time_s`` for a
-completed run, else null), ``train_time_s`` (the training steps' wall time, the clock of
-``max_time_s``), ``final_val_loss`` / ``final_val_bpb`` / ``final_eval`` (``{name: {"loss",
-"bpb"}}`` of the held-out corpora; null unless completed) and ``last_val_loss``; the stability
-record: ``loss_spikes`` (the count of ``metrics.SpikeCounter``'s rule, whose parameters are
-``loss_spike_rule``: ``{"window", "k"}``), ``loss_spike_steps`` (the first step of each, at most
-100) and ``max_grad_norm`` (the largest finite global gradient norm
-before clipping, after fp16 unscaling; null before the first step), ``skipped_steps`` (the steps
-the fp16 grad scaler skipped) and ``calibration_skips`` (those of them that were its start-up
-calibration, which ``max_skipped_fraction`` leaves out); ``final_downstream``: ``{task:
-{"n", "chance", "acc", "acc_ci", "acc_norm", "acc_norm_ci", "bpb", ...}}`` of the ``eval_tasks`` at
-the last evaluation (``normlab-eval``'s fields; empty without tasks, null unless completed);
-``annealed`` (``optim.schedule=wsd`` only): ``[{"budget_steps", "val_loss", "val_bpb"}]`` of the
-annealed points of ``annealed.jsonl`` (``anneal.py``), sorted by budget.
-
-The time budget's clock, ``Progress.train_time_s``: the sum of the training steps' wall times as
-the step timer measures them (``tracking.StepTimer``: from before the step's first forward to
-after its optimizer step), every step counted, warm-up and diagnosed ones too; evaluation,
-checkpoints, samples, logging and the host syncs between steps are not. It is kept in checkpoints,
-so a resumed run continues the same clock.
+Why, and every key of summary.json: docs/running.md
 """
 
 from __future__ import annotations
@@ -60,10 +38,9 @@ STATUSES = ("running", "completed", "diverged", "interrupted", "failed")
 
 @dataclass
 class Progress:
-    """Where the loop is: ``step`` (0-based, being worked on), ``done`` (steps done), the training
-    time (the ``max_time_s`` clock, module docstring), the last evaluation (``val_loss`` and
-    ``val_row``: its ``val/`` keys), and the wall time of the processes before this one
-    (``wall_before``, a resumed run's) plus this one's since ``t_start`` (``time.perf_counter``)."""
+    """Where the loop is: ``step`` (0-based, in progress), ``done`` (steps done), the ``max_time_s``
+    clock, the last evaluation's ``val/`` keys, and wall time: previous processes' (``wall_before``)
+    plus this one's since ``t_start`` (``time.perf_counter``)."""
 
     step: int
     done: int
@@ -74,7 +51,7 @@ class Progress:
     t_start: float
 
     def set_eval(self, row: dict[str, Any]) -> None:
-        """Keep an evaluation's ``val/`` keys (:func:`~normlab.training.validation.eval_row`)."""
+        """Keep an evaluation's ``val/`` keys (``validation.eval_row``)."""
         self.val_row, self.val_loss = row, row[NAMES["val_loss"]]
 
     def wall_time_s(self) -> float:
@@ -107,9 +84,8 @@ class RunRecord:
         log.error("run diverged at step %d: %s", d.step, d.reason)
 
     def interrupt(self, signal_name: str, checkpointed: bool = True) -> None:
-        """A signal stopped the run after step ``progress.done``: ``interrupted``. Not
-        ``checkpointed``: a KeyboardInterrupt outside the loop's handler (the command says what
-        to do)."""
+        """A signal stopped the run after step ``progress.done``: ``interrupted``; not
+        ``checkpointed`` for a KeyboardInterrupt outside the loop's handler."""
         done = self.progress.done
         self._set("interrupted", signal=signal_name, interrupted_at_step=done)
         if checkpointed:
@@ -126,13 +102,10 @@ class RunRecord:
     def complete(
         self, stopped_by: str, metrics: MetricsBuffer, max_skipped_fraction: float | None
     ) -> None:
-        """The loop reached ``max_steps`` or the time budget (``stopped_by``): ``completed``, unless
-        the fp16 grad scaler skipped every optimizer step, or more than ``max_skipped_fraction`` of
-        the steps after its start-up calibration (then ``diverged``). The calibration's skips
-        (``metrics.calibration_skips``: the scale halving down from ``init_scale``) do not count
-        toward the fraction."""
+        """``completed`` at ``max_steps`` or the time budget (``stopped_by``); ``diverged`` if the
+        fp16 scaler skipped every step or over ``max_skipped_fraction`` after its calibration."""
         skipped, steps, frac = metrics.skipped_steps, self.progress.done, max_skipped_fraction
-        calib = metrics.calibration_skips
+        calib = metrics.calibration_skips  # the scale halving down from init_scale: not counted
         counted, after = skipped - calib, steps - calib  # the steps after the calibration
         if skipped and (skipped >= steps or (frac is not None and counted > frac * after)):
             limit = "every step" if frac is None else f"max_skipped_fraction={frac:g}"
@@ -183,7 +156,7 @@ class RunRecord:
             )
 
     def close(self, run: Run, timer: StepTimer, metrics: MetricsBuffer) -> dict[str, Any]:
-        """Add the keys of the outcome (module docstring), whatever it was; returns the summary."""
+        """Add the keys of the outcome, whatever it was; returns the summary."""
         p, status, world = self.progress, self.status, distributed.world_size()
         completed = status == "completed"
         steps = p.step if status == "failed" else p.done
@@ -216,8 +189,7 @@ class RunRecord:
 
 
 def start_record(run: Run, opts: RunOptions, t_start: float) -> RunRecord:
-    """The record of a run that starts (``status: running``): what it is and what it trains, and
-    its progress (a resumed run's from its checkpoint: ``run.state``)."""
+    """The record of a starting run (``status: running``), a resumed run's from ``run.state``."""
     cfg, state = run.cfg, run.state
     summary: dict[str, Any] = {
         "status": "running",
@@ -265,8 +237,8 @@ def start_record(run: Run, opts: RunOptions, t_start: float) -> RunRecord:
 def failed_summary(
     cfg: TrainConfig, opts: RunOptions, error: str, traceback: str
 ) -> dict[str, Any]:
-    """The summary of a run that failed before its record existed (building the model, opening
-    its outputs): ``failed`` with ``error`` and ``traceback``, what it was to train, no step."""
+    """The summary of a run that failed before its record existed: ``failed`` with ``error``,
+    ``traceback`` and its config, no step."""
     config = to_plain(cfg)
     summary: dict[str, Any] = {
         "status": "failed",
@@ -284,12 +256,9 @@ def failed_summary(
 
 
 def kernels_record(model, device, compiled: bool) -> dict[str, dict[str, str]]:
-    """The kernel of each norm position of ``model`` (a :class:`normlab.model.GPT`), for
-    ``summary.json``'s ``kernels``: ``{position: {"impl_class", "backend"}}`` with the class as
-    ``package.module.Class`` and the backend of :func:`normlab.norms.backends.kernel_backend` (a
-    detection by availability at run start, not a trace). Positions are ``embedding``,
-    ``attn_in``, ``qk_q``, ``qk_k``, ``attn_out``, ``mlp_in``, ``mlp_out``, ``final``; a block
-    whose norm differs from the position's first (a block schedule) adds ``"<pos> (block i)"``."""
+    """``summary.json``'s ``kernels`` of a ``GPT``: ``{position: {"impl_class", "backend"}}``
+    (``backends.kernel_backend``, detected by availability); a block whose norm differs from the
+    position's first adds ``"<pos> (block i)"``."""
     out: dict[str, dict[str, str]] = {}
     for name, _, module in named_norms(model):
         where, _, pos = name.rpartition("/")

@@ -1,10 +1,10 @@
 """Resuming a run: the config hash, every RNG state, the checkpoint to continue from, free space.
 
-A resumed run must compute what the uninterrupted run would have: :func:`check_resumable` refuses a
-checkpoint of another config (its hash, :func:`config_hash`, leaves out the keys in
-:data:`RESUME_MAY_DIFFER`) or model shape; :func:`rng_state` / :func:`restore_rng` carry every
-generator across; the batch sampler's position is the step (batches are a pure function of
-``(seed, step, micro)``).
+A resumed run computes what the uninterrupted run would have: ``check_resumable`` refuses a
+checkpoint of another config (``config_hash``, without ``RESUME_MAY_DIFFER``) or model shape;
+``rng_state`` / ``restore_rng`` carry every generator across; the sampler's position is the step.
+
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -25,13 +25,9 @@ from normlab.training.checkpoint import CKPT_DIR, Loaded, list_checkpoints, load
 
 log = logging.getLogger(__name__)
 
-#: Config keys that may differ between a checkpoint and the run that resumes from it: they change
-#: what is displayed or logged, or when a run is judged to have failed or done, never a number the
-#: run computes at a step. Every other key is hashed. ``eval_data``, ``eval_tasks``,
-#: ``eval_task_items``, ``sample_*``: evaluation and sampling draw no random number and leave the
-#: weights alone (a resumed run may add a held-out corpus or a task; rows before it lack its keys).
-#: ``max_time_s``: where a run ends, not what its steps compute (the schedule is over
-#: ``max_steps``); raising it continues a run it stopped.
+#: Config keys a resume may change, left out of the hash: they change what is shown or logged, or
+#: when a run stops or counts as failed, never a number a step computes (evaluation and sampling
+#: draw no random number; the schedule is over ``max_steps``, not ``max_time_s``).
 RESUME_MAY_DIFFER = (
     "progress",
     "debug",
@@ -78,18 +74,14 @@ def _hashed_items(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def config_hash(config: dict[str, Any]) -> str:
-    """SHA-256 (16 hex digits) of the resolved config as plain data, minus
-    :data:`RESUME_MAY_DIFFER`."""
+    """SHA-256 (16 hex digits) of the resolved config as plain data, minus ``RESUME_MAY_DIFFER``."""
     blob = json.dumps(_hashed_items(config), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def config_diff(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """The hashed keys whose values differ, as ``"optim.lr: 0.001 -> 0.002"`` (sorted by key).
-
-    A key the saved config lacks (a checkpoint written before the key existed) is no difference
-    when the current value is the key's schema default: a new key's default is the behaviour the
-    code had before it (``norm.depth_scale: false``, say)."""
+    """The hashed keys whose values differ, as ``"optim.lr: 0.001 -> 0.002"``, sorted; a key the
+    saved config lacks is no difference when the current value is its schema default."""
     a, b = _hashed_items(saved), _hashed_items(current)
     defaults = _hashed_items(to_plain(TrainConfig()))
     missing = object()
@@ -122,11 +114,8 @@ def rng_state() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    """Set every generator back to ``state`` (from :func:`rng_state`).
-
-    CUDA states are restored only when the number of devices matches; otherwise CUDA generators
-    keep their seeding (the run stays valid, dropout masks on GPU then differ from the original).
-    """
+    """Set every generator back to ``state`` (from ``rng_state``); CUDA's only when the number of
+    devices matches (else they keep their seeding: other dropout masks, a valid run)."""
     random.setstate(state["python"])
     n = state["numpy"]
     np.random.set_state(
@@ -148,8 +137,7 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def shape_mismatches(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> list[str]:
-    """Parameters and buffers whose names or shapes differ between ``model`` and a saved state
-    dict."""
+    """Parameters and buffers whose names or shapes differ between ``model`` and ``saved``."""
     own = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     theirs = {k: tuple(v.shape) for k, v in saved.items()}
     return [
@@ -163,19 +151,9 @@ def shape_mismatches(model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> 
 
 
 def find_resume_point(run_dir: Path, resume: str | None) -> Loaded | None:
-    """The checkpoint to continue from, or None for a new run; damaged checkpoints are logged by
-    name.
-
-    ``resume``: None (a new run), ``"auto"`` (the newest valid checkpoint if any) or ``"required"``.
-
-    No resume deletes or rewrites what an earlier process wrote: when every checkpoint in the run
-    dir is damaged, a new run in place would rewrite its ``metrics.jsonl`` and delete them, so it
-    is refused (move them aside to start over).
-
-    Raises:
-        ConfigError: a new run in a run dir that holds checkpoints; checkpoints that are all
-            damaged; ``resume=required`` and no checkpoint.
-    """
+    """The checkpoint to continue from for ``resume`` None, ``"auto"`` or ``"required"``, or None
+    for a new run. Raises ConfigError for a new run over checkpoints, checkpoints all damaged
+    (never overwritten), or ``required`` and none."""
     directory = run_dir / CKPT_DIR
     if resume is None:
         if list_checkpoints(directory):
@@ -204,13 +182,8 @@ def find_resume_point(run_dir: Path, resume: str | None) -> Loaded | None:
 def check_resumable(
     loaded: Loaded, config: dict[str, Any], model: torch.nn.Module, force: bool
 ) -> list[str]:
-    """Refuse to resume from a checkpoint of another config (unless ``force``) or model shape.
-
-    Returns the config differences that ``force`` let through (empty when the hashes agree).
-
-    Raises:
-        ConfigError: one line naming the checkpoint and the differing keys or parameter shapes.
-    """
+    """Raise ConfigError for a checkpoint of another config (unless ``force``) or model shape;
+    returns the differences ``force`` let through."""
     state, name = loaded.state, loaded.path.name
     diff = (
         [] if state["config_hash"] == config_hash(config) else config_diff(state["config"], config)
@@ -235,11 +208,8 @@ def check_resumable(
 
 
 def check_free_space(run_dir: Path, model: torch.nn.Module, keep: int) -> None:
-    """Refuse to start when the run dir cannot hold one checkpoint; warn when it cannot hold ``keep
-    + 1``.
-
-    A checkpoint is about the parameters three times over (weights, AdamW's two moments).
-    """
+    """Raise ConfigError when the run dir cannot hold one checkpoint; warn when not ``keep + 1``."""
+    # a checkpoint: the parameters three times over (weights, AdamW's two moments)
     need = 3 * sum(p.numel() * p.element_size() for p in model.parameters()) + (1 << 20)
     existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())
     free = shutil.disk_usage(existing).free

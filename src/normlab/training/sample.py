@@ -1,24 +1,12 @@
 """Text from a trained run: its newest valid checkpoint, the model it trained, its tokenizer.
 
-:func:`load_run` rebuilds the GPT from the checkpoint's own resolved config (the model shape and
-the norm it trained with: kind, eps, placement, affine, bias, upcast and implementation) and loads
-its weights; the tokenizer is the run's (``data.tokenizer``; a ``bpe`` one is read from the run's
-token folder, prepared again only when that folder is gone), held to the digest the run recorded
-(:func:`check_tokenizer`: a ``bpe`` tokenizer trained again on a changed corpus is refused).
-:func:`generate` samples autoregressively (nanoGPT's ``sample.py``): the context is cropped to
-``model.context_length`` (no KV cache: each step recomputes the cropped context), the last
-position's logits are divided by ``temperature``, cut to the ``top_k`` largest, and one token is
-drawn from their softmax with a ``torch.Generator`` seeded by the caller. Sampling runs in fp32
-with dropout off (``eval()``), whatever precision the run trained in.
+``load_run`` rebuilds the GPT from the checkpoint's resolved config (shape and norm) and loads its
+weights, with the run's tokenizer held to the digest the run recorded (``check_tokenizer``).
+``generate`` samples autoregressively as nanoGPT's ``sample.py`` does: temperature, top-k, one
+seeded ``torch.Generator``, fp32, dropout off. A prompt is refused unless
+``decode(encode(prompt)) == prompt``; an empty one starts after the document separator.
 
-Prompts (:func:`encode_prompt`): the sample's text is ``decode(encode(prompt) + new ids)``, so a
-prompt is refused unless ``decode(encode(prompt)) == prompt``. Byte, GPT-2 and byte-level BPE
-tokens encode every string that is valid Unicode; what they cannot encode is a lone surrogate,
-which is what Python makes of invalid UTF-8 bytes on a command line. An empty prompt starts the
-model where every training document starts: after the document separator (``"\\n\\n"`` for bytes,
-``<|endoftext|>`` for gpt2 and bpe), which is fed as context but not part of the sample's text.
-The ids the embedding has beyond the tokenizer's vocabulary (gpt2's 47 padding rows) are never
-drawn.
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -52,12 +40,8 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 @dataclass(frozen=True)
 class SampleOptions:
-    """What to generate. ``top_k`` None: no cut (as does any ``top_k`` >= the vocabulary).
-
-    Raises:
-        ConfigError: ``max_new_tokens`` or ``num_samples`` < 1, ``temperature`` not a finite
-            number > 0, ``top_k`` < 1, ``seed`` < 0 (one line naming the value).
-    """
+    """What to generate; ``top_k`` None: no cut. Raises ConfigError for ``max_new_tokens`` or
+    ``num_samples`` < 1, ``temperature`` not finite > 0, ``top_k`` < 1, ``seed`` < 0."""
 
     max_new_tokens: int = 500
     temperature: float = 0.8
@@ -95,7 +79,7 @@ class TrainedRun:
     tokenizer_notice: str | None = None  # a run that recorded no tokenizer digest: unchecked
 
 
-def _build(cls, section: str, values: Any):
+def build_section(cls, section: str, values: Any):
     """``cls(**values)`` from a checkpoint's plain config section, refusing what does not fit."""
     if not isinstance(values, dict):
         raise ConfigError(f"the checkpoint's config has no {section} section")
@@ -116,30 +100,18 @@ def _build(cls, section: str, values: Any):
 
 def _norm(values: dict, device_type: str, impl: NormImpl | None) -> NormConfig:
     """The checkpoint's resolved norm (``impl`` replaces its implementation: same parameters)."""
-    norm = _build(NormConfig, "norm", values)
+    norm = build_section(NormConfig, "norm", values)
     return resolve_norm(norm if impl is None else dataclasses.replace(norm, impl=impl), device_type)
 
 
 def run_tokenizer(data: DataConfig, run_dir: Path | None = None):
-    """The tokenizer a run trained with (``encode``/``decode``, ``n_vocab``, ``separator``).
-
-    ``byte`` and ``gpt2`` need no corpus. ``bpe`` is read from ``tokenizer.json`` in the run's token
-    folder: :func:`~normlab.data.tokens.token_dir` of ``data``, else the folder the run's
-    ``summary.json`` names (a run dir copied from elsewhere), else this machine's cache folder
-    for it (:func:`local_cache`), passing over one whose tokenizer is not the digest the run
-    recorded; only when none holds one is the corpus prepared, in this machine's cache
-    (:func:`~normlab.data.tokens.prepare`, which reuses whatever is cached), never at a path
-    the run's config names. The caller holds
-    the result to the recorded digest (:func:`check_tokenizer`).
-
-    Raises:
-        DataError: the tokenizer cannot be loaded (gpt2 offline and not cached, the corpus gone).
-    """
+    """The tokenizer a run trained with; ``bpe`` from the first token folder with the recorded
+    digest, else prepared again in this machine's cache. Raises DataError if it cannot load."""
     recorded = _run_data(run_dir).get("tokenizer_digest")
     try:
         if data.tokenizer != Tokenizer.bpe:
             return tt.load(data.tokenizer)
-        for folder in _token_folders(data, run_dir):
+        for folder in _token_folders(data, run_dir):  # passing over one of another digest
             meta_path = folder / META
             meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
             same = meta.get("tokenizer") == "bpe" and meta.get("bpe_vocab_size") == (
@@ -157,21 +129,13 @@ def run_tokenizer(data: DataConfig, run_dir: Path | None = None):
 
 
 def local_cache(data: DataConfig) -> DataConfig:
-    """``data`` with this machine's cache (``$NORMLAB_CACHE`` or ``~/.cache/normlab``) in place of
-    the ``cache_dir`` and ``token_dir`` a run recorded: where its tokens may be prepared again."""
+    """``data`` with this machine's cache in place of the ``cache_dir`` and ``token_dir`` it had."""
     return dataclasses.replace(data, cache_dir=None, token_dir=None)
 
 
 def check_tokenizer(tokenizer, run_dir: Path) -> str | None:
-    """Hold the tokenizer loaded (or trained again) for ``run_dir`` to the one the run used:
-    ``summary.json``'s ``data.tokenizer_digest`` (:func:`normlab.data.tokenizer.digest`).
-    Returns a one-line notice for a run that recorded none (one from before digests: loaded
-    unchecked, as before), else None.
-
-    Raises:
-        DataError: another tokenizer (a ``bpe`` one trained again on a corpus that changed since
-            the run): one line naming both digests and what to do.
-    """
+    """Hold ``tokenizer`` to ``summary.json``'s ``data.tokenizer_digest``: a notice if the run
+    recorded none, else None; raises DataError naming both digests if they differ."""
     record = _run_data(run_dir)
     recorded = record.get("tokenizer_digest")
     if not isinstance(recorded, str):
@@ -218,18 +182,9 @@ def _token_folders(data: DataConfig, run_dir: Path | None) -> list[Path]:
 
 
 def load_run(run_dir: Path, device: str = "auto", norm_impl: NormImpl | None = None) -> TrainedRun:
-    """The model and tokenizer of ``run_dir``'s newest valid checkpoint (damaged ones skipped).
-
-    ``norm_impl`` None: the implementation the run trained with; another one computes the same
-    norm from the same parameters (the norm contract tests hold them to the reference).
-
-    Raises:
-        ConfigError: no such dir, no valid checkpoint in ``run_dir/checkpoints`` (the message names
-            the dir and any damaged files), a norm implementation that cannot run on ``device``,
-            weights that do not fit the config, a tokenizer larger than the model's vocabulary.
-        DataError: the tokenizer cannot be loaded, or is not the one the run recorded
-            (:func:`check_tokenizer`; a run that recorded none gets ``tokenizer_notice``).
-    """
+    """The model and tokenizer of ``run_dir``'s newest valid checkpoint; ``norm_impl`` None: the
+    run's. Raises ConfigError (no valid checkpoint, impl or weights that do not fit) and
+    DataError (a tokenizer that cannot load or is not the run's)."""
     run_dir = Path(run_dir)
     if not _DEVICE.match(device):
         raise ConfigError(f"--device={device} is not allowed: auto, cpu, cuda, cuda:N")
@@ -244,11 +199,11 @@ def load_run(run_dir: Path, device: str = "auto", norm_impl: NormImpl | None = N
             "(a run writes one every ckpt_interval steps and at its end)"
         )
     config = loaded.state.get("config") or {}
-    model_cfg = _build(ModelConfig, "model", config.get("model"))
+    model_cfg = build_section(ModelConfig, "model", config.get("model"))
     norm = _norm(config.get("norm"), dev.type, norm_impl)
-    data = _build(DataConfig, "data", config.get("data"))
+    data = build_section(DataConfig, "data", config.get("data"))
     model = GPT(model_cfg, norm)
-    try:  # checkpoints from before norms were named by position
+    try:  # legacy norm names (norm1, norm2, norm_f) become position names
         weights = upgrade_model_state(loaded.state["model"], norm.placement.name)
     except ValueError as e:
         raise ConfigError(f"{loaded.path}: {e}") from None
@@ -271,12 +226,8 @@ def load_run(run_dir: Path, device: str = "auto", norm_impl: NormImpl | None = N
 
 
 def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """``prompt``'s token ids (a list of ints; empty for ``""``).
-
-    Raises:
-        ConfigError: ``prompt`` cannot be encoded (a lone surrogate: invalid UTF-8 on the command
-            line), or ``decode(encode(prompt)) != prompt`` (one line naming the first position).
-    """
+    """``prompt``'s token ids (empty for ``""``); raises ConfigError when it cannot be encoded
+    (a lone surrogate) or ``decode(encode(prompt)) != prompt``."""
     try:  # every tokenizer here reads UTF-8 text: a lone surrogate is what none can encode
         prompt.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -308,25 +259,16 @@ def generate(
     generator: torch.Generator,
     vocab_limit: int | None = None,
 ) -> torch.Tensor:
-    """Extend ``idx`` (B, T0) int64 by ``max_new_tokens`` sampled ids: returns (B, T0 + N) int64.
-
-    Each step feeds the last ``model.cfg.context_length`` ids, takes the logits (fp32) of the last
-    position, divides them by ``temperature``, keeps the ``top_k`` largest (the others get -inf),
-    and draws one id per row from their softmax with ``generator`` (``torch.multinomial``; rows
-    draw one after another from it). ``vocab_limit``: ids >= it (embedding rows no token has) get
-    -inf first. ``top_k=1`` is greedy decoding: the argmax at every step.
-
-    ``torch.compile``'d functions (``norm.impl=compiled``) run eagerly here: each context length
-    would be a new graph (they compile with ``dynamic=False``), past the recompile limit that a
-    training run makes an error, and a one-off graph per length buys no speed.
-    """
+    """Extend ``idx`` (B, T0) int64 by ``max_new_tokens`` ids drawn from the fp32 softmax of the
+    last logits / ``temperature``, cut to ``top_k``; ids >= ``vocab_limit`` are never drawn.
+    Returns (B, T0 + N) int64; ``top_k=1`` is greedy."""
     context = model.cfg.context_length
     # a context, not a decorator: the decorator would import torch._dynamo when this module loads
     with torch.compiler.set_stance("force_eager"):  # no compiled graph per context length
         for _ in range(max_new_tokens):
-            logits, _ = model(idx[:, -context:])  # (B, T, V)
+            logits, _ = model(idx[:, -context:])  # (B, T, V); no KV cache
             logits = logits[:, -1, :].float() / temperature  # (B, V)
-            if vocab_limit is not None:
+            if vocab_limit is not None:  # embedding rows no token has
                 logits[:, vocab_limit:] = -math.inf
             if top_k is not None and top_k < logits.size(-1):
                 top, where = torch.topk(logits, top_k, dim=-1)  # (B, k): exactly k ids survive
@@ -340,9 +282,8 @@ def generate(
 def sample_ids(
     model: GPT, rows: list[list[int]], opts: SampleOptions, device: torch.device, vocab_limit: int
 ) -> torch.Tensor:
-    """:func:`generate` from ``rows`` (equal-length id lists, one batch) with ``opts``'s
-    temperature, top-k and new tokens, drawing from a ``torch.Generator`` on ``device`` seeded with
-    ``opts.seed``: the same model, rows and options give the same ids. Returns (B, T0 + N) int64."""
+    """``generate`` from ``rows`` (equal-length id lists) with ``opts``, seeded with ``opts.seed``
+    on ``device``: the same inputs give the same ids. Returns (B, T0 + N) int64."""
     idx = torch.tensor(rows, dtype=torch.long, device=device)
     generator = torch.Generator(device=device).manual_seed(opts.seed)
     return generate(
@@ -351,16 +292,10 @@ def sample_ids(
 
 
 def sample_texts(run: TrainedRun, prompt: str, opts: SampleOptions) -> list[str]:
-    """``opts.num_samples`` texts, each ``decode(encode(prompt) + new ids)``.
-
-    The samples are one batch drawn with one ``torch.Generator`` on ``run.device`` seeded with
-    ``opts.seed``: the same run, prompt, options and device give the same texts.
-
-    Raises:
-        ConfigError: the prompt is refused (:func:`encode_prompt`).
-    """
+    """``opts.num_samples`` texts, each ``decode(encode(prompt) + new ids)``, one seeded batch;
+    raises ConfigError for a refused prompt (``encode_prompt``)."""
     ids = encode_prompt(run.tokenizer, prompt)
-    start = ids or [int(i) for i in np.asarray(run.tokenizer.separator)]
+    start = ids or [int(i) for i in np.asarray(run.tokenizer.separator)]  # fed, not decoded
     out = sample_ids(run.model, [start] * opts.num_samples, opts, run.device, run.tokenizer.n_vocab)
     new = out[:, len(start) :].tolist()
     return [run.tokenizer.decode(ids + row) for row in new]

@@ -1,18 +1,11 @@
 """``build_run(cfg, run_dir, opts) -> Run``: the one place a training setup is assembled.
 
-Training, ``normlab-bench step``, the norm-cost and fp16 studies and the tests all build their
-model, optimizer, batches and scaler here, so what they measure is what ``train`` trains.
+Training, ``normlab-bench step``, the studies and the tests all build their setup here. Every
+check that can refuse a run comes first, before anything is built or written; then the model from
+the seed, AdamW, the scaler, the resumed state and the compiled forward. Building a run changes no
+global setting of torch (``forbid_eager_fallback`` is a context around the steps).
 
-Every check that can refuse a run comes first, before anything is built or written: the held-out
-corpora's names (``eval_data``), the device, the norm implementation, the precision, the norm's
-preflight against its oracle, the token cache (and the held-out corpora's, prepared like it),
-the vocabulary, ``optim.grad_accum`` against the number of processes, the checkpoint to resume from
-and its config and model shape (and a BPE tokenizer against the digest the run recorded: one
-trained again on a changed corpus is refused), and the free space for checkpoints. Then the model
-is built from the seed, the optimizer and scaler next to it, the resumed state loaded, and the
-forward compiled. The rule that compilation never falls back to eager silently is a context
-around the steps (:func:`forbid_eager_fallback`), so building a run changes no global setting of
-torch.
+Why: docs/ARCHITECTURE.md
 """
 
 from __future__ import annotations
@@ -57,10 +50,8 @@ from normlab.training.resume import check_free_space, check_resumable, find_resu
 from normlab.training.sample import check_tokenizer
 from normlab.training.validation import EvalSet, build_eval_sets
 
-#: Devices where AdamW runs fused (one kernel over all parameters; on CUDA its step counters and
-#: the grad scaler's inf check stay on the device). CPU keeps foreach, bit-identical to the for-loop
-#: AdamW of earlier runs; fused AdamW also runs on CPU (torch >= 2.4) but rounds differently in the
-#: last bits, so switching needs a measured speed-up worth changing every CPU result.
+#: Devices where AdamW runs fused (on CUDA its step counters and the scaler's inf check stay on the
+#: device). CPU keeps foreach: fused AdamW there rounds differently and would change every result.
 FUSED_ADAMW_DEVICES = ("cuda",)
 
 log = logging.getLogger(__name__)
@@ -68,17 +59,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Run:
-    """One assembled training setup, built by ``setup.build_run`` (the only place that builds one).
-
-    ``cfg`` is resolved (a concrete ``norm.impl``, ``model.vocab_size`` from the tokenizer);
-    ``model`` holds the parameters (saved, clipped, diagnosed); ``ddp`` is ``model`` wrapped in
-    DistributedDataParallel with several processes, else ``model``; ``fwd`` is ``ddp`` or
-    ``torch.compile(ddp)``; ``eval_fwd`` what validation calls. ``state`` is the loop state of the
-    checkpoint resumed from (``step``, ``val_loss``, ...; empty for a new run). ``evals``: the
-    held-out corpora (``eval_data``), scored at every evaluation. ``downstream``: the downstream
-    tasks of ``eval_tasks`` (a :class:`normlab.evals.DownstreamEval`, tokenized at build time),
-    scored at every evaluation too; None without ``eval_tasks``.
-    """
+    """One training setup from ``build_run``: ``cfg`` resolved (``norm.impl``, ``vocab_size``);
+    ``ddp`` is ``model`` (DDP-wrapped with several processes), ``fwd`` it maybe compiled;
+    ``state`` the resumed checkpoint's loop state (empty for a new run)."""
 
     cfg: TrainConfig
     device: torch.device
@@ -111,13 +94,8 @@ class Run:
 def make_optimizer(
     model: torch.nn.Module, cfg: OptimConfig, device: torch.device
 ) -> torch.optim.Optimizer:
-    """AdamW with decoupled weight decay on matrices (dim >= 2) and the norm gains that
-    ``optim.norm_weight_decay`` names (:func:`decayed_gains`), none on biases and other 1-D
-    parameters.
-
-    The fused implementation on the devices of :data:`FUSED_ADAMW_DEVICES` (CUDA), the foreach one
-    elsewhere. ``optim.name`` is an Enum whose only member is ``adamw``.
-    """
+    """AdamW, decaying matrices (dim >= 2) and the gains of ``decayed_gains``, no other 1-D
+    parameter; fused on ``FUSED_ADAMW_DEVICES``, foreach elsewhere."""
     assert cfg.name == OptimName.adamw  # the Enum has no other member
     gains = {id(p) for p in decayed_gains(model, cfg.norm_weight_decay)}
     decay = [p for p in model.parameters() if p.requires_grad and (p.dim() >= 2 or id(p) in gains)]
@@ -140,15 +118,8 @@ def make_optimizer(
 
 
 def decayed_gains(model: torch.nn.Module, which: NormWeightDecay) -> list[torch.nn.Parameter]:
-    """The norm gains of a :class:`normlab.model.GPT` that get weight decay under
-    ``optim.norm_weight_decay=which``, in depth order (:func:`~normlab.training.diagnostics.
-    named_norms`).
-
-    A norm gain is the parameter named ``weight`` of a norm module (none for ``norm.affine=false``;
-    a norm's other parameters, DyT's alpha or a bias, never decay here). ``all``: every norm's;
-    ``input_only``: those of ``attn_in`` and ``mlp_in``, the pre-norms that feed a sublayer;
-    ``none``: an empty list. A zero-centred gain (applied as 1 + w) decays its stored w toward 0.
-    """
+    """The norm gains (``weight``) of a ``GPT`` that ``optim.norm_weight_decay=which`` decays, in
+    depth order: ``all``, ``input_only`` (``attn_in``, ``mlp_in``) or ``none``."""
     if which == NormWeightDecay.none:
         return []
     gains = []
@@ -161,34 +132,26 @@ def decayed_gains(model: torch.nn.Module, which: NormWeightDecay) -> list[torch.
 
 
 def build_model(cfg: TrainConfig, device: torch.device | str) -> GPT:
-    """Seed every generator with ``cfg.weights_seed`` and build the GPT on ``device``.
-
-    ``cfg.norm`` must be resolved and ``cfg.model.vocab_size`` set. For one seed, every norm variant
-    gets the same initial weights for the parameters they share (norms draw no random numbers).
-    """
+    """Seed every generator with ``cfg.weights_seed`` and build the GPT on ``device`` (``cfg.norm``
+    resolved, ``vocab_size`` set); norm variants share their common initial weights."""
     seed_everything(cfg.weights_seed)
     return GPT(cfg.model, cfg.norm).to(device)
 
 
 def forbid_eager_fallback(cfg: TrainConfig) -> contextlib.AbstractContextManager:
-    """A context in which ``torch.compile`` raises when a function hits its recompile limit
-    (``torch._dynamo.config.recompile_limit``, 8 by default) instead of silently running it eagerly
-    from then on: a benchmark or a run would otherwise measure another program than it says.
-
-    For a ``cfg`` that compiles (``compile=true`` or a resolved ``norm.impl=compiled``) it is
-    ``torch._dynamo.config.patch``, which restores dynamo's config exactly on exit; otherwise a
-    no-op (importing dynamo is slow). The loop enters it around a run's steps
-    (``loop.train_loop``); the benchmarks' ``bench_step.recompile_limit`` sets the same flag."""
+    """A context in which ``torch.compile`` raises at its recompile limit instead of running
+    eagerly from then on; a no-op for a ``cfg`` that compiles nothing."""
     if not (cfg.compile or cfg.norm.impl == NormImpl.compiled):
-        return contextlib.nullcontext()
+        return contextlib.nullcontext()  # importing dynamo is slow
     import torch._dynamo
 
+    # else a run would measure another program than it says; the patch restores dynamo's config
     return torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
 
 
 def describe_error(e: BaseException) -> str:
-    """``"<type>: <message>"`` of an exception that ended a run, in words for the one torch's own
-    message leaves unclear: hitting the recompile limit under :func:`forbid_eager_fallback`."""
+    """``"<type>: <message>"`` of an exception that ended a run; the recompile limit under
+    ``forbid_eager_fallback`` in words."""
     if type(e).__name__ == "FailOnRecompileLimitHit":
         import torch._dynamo
 
@@ -244,15 +207,9 @@ def build_run(
     opts: RunOptions | None = None,
     downstream: Any = None,
 ) -> Run:
-    """Check ``cfg`` for this machine, then build everything one training run needs.
-
-    ``run_dir`` None (benchmarks, studies): no checkpoint is looked for and no space checked.
-    ``downstream``: a :class:`normlab.evals.DownstreamEval` of ``cfg.eval_tasks`` (None without
-    them); its items are tokenized here, with the run's tokenizer, before anything is written.
-
-    Raises:
-        ConfigError, DataError: one line naming the bad value, before anything is built or written.
-    """
+    """Check ``cfg`` for this machine, then build the run (``run_dir`` None: no resume, no space
+    check; ``downstream``: the ``DownstreamEval`` of ``eval_tasks``, tokenized here). Raises
+    ConfigError, DataError naming the bad value, before anything is built or written."""
     opts = opts or RunOptions()
     # --- every refusing check: nothing below them is built or written if one fails
     _check_grad_accum(cfg)
@@ -320,10 +277,8 @@ def build_run(
 
 
 def versions(device: torch.device, compiled: bool) -> dict[str, Any]:
-    """Versions and hardware that change numbers, recorded with every run: ``device`` (the CUDA
-    device name or ``platform.processor()``) and ``cpu_model`` (the host CPU's model name and core
-    count from ``/proc/cpuinfo``: the report's device line, since CPU figures depend on it) and
-    ``malloc`` (whether freed host memory stays in the process: ``host_memory``)."""
+    """Versions and hardware that change numbers, recorded with every run: torch, triton, CUDA,
+    ``device``, ``cpu_model`` (the report's device line), ``compile``, ``malloc``."""
     try:
         import triton
 
@@ -344,9 +299,8 @@ def versions(device: torch.device, compiled: bool) -> dict[str, Any]:
 
 
 def free_memory() -> None:
-    """Release what a finished run leaves behind: unreachable objects, torch.compile's caches and
-    graphs, cached CUDA blocks, the heap's free pages (``host_memory.release_freed_memory``).
-    Called after every run, so the jobs of a multirun start clean."""
+    """Release what a finished run leaves: garbage, torch.compile's caches, cached CUDA blocks,
+    the heap's free pages; so the jobs of a multirun start clean."""
     gc.collect()
     if "torch._dynamo" in sys.modules:  # only if something was compiled; importing it is slow
         torch.compiler.reset()

@@ -1,9 +1,10 @@
-"""The training step: the learning-rate schedule and one optimizer step of a :class:`Run`.
+"""The training step: the learning-rate schedule and one optimizer step of a ``Run``.
 
-:func:`train_step` is the one optimizer step: training (``loop.py``), ``normlab-bench step`` and
-the norm-cost study call it, so the benchmarks time the step that trains. It leaves its loss and
-gradient norm on the device: reading them is the caller's host sync (``metrics.py`` does it once
-per log step).
+``train_step`` is the one optimizer step: the loop, ``normlab-bench step`` and the norm-cost study
+call it, so the benchmarks time the step that trains. It leaves its loss and gradient norm on the
+device: reading them is the caller's host sync.
+
+Why: docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -20,16 +21,9 @@ from normlab.training.setup import Run
 
 
 def lr_at(step: int, max_steps: int, cfg: OptimConfig) -> float:
-    """Learning rate for 0-based ``step`` of a run of ``max_steps``: linear warm-up to ``lr``
-    (``lr * (step + 1) / warmup_steps``), then (``optim.decay``) as ``optim.schedule`` says.
-
-    ``cosine``: decay to ``min_lr`` at ``max_steps`` (Loshchilov & Hutter 2017, SGDR, without
-    restarts). ``wsd`` (Hu et al. 2024, MiniCPM, arXiv:2404.06395): ``lr`` until step ``D - 1``,
-    ``D = cfg.decay_start(max_steps)``, then ``min_lr + (lr - min_lr) * shape(p)`` with ``p = (step
-    + 1 - D) / (max_steps - D)``, so the last step, ``max_steps - 1``, is at ``min_lr``; shape(p)
-    is ``1 - sqrt(p)`` (Hägele et al. 2024, arXiv:2405.18392), ``1 - p`` or ``(1 + cos(pi p)) /
-    2``. A cool-down branch of budget T calls this with ``max_steps=T``: a fresh run of T steps.
-    """
+    """Learning rate of 0-based ``step`` of ``max_steps``: linear warm-up to ``lr``, then (with
+    ``optim.decay``) cosine to ``min_lr`` (Loshchilov & Hutter 2017) or wsd (Hu et al. 2024), whose
+    decay shapes are in ``_wsd_decay``; ``min_lr`` at the last step."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if not cfg.decay:
@@ -41,7 +35,8 @@ def lr_at(step: int, max_steps: int, cfg: OptimConfig) -> float:
 
 
 def _wsd_decay(step: int, max_steps: int, cfg: OptimConfig) -> float:
-    """The stable phase and the decay of :func:`lr_at`'s ``wsd`` (after warm-up)."""
+    """``lr`` until ``D = decay_start``, then ``min_lr + (lr - min_lr) * f(p)``, ``p = (step + 1 -
+    D) / (max_steps - D)``, f = 1 - sqrt(p) (Hägele et al. 2024), 1 - p or (1 + cos(pi p)) / 2."""
     start = cfg.decay_start(max_steps)
     if step < start:
         return cfg.lr
@@ -58,13 +53,8 @@ def _wsd_decay(step: int, max_steps: int, cfg: OptimConfig) -> float:
 def _accumulate(
     run: Run, step: int, diag: ActivationRecorder | None, mark: Callable[[str], None] | None
 ) -> torch.Tensor:
-    """Forward and backward of this rank's micro-batches of ``step``; the sum of their losses.
-
-    Rank r of N takes micro-batches r, r + N, ... of ``optim.grad_accum``. Each loss is divided by
-    ``grad_accum / N`` and DDP averages over the N ranks, so the gradient is the mean over all
-    micro-batches of the step, as in one process. Gradients are all-reduced with the last
-    micro-batch only. ``diag`` hooks micro-batch 0 (rank 0's), run eagerly (``run.ddp``).
-    """
+    """Forward and backward of this rank's micro-batches of ``step`` (r, r + N, ...); the sum of
+    their losses, 0-dim fp32 on the device. ``diag`` hooks micro-batch 0, run eagerly."""
     micros = distributed.shard(run.cfg.optim.grad_accum)
     losses = []
     for n, micro in enumerate(micros):
@@ -80,6 +70,7 @@ def _accumulate(
                     _, loss = run.fwd(x, y)
             if mark is not None:
                 mark("backward")
+            # / (grad_accum / N), DDP averages over N: the mean over all micro-batches of the step
             run.scaler.scale(loss / len(micros)).backward()
         losses.append(loss.detach())
     # one op for the usual single micro-batch (no zeros + add per step); float(): fp16/bf16 losses
@@ -93,16 +84,9 @@ def train_step(
     diag: ActivationRecorder | None = None,
     mark: Callable[[str], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step at 0-based ``step`` with learning rate ``lr``: this rank's micro-batches
-    forward and backward, unscale (fp16), clip to ``optim.grad_clip`` (0: no clipping), AdamW,
-    ``zero_grad``.
-
-    ``diag``: records per-block statistics of micro-batch 0 and the block gradient norms. ``mark``:
-    called with ``"forward"``, ``"backward"`` (per micro-batch) and ``"optimizer"`` as each phase
-    starts (the norm-cost study reads its clock there). Returns ``(loss_sum, grad_norm)``: 0-dim
-    fp32 tensors on the device (the sum of this rank's micro-batch losses in nats/token, the global
-    gradient L2 norm before clipping); nothing is read back to the host.
-    """
+    """One optimizer step (forward, backward, unscale, clip, AdamW); ``mark`` is called as each
+    phase starts. Returns 0-dim fp32 device tensors ``(loss_sum, grad_norm)``: this rank's summed
+    micro-batch losses (nats/token) and the global L2 norm before clipping; no host sync."""
     for group in run.optimizer.param_groups:
         group["lr"] = lr
     loss_sum = _accumulate(run, step, diag, mark)

@@ -1,12 +1,10 @@
 """Where metrics go (``metrics.jsonl`` always, wandb when chosen) and how step time is measured.
 
-Logging never stops training: if wandb cannot start or write, one warning is logged and the run
-goes on with ``metrics.jsonl`` alone (and if ``metrics.jsonl`` cannot be written, one error is
-logged
-and the run goes on with its checkpoints and summary).
+Logging never stops training: a sink that cannot start or write is logged once and dropped. A
+resumed run continues the same wandb run and cuts ``metrics.jsonl`` back to the checkpoint's step
+before appending, so every step appears once.
 
-A resumed run continues the same wandb run (its id is kept in the checkpoint) and rewrites
-``metrics.jsonl`` to end at the checkpoint's step before appending, so every step appears once.
+Why: docs/running.md
 """
 
 from __future__ import annotations
@@ -36,12 +34,8 @@ def synchronize(device: torch.device) -> None:
 
 
 class StepTimer:
-    """Wall time per optimizer step in ms, device synchronized at both ends.
-
-    The first ``warmup_steps`` steps this process times (allocator warm-up, compilation) are
-    measured but left out of :meth:`measured_ms` and :meth:`summary`; ``previous_ms``: the measured
-    times of the processes before this one (a resumed run's checkpoint), kept as they are.
-    """
+    """Wall time per optimizer step in ms, device synchronized at both ends; this process's first
+    ``warmup_steps`` are left out; ``previous_ms``: previous processes' measured times."""
 
     def __init__(
         self, device: torch.device, warmup_steps: int, previous_ms: list[float] | None = None
@@ -71,8 +65,7 @@ class StepTimer:
     def summary(
         self, tokens_per_step: int, flops_per_step: float, peak_tflops: float
     ) -> dict[str, float | None]:
-        """Median and p90 step time (ms), tokens/s and MFU (fraction of ``peak_tflops``) at the
-        median."""
+        """Median and p90 step time (ms), tokens/s and MFU (of ``peak_tflops``) at the median."""
         t = self.measured_ms
         if not t:
             return {
@@ -91,10 +84,8 @@ class StepTimer:
 
 
 def variant_label(cfg: TrainConfig, swept: tuple[str, ...] | list[str] = ()) -> str:
-    """The progress bar's name of a run: the norm design with its implementation
-    (:func:`~normlab.config.schedule.norm_tag`) and the precision, then the swept ``key=value`` of
-    a sweep job that the design does not show, and the seed, e.g.
-    ``rms-cpp-pre-fp32 optim.lr=0.001 seed=1``."""
+    """The progress bar's name of a run: design tag and precision, the swept ``key=value`` the tag
+    does not show, the seed: ``rms-cpp-pre-fp32 optim.lr=0.001 seed=1``."""
     tag = f"{norm_tag(to_plain(cfg.norm), impl=True)}-{cfg.precision.dtype.name}"
     shown = {"norm", "precision", "precision.dtype", "seed"} | {f"norm.{k}" for k in TAG_KEYS}
     extra = [s for s in swept if s.split("=", 1)[0].lstrip("+").split(".positions")[0] not in shown]
@@ -102,10 +93,8 @@ def variant_label(cfg: TrainConfig, swept: tuple[str, ...] | list[str] = ()) -> 
 
 
 def run_names(cfg: TrainConfig) -> tuple[str, str]:
-    """``(group, name)`` for wandb: the variant (model, the norm design of
-    :func:`~normlab.config.schedule.norm_tag`: kind[schedule], impl, placement, qk, embedding,
-    position overrides; precision) is the group unless ``logger.group`` names one (a study); the
-    name is the variant plus the seed. E.g. ``tiny-layer[0-1:rms]-cpp-peri-qkhead-fp32``."""
+    """``(group, name)`` for wandb: the variant (``tiny-layer[0-1:rms]-cpp-peri-qkhead-fp32``)
+    unless ``logger.group`` names one, and the variant plus the seed."""
     tag = norm_tag(to_plain(cfg.norm), impl=True)
     variant = "-".join((cfg.model.name, tag, cfg.precision.dtype.name))
     group = cfg.logger.group or variant
@@ -133,17 +122,8 @@ def _finite_or_none(v: Any) -> Any:
 
 
 class MetricsLogger:
-    """Writes one JSON object per logged step to ``metrics.jsonl`` and mirrors it to wandb.
-
-    Args:
-        run_dir: the Hydra run dir; the offline wandb run is written under ``run_dir/wandb``.
-        cfg: the run's config (wandb mode, project, names).
-        config_dict: the resolved config as plain data, sent to wandb as the run config.
-        resume_step: None for a new run (``metrics.jsonl`` starts empty); for a resumed run the
-            checkpoint's step: rows after it (logged before the interruption, after the checkpoint)
-            are dropped, the others kept.
-        wandb_run_id: the wandb run to continue (``resume="allow"``); None starts a new one.
-    """
+    """One JSON object per logged step to ``run_dir/metrics.jsonl``, mirrored to wandb; a resumed
+    run (``resume_step``) drops rows after it and continues ``wandb_run_id``."""
 
     def __init__(
         self,
@@ -216,11 +196,10 @@ class MetricsLogger:
                 self._wandb_run = None
 
     def log_sample(self, step: int, prompt: str, text: str) -> None:
-        """Add a text sample to the wandb table ``samples`` (columns step, prompt, text; the whole
-        table is logged again each time: a wandb table cannot grow after it is logged)."""
+        """Add a text sample to the wandb table ``samples`` (columns step, prompt, text)."""
         if self._wandb_run is None:
             return
-        self._samples.append([step, prompt, text])
+        self._samples.append([step, prompt, text])  # the whole table again: a logged one is fixed
         try:
             import wandb
 
@@ -247,12 +226,7 @@ class MetricsLogger:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl``; a torn last line (a kill mid-write) is left out, and so
-    is a line that is not a JSON object or nests too deep (:func:`normlab.config.files.read_rows`).
-
-    Raises:
-        RunFileError: not a regular file of at most ``ROWS_MAX_BYTES``.
-    """
+    """The rows of a ``metrics.jsonl`` (``files.read_rows``: torn lines left out, RunFileError)."""
     return read_rows(path)
 
 

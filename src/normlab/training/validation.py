@@ -1,19 +1,12 @@
 """Every evaluation of a run: the validation split and the held-out corpora (``eval_data``), in
 nats per token and bits per byte, and the text samples of ``sample_interval``.
 
-:func:`eval_row` scores the model on the fixed validation batches of the training corpus and of
-each held-out corpus (the same ``eval_batches``, batch size and context; batch ``i`` is the same
-windows for every run, seed and variant) and returns the metric keys of one evaluation:
-``val/loss``, ``val/bpb`` and ``val/<name>/loss``, ``val/<name>/bpb`` per held-out corpus. Bits
-per byte are ``loss / ln 2 / bytes_per_token`` of the split scored
-(:meth:`~normlab.data.tokens.TokenData.bits_per_byte`), so runs with different tokenizers compare.
+``eval_row`` scores the model on the fixed validation batches of the training corpus and each
+held-out corpus: ``val/loss``, ``val/bpb``, ``val/<name>/loss``, ``val/<name>/bpb``. Evaluation
+draws no random number, so it changes no training loss. ``training_sample`` writes a sample with
+``normlab-sample``'s generation code (``sample.generate``).
 
-Evaluation draws no random number (``eval()`` turns dropout off; the batches come from their own
-generator), so it changes no number a run trains with: ``eval_data`` and the step-0 evaluation
-leave every training loss as it was, and ``eval_data`` is not in the resume config hash.
-
-:func:`training_sample` writes a sample with the run's own model and tokenizer, by the generation
-code of ``normlab-sample`` (:func:`normlab.training.sample.generate`).
+Why: docs/data.md
 """
 
 from __future__ import annotations
@@ -53,13 +46,8 @@ class EvalSet:
 def build_eval_sets(
     cfg: TrainConfig, configs: dict[str, DataConfig], train_dir: Path, device: torch.device
 ) -> list[EvalSet]:
-    """Prepare (or find cached) each held-out corpus of ``configs`` (tokenized like the training
-    corpus in ``train_dir``) and its batch sampler.
-
-    Raises:
-        DataError: a corpus cannot be prepared, or its validation split is shorter than one
-            sequence (the message names the corpus).
-    """
+    """Each held-out corpus of ``configs``, prepared (or cached) with the tokenizer of
+    ``train_dir``, and its sampler; raises DataError naming a corpus that cannot be prepared."""
     out = []
     for name, data_cfg in configs.items():
         data = prepare_eval(name, data_cfg, train_dir)
@@ -75,13 +63,10 @@ def build_eval_sets(
 
 @torch.no_grad()
 def evaluate(model: Callable, sampler: BatchSampler, n_batches: int, ctx_factory) -> float:
-    """Mean cross-entropy (nats/token) over the fixed validation batches ``0..n_batches-1``.
-
-    With several processes each evaluates its share (batches rank, rank + N, ...); the losses are
-    gathered and averaged in batch order, as one process does. One host sync per call.
-    """
+    """Mean cross-entropy (nats/token) over the fixed validation batches ``0..n_batches-1``; one
+    host sync. Collective: each rank scores its share, averaged in batch order."""
     model.eval()
-    mine = distributed.shard(n_batches)
+    mine = distributed.shard(n_batches)  # batches rank, rank + N, ...
     losses = []
     for i in mine:
         x, y = sampler.val_batch(i)
@@ -96,13 +81,8 @@ def evaluate(model: Callable, sampler: BatchSampler, n_batches: int, ctx_factory
 
 
 def eval_row(run) -> dict[str, float | None]:
-    """One evaluation of ``run`` (a :class:`~normlab.training.setup.Run`): ``{metric key: value}``.
-
-    ``val/bpb`` (and a corpus's ``bpb``) is None for shards prepared before bytes were recorded.
-    One host sync per corpus (:func:`evaluate`). With ``eval_tasks`` the downstream tasks add
-    ``downstream/<task>/acc`` and ``acc_norm`` (fractions; ``bpb`` for lambada), the keys of
-    ``normlab.evals.metric_row``, scored with the unwrapped model (every rank scores every item).
-    """
+    """One evaluation of a ``Run``: ``{metric key: value}``, ``bpb`` None for shards without
+    byte counts; ``eval_tasks`` add ``downstream/<task>/...`` (``evals.metric_row``)."""
     n, ctx = run.cfg.eval_batches, run.autocast
     loss = evaluate(run.eval_fwd, run.sampler, n, ctx)
     row = {NAMES["val_loss"]: loss, NAMES["val_bpb"]: run.data.bits_per_byte(loss)}
@@ -110,13 +90,13 @@ def eval_row(run) -> dict[str, float | None]:
         loss_key, bpb_key = eval_keys(s.name)
         loss = evaluate(run.eval_fwd, s.sampler, n, ctx)
         row.update({loss_key: loss, bpb_key: s.data.bits_per_byte(loss)})
-    if run.downstream is not None:
+    if run.downstream is not None:  # the unwrapped model: every rank scores every item
         row.update(run.downstream(run.model, None, run.device, run.autocast))
     return row
 
 
 def final_eval(row: dict[str, Any], names: list[str]) -> dict[str, dict[str, float | None]]:
-    """``{name: {"loss", "bpb"}}`` of the held-out corpora in an :func:`eval_row`."""
+    """``{name: {"loss", "bpb"}}`` of the held-out corpora in an ``eval_row``."""
     out = {}
     for name in names:
         loss_key, bpb_key = eval_keys(name)
@@ -126,10 +106,8 @@ def final_eval(row: dict[str, Any], names: list[str]) -> dict[str, dict[str, flo
 
 @dataclass
 class TextSamples:
-    """The text samples of a run: every ``interval`` steps and after the last (None: never), on
-    rank 0, to ``train.log`` and ``sink`` (its ``log_sample``: wandb's table). The tokenizer is
-    loaded at the first one; when it cannot be, one warning and no more samples: they never stop
-    training."""
+    """Text samples every ``interval`` steps and after the last (None: never), on rank 0, to
+    ``train.log`` and ``sink``; a tokenizer that cannot load ends them with one warning."""
 
     interval: int | None
     sink: Any  # tracking.MetricsLogger or NoSink
@@ -139,7 +117,7 @@ class TextSamples:
         return bool(self.interval) and (done % self.interval == 0 or last)
 
     def write(self, run, done: int) -> None:
-        """A sample (:func:`training_sample`) after step ``done`` of ``run``."""
+        """A sample (``training_sample``) after step ``done`` of ``run``."""
         if not distributed.is_main() or not self.interval:
             return
         try:
@@ -155,11 +133,9 @@ class TextSamples:
 
 @torch.no_grad()
 def training_sample(run, tokenizer) -> tuple[str, str]:
-    """``(prompt, text)``: the first :data:`SAMPLE_PROMPT_TOKENS` tokens of the validation split
-    continued by ``cfg.sample_tokens`` new tokens, with a generator seeded 0 and the defaults of
-    ``normlab-sample`` (temperature 0.8, top-k 200): the same prompt and random draws at every step
-    and for every variant, so samples differ only by the model. ``text`` is the decoded prompt plus
-    the new tokens. The model is put back in training mode; no global RNG is touched."""
+    """``(prompt, text)``: the validation split's first ``SAMPLE_PROMPT_TOKENS`` tokens and their
+    continuation by ``cfg.sample_tokens`` tokens, seed 0; no global RNG is touched."""
+    # the same prompt and draws at every step and variant: samples differ only by the model
     opts = SampleOptions(max_new_tokens=run.cfg.sample_tokens)
     prompt = [int(i) for i in run.data.val_shards[0][:SAMPLE_PROMPT_TOKENS]]  # no concatenation
     run.model.eval()

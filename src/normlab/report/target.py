@@ -1,0 +1,221 @@
+"""Time to a target loss: when each run first reaches it, in training seconds, optimizer steps and
+tokens, and the paired ratios variant / baseline; its section and ``val_time.png``. See
+docs/reports.md "Time to target".
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from normlab.report.paired import Report, common_seeds
+from normlab.report.plots import axes, finish, stamp, zoom_to_losses
+from normlab.report.runs import Run
+from normlab.report.speed import NOT_COMPARABLE_MARK, flag, not_comparable
+from normlab.report.stats import NAN, describe, ratio_interval
+from normlab.report.text import ci_name, fmt, fmt_ci, method, table
+
+#: Cumulative training seconds (evaluations and checkpoints excluded), in ``metrics.jsonl``.
+TIME_KEY = "perf/train_time_s"
+
+
+def seconds_at(run: Run, step: float) -> float:
+    """Training seconds of ``run`` at ``step``: ``perf/train_time_s`` of a row of that step, else
+    of the latest earlier row that has it (an evaluation row written apart from its step's row);
+    nan when no row up to ``step`` records it."""
+    times = [
+        (float(r["step"]), float(r[TIME_KEY]))
+        for r in run.metrics
+        if "step" in r and r.get(TIME_KEY) is not None and float(r["step"]) <= step
+    ]
+    return max(times)[1] if times else NAN
+
+
+def first_reach(run: Run, target: float, key: str = "val/loss") -> dict[str, float] | None:
+    """The first evaluation row (by step) of ``run`` whose ``key`` is at or below ``target``:
+    ``{"step", "seconds", "tokens", "last"}`` (nan where unrecorded; ``last``: the run's last
+    evaluation); None when no evaluation reaches it."""
+    rows = sorted((r for r in run.metrics if "step" in r and r.get(key) is not None), key=_step)
+    k = run.tokens_per_step
+    for row in rows:
+        v = float(row[key])
+        if math.isfinite(v) and v <= target:
+            return {
+                "step": float(row["step"]),
+                "seconds": seconds_at(run, float(row["step"])),
+                "tokens": float(row["step"] * k) if k else NAN,
+                "last": row is rows[-1],
+            }
+    return None
+
+
+def _step(row: dict[str, Any]) -> float:
+    """A metrics row's step, for sorting."""
+    return float(row["step"])
+
+
+def default_target(included: dict[str, list[Run]]) -> float:
+    """The highest final validation loss of any included run (the worst variant's worst seed),
+    so that every run reaches it; nan without a finite one."""
+    finals = [r.final_val_loss for runs in included.values() for r in runs]
+    finals = [x for x in finals if math.isfinite(x)]
+    return max(finals) if finals else NAN
+
+
+def _ratios(base: dict[Any, dict], var: dict[Any, dict], what: str, alpha: float) -> dict:
+    """``ratio_interval`` of ``what`` variant / baseline over the seeds where both reached the
+    target at a value > 0, with those ``seeds``."""
+    seeds = common_seeds(base, var)
+    pairs = {s: var[s][what] / base[s][what] for s in seeds if base[s][what] > 0}
+    pairs = {s: x for s, x in pairs.items() if math.isfinite(x) and x > 0}
+    return {**ratio_interval(list(pairs.values()), alpha), "seeds": list(pairs)}
+
+
+def time_to_target(
+    included: dict[str, list[Run]], baseline: str, target: float | None, alpha: float
+) -> dict[str, Any]:
+    """Per variant how many runs reach ``target`` (nats/token; None: ``default_target``) and
+    ``describe`` of their seconds, steps and tokens; per other variant the paired ``_ratios`` of
+    each; ``only_last``: every run that reached it did so at its last evaluation only."""
+    chosen = default_target(included) if target is None else float(target)
+    reach = {
+        lab: {r.seed: first_reach(r, chosen) for r in runs if r.seed is not None}
+        for lab, runs in included.items()
+    }
+    got_all = [x for by_seed in reach.values() for x in by_seed.values() if x is not None]
+    out: dict[str, Any] = {
+        "target": chosen,
+        "default": target is None,
+        "only_last": bool(got_all) and all(x["last"] for x in got_all),
+        "variants": {},
+        "comparisons": {},
+    }
+    for lab, by_seed in reach.items():
+        got = [x for x in by_seed.values() if x is not None]
+        out["variants"][lab] = {
+            "runs": len(by_seed),
+            "reached": len(got),
+            **{
+                w: describe([x[w] for x in got if math.isfinite(x[w])])
+                for w in ("seconds", "step", "tokens")
+            },
+        }
+    base = {s: x for s, x in reach.get(baseline, {}).items() if x is not None}
+    for lab, by_seed in reach.items():
+        if lab == baseline:
+            continue
+        var = {s: x for s, x in by_seed.items() if x is not None}
+        out["comparisons"][lab] = {
+            w: _ratios(base, var, w, alpha) for w in ("seconds", "step", "tokens")
+        }
+    return out
+
+
+def time_curves(runs: list[Run], key: str = "val/loss") -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per run ``(training seconds, key)`` at its evaluations, float arrays of shape ``(k,)`` (empty
+    for runs that do not record ``perf/train_time_s``)."""
+    out = []
+    for r in runs:
+        pts = [
+            (seconds_at(r, float(row["step"])), float(row[key]))
+            for row in sorted(r.metrics, key=lambda x: x.get("step", 0))
+            if "step" in row and row.get(key) is not None
+        ]
+        pts = [p for p in pts if math.isfinite(p[0]) and math.isfinite(p[1])]
+        out.append((np.array([p[0] for p in pts]), np.array([p[1] for p in pts])))
+    return out
+
+
+# --- the section and the figure ------------------------------------------------------------------
+
+
+def render_target(rep: Report) -> list[str]:
+    """``## Time to target loss``: reach per variant and the paired ratios, seconds flagged where
+    the report judges the sequential times not comparable (``speed.flag``)."""
+    t = rep.target
+    if not t or not rep.variants or t["target"] != t["target"]:
+        return []
+    how = "the highest final validation loss of any included run" if t["default"] else "--target"
+    rows = [
+        [
+            f"`{lab}`",
+            f"{v['reached']}/{v['runs']}",
+            fmt(v["seconds"]["mean"], ".1f") + flag(rep, lab),
+            fmt(v["step"]["mean"], ".0f"),
+            fmt(v["tokens"]["mean"], ",.0f"),
+        ]
+        for lab, v in t["variants"].items()
+    ]
+
+    def cell(r: dict) -> str:
+        return f"{fmt(r['gmean'], '.3f')} {fmt_ci(r['ci'], '.3f')} (n = {r['n']})"
+
+    paired = [
+        [f"`{lab}`", cell(c["seconds"]) + flag(rep, lab), cell(c["step"]), cell(c["tokens"])]
+        for lab, c in t["comparisons"].items()
+    ]
+    out = [
+        "",
+        f"## Time to target loss ({fmt(t['target'])} nats/token)",
+        "",
+        f"Target: {how}. The first evaluation at or below it, in training seconds, optimizer "
+        f"steps and tokens; ratios variant / baseline per seed with their {ci_name(rep.alpha)} "
+        "(below 1: the variant gets there sooner). " + method("time-to-target"),
+        "",
+        *table(["variant", "reached", "mean seconds", "mean steps", "mean tokens"], rows),
+    ]
+    if t.get("only_last"):
+        return out + [
+            "",
+            "Every run reaches the target only at its last evaluation: the times above are the "
+            "runs' lengths, and a paired ratio would say nothing about which variant learns "
+            "faster. Set a higher `--target`, or evaluate more often (`eval_interval`).",
+        ]
+    if paired:
+        head = ["variant", "seconds ratio", "steps ratio", "tokens ratio"]
+        out += ["", *table(head, paired)]
+    return out
+
+
+def plot_val_time(
+    included: dict[str, list[Run]], target: float, path: Path, mark: str | None = None
+) -> Path | None:
+    """Validation loss against cumulative training seconds (``perf/train_time_s``), one thin line
+    per run, one colour per variant, the target dotted and ``mark`` stamped (``stamp``); None
+    when no run records the seconds."""
+    curves = {lab: [c for c in time_curves(runs) if len(c[0])] for lab, runs in included.items()}
+    if not any(curves.values()):
+        return None
+    fig, ax = axes()
+    for i, (lab, runs) in enumerate(curves.items()):
+        for j, (t, v) in enumerate(runs):
+            name = f"{lab} ({len(runs)} runs)" if j == 0 else None
+            ax.plot(t, v, color=f"C{i % 10}", lw=1, marker="o", ms=2, alpha=0.8, label=name)
+    zoom_to_losses(ax, [c for runs in curves.values() for c in runs])
+    if math.isfinite(target):
+        ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.4f}")
+    title = "Validation loss vs training time (each run; evaluations excluded from the time)"
+    stamp(fig, ax, mark)
+    return finish(fig, ax, path, title, "training seconds", "validation loss (nats/token)")
+
+
+#: The figure of this section, as the Figures section shows it: key -> (title, caption).
+FIGURE = {
+    "val_time": (
+        "Validation loss vs training seconds",
+        "Validation loss vs training seconds (`perf/train_time_s`): one line per run, the "
+        "target loss dotted.",
+    )
+}
+
+
+def target_figure(rep: Report, out_dir: Path) -> dict[str, Path | None]:
+    """``val_time.png`` of ``rep``'s included runs into ``out_dir`` (stamped when the report
+    judges the sequential times not comparable)."""
+    included = {lab: rep.included(lab) for lab in rep.labels}
+    mark = NOT_COMPARABLE_MARK if not_comparable(rep) else None
+    path = out_dir / "val_time.png"
+    return {"val_time": plot_val_time(included, rep.target.get("target", NAN), path, mark)}
