@@ -1,6 +1,7 @@
-"""The layout of DESIGN.md, checked: imports point one way, functions fit on a screen (modules
-are sized by job, not by line count), and only ``commands/`` holds entry points (``main()``,
-argparse, ``hydra.main``, ``print``, ``sys.exit``).
+"""The layout of docs/ARCHITECTURE.md, checked: imports point one way, functions fit on a screen
+(modules are sized by job, none over ``MODULE_LINES``), only ``commands/`` holds entry points
+(``main()``, argparse, ``hydra.main``, ``print``, ``sys.exit``), and docstrings stay contracts: a
+module's at most ``MODULE_DOC_LINES`` lines, no Sphinx role, a small share (``DOC_SHARE``).
 
 Every import is walked, the ones inside functions too: a cycle cannot hide behind a deferred one.
 """
@@ -8,6 +9,7 @@ Every import is walked, the ones inside functions too: a cycle cannot hide behin
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -42,11 +44,22 @@ ALLOWED: dict[str, set[str]] = {
         "evals",
     },
 }
-#: The longest a function may be, in lines (DESIGN.md: about 60, a screen); argparse builders
+#: The longest a function may be, in lines (about a screen); argparse builders
 #: (functions named ``*parser``), a list of options rather than logic, are exempt.
 FUNCTION_LINES = 80
 #: The most branches a function may have (ruff's C901, as pyproject.toml sets it for ruff too).
 MAX_COMPLEXITY = 12
+#: The longest a module may be, in lines: past it, a module holds more than one job (split by job).
+MODULE_LINES = 800
+#: The longest a module docstring may be, in lines: what the module is for, then
+#: "Why: docs/<page>.md" (the explanation lives on that page, once).
+MODULE_DOC_LINES = 12
+#: The most of src/normlab's lines that docstrings may take: a docstring states a contract in 1-3
+#: lines, the why is on a docs page. A ceiling a little above the measured share (the failure
+#: message gives the share).
+DOC_SHARE = 0.12
+#: Sphinx cross-reference roles: the docs are read as plain text, in an editor and on GitHub.
+SPHINX_ROLE = re.compile(r":(?:func|class|meth|data|attr|mod|exc):`")
 #: Packages whose imports are confined to some layers: the heavy or entry-point ones.
 CONFINED = {
     "torch": set(ALLOWED) - {"config", "compose", "report", "commands"} | {"commands"},
@@ -219,6 +232,72 @@ def test_no_function_is_more_complex_than_ruffs_c901_limit():
     assert r.returncode == 0, r.stdout
 
 
+def docstring_lines(path: Path) -> tuple[int, int]:
+    """``(lines of the module docstring, lines of every docstring)`` of ``path``."""
+    module = total = 0
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                if isinstance(body[0].value.value, str):
+                    n = body[0].end_lineno - body[0].lineno + 1
+                    total += n
+                    module = n if isinstance(node, ast.Module) else module
+    return module, total
+
+
+def prose_problems(path: Path) -> dict[str, list[str]]:
+    """``kind -> [file: problem]``: ``lines`` (over ``MODULE_LINES``), ``docstring`` (a module
+    docstring over ``MODULE_DOC_LINES``), ``sphinx`` (each line with a Sphinx role)."""
+    lines = path.read_text().splitlines()
+    module_doc, _ = docstring_lines(path)
+    return {
+        "lines": [f"{path.name}: {len(lines)} lines"] if len(lines) > MODULE_LINES else [],
+        "docstring": (
+            [f"{path.name}: a module docstring of {module_doc} lines"]
+            if module_doc > MODULE_DOC_LINES
+            else []
+        ),
+        "sphinx": [f"{path.name}:{i}" for i, t in enumerate(lines, 1) if SPHINX_ROLE.search(t)],
+    }
+
+
+def _problems(kind: str) -> list[str]:
+    return [p for path in modules().values() for p in prose_problems(path)[kind]]
+
+
+def test_no_module_is_over_its_line_limit():
+    bad = _problems("lines")
+    assert not bad, f"modules over {MODULE_LINES} lines (split by job):\n" + "\n".join(bad)
+
+
+def test_no_module_docstring_is_over_its_line_limit():
+    bad = _problems("docstring")
+    assert not bad, "long module docstrings (the why goes to docs/<page>.md):\n" + "\n".join(bad)
+
+
+def test_no_sphinx_role_in_the_package():
+    bad = _problems("sphinx")
+    assert not bad, "Sphinx roles (write ``name`` instead):\n" + "\n".join(bad)
+
+
+def doc_share(paths: list[Path]) -> tuple[int, int]:
+    """``(docstring lines, lines)`` over ``paths``."""
+    doc = total = 0
+    for path in paths:
+        doc += docstring_lines(path)[1]
+        total += len(path.read_text().splitlines())
+    return doc, total
+
+
+def test_docstrings_are_a_small_share_of_the_package():
+    doc, total = doc_share(list(modules().values()))
+    assert doc <= DOC_SHARE * total, (
+        f"docstrings are {doc} of {total} lines ({doc / total:.1%}), over {DOC_SHARE:.0%}: "
+        "state each contract in 1-3 lines and move the why to docs/<page>.md"
+    )
+
+
 def test_the_checks_above_can_fail(tmp_path):
     """The walker sees function-local and relative imports (what a cycle hides behind)."""
     f = tmp_path / "m.py"
@@ -233,3 +312,12 @@ def test_the_checks_above_can_fail(tmp_path):
         + "    x = 1\n" * FUNCTION_LINES
     )
     assert long_functions(long) == [f"long.py:1 f ({FUNCTION_LINES + 1} lines)"]
+    prose = tmp_path / "prose.py"
+    doc = "\n".join(["line"] * MODULE_DOC_LINES)
+    prose.write_text(f'"""{doc}\n"""\n# see :func:`f`\n' + "x = 1\n" * MODULE_LINES)
+    assert prose_problems(prose) == {
+        "lines": [f"prose.py: {MODULE_DOC_LINES + MODULE_LINES + 2} lines"],
+        "docstring": [f"prose.py: a module docstring of {MODULE_DOC_LINES + 1} lines"],
+        "sphinx": [f"prose.py:{MODULE_DOC_LINES + 2}"],
+    }
+    assert doc_share([prose]) == (MODULE_DOC_LINES + 1, MODULE_DOC_LINES + MODULE_LINES + 2)

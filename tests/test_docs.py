@@ -3,9 +3,9 @@ the real config; every ``normlab-bench``, ``normlab-study``, ``normlab-eval``, `
 ``normlab-sample`` and ``python -m benchmarks`` command shown names a subcommand and flags that its
 ``--help`` lists; every relative link in README.md and docs/**/*.md resolves (file and anchor);
 every module of src/normlab is in docs/ARCHITECTURE.md's module map and every path of that map
-exists; README.md stays an index (at most 250 lines) and, with the topic pages, carries no commit
-hash, session talk or "before:" note (measurements and their code versions live in docs/results/,
-history in CHANGELOG.md).
+exists; README.md stays an index (at most 250 lines) and, with the topic pages and the docstrings
+of src/normlab, carries no commit hash, session talk or "before:" note (measurements and their
+code versions live in docs/results/, history in CHANGELOG.md).
 
 A command is found in a fenced code block as a segment (split at ``&&``, ``;``, ``|``) that runs
 ``train`` (also through ``torchrun`` or ``python -m normlab.commands.train``), ``normlab-prepare``
@@ -17,6 +17,7 @@ them. Placeholders: a whole ``<...>`` argument is dropped, ``<...>`` inside a va
 
 from __future__ import annotations
 
+import ast
 import functools
 import re
 import shlex
@@ -440,6 +441,43 @@ def test_readme_is_an_index():
 @pytest.mark.parametrize("page", TOPIC_PAGES, ids=[str(p.relative_to(REPO)) for p in TOPIC_PAGES])
 def test_no_commit_hash_or_history_in_user_docs(page: Path):
     assert history_words(page.read_text()) == []
+
+
+def docstrings(path: Path) -> list[tuple[int, str]]:
+    """``(line, text)`` of every docstring of ``path``: the module's, classes', functions'."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                if isinstance(body[0].value.value, str):
+                    out.append((body[0].lineno, body[0].value.value))
+    return out
+
+
+def history_in_docstrings(path: Path) -> list[str]:
+    """``file:line words`` for each docstring of ``path`` that carries a history word."""
+    return [
+        f"{path.name}:{line} {words}"
+        for line, text in docstrings(path)
+        if (words := history_words(text))
+    ]
+
+
+def test_no_commit_hash_or_history_in_docstrings():
+    """Docstrings state a contract: no commit hash, session talk or "before:" note."""
+    bad = [f for path in sorted(SRC.rglob("*.py")) for f in history_in_docstrings(path)]
+    assert not bad, "history in docstrings of src/normlab:\n" + "\n".join(bad)
+
+
+def test_history_in_a_docstring_is_found(tmp_path: Path):
+    f = tmp_path / "m.py"
+    f.write_text(
+        '"""A module."""\n\n\ndef f():\n'
+        '    """Measured at 9cc4502; faster since c910f54 landed."""\n'
+        "    # before: a comment, not a docstring\n"
+    )
+    assert history_in_docstrings(f) == ["m.py:5 ['9cc4502', 'c910f54', 'since c910f54']"]
 
 
 def test_history_words_are_found():

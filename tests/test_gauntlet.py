@@ -41,6 +41,7 @@ import pytest
 
 from normlab.commands import evaluate, report, sample
 from normlab.commands import overrides as cli_overrides
+from normlab.commands.keys import schema_keys
 from normlab.commands.overrides import check_overrides, leaf_types
 from normlab.config import ConfigError, to_plain
 from normlab.model import GPT
@@ -126,7 +127,7 @@ FEATURES = [
 
 
 def test_every_feature_key_is_a_key_of_the_schema():
-    keys = {k.name for k in cli_overrides.schema_keys(CONF_DIR)}
+    keys = {k.name for k in schema_keys(CONF_DIR)}
     for entry in FEATURES:
         for o in entry.overrides:
             assert o.split("=", 1)[0] in keys, o

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from normlab.commands import train as cli
-from normlab.commands.overrides import help_text, schema_keys
+from normlab.commands.keys import help_text, schema_keys
 from normlab.compose import compose_cli
 
 from ..conftest import CONF_DIR, ONE_THREAD, TINY, run_cli

@@ -16,12 +16,11 @@ import yaml
 
 from normlab.commands import overrides as cli_overrides
 from normlab.commands import sample
+from normlab.commands.keys import help_text, unknown_option
 from normlab.commands.overrides import (
     check_output_dir,
     check_overrides,
-    help_text,
     prepare_args,
-    unknown_option,
 )
 from normlab.commands.train import auto_threads
 from normlab.config import ConfigError

@@ -27,7 +27,9 @@ def mixture_martingale(x: np.ndarray, mu: float, c: float = MIXTURE_C) -> float:
     return math.sqrt(c / (n + c)) * (1 - s * s / ((n + c) * q)) ** (-n / 2)
 
 
-def simulate(sd: float, delta: float, margin: float, alpha: float = 0.05, seed: int = 0) -> dict:
+def simulate(
+    sd: float, delta: float, margin: float, alpha: float = 0.05, seed: int = 0, c: float = MIXTURE_C
+) -> dict:
     """STUDIES studies of MAX_PAIRS normal differences (mean ``delta``, std ``sd``), looked at
     after every pair from FIRST_LOOK: how often each rule ever declares equivalence, and the pairs
     it stops at (MAX_PAIRS when it never does)."""
@@ -35,7 +37,7 @@ def simulate(sd: float, delta: float, margin: float, alpha: float = 0.05, seed: 
     n = np.arange(1, MAX_PAIRS + 1)
     mean = np.cumsum(x, 1) / n
     ss = np.maximum(np.cumsum(x * x, 1) - n * mean**2, 0.0)
-    w = half_width(n, ss, alpha)
+    w = half_width(n, ss, alpha, c)
     lo, hi = np.maximum.accumulate(mean - w, 1), np.minimum.accumulate(mean + w, 1)
     t = np.r_[np.inf, stats.t.ppf(1 - alpha, n[1:] - 1)]  # the fixed-n TOST's 1-2 alpha CI
     se = np.sqrt(ss / np.maximum(n - 1, 1) / n)
@@ -139,6 +141,10 @@ def main() -> None:
             f"{zero['tost_pairs']:.1f} ({zero['tost']:.2f}), "
             f"{zero['sequence_pairs']:.1f} ({zero['sequence']:.2f}) | {seeds_needed(sd, 1.0)}"
         )
+    print("mixture c | std = margin: false equivalence at the margin, mean pairs at 0")
+    for c in (0.5, 1.0, 2.0, 4.0, 8.0):
+        null, zero = simulate(1.0, 1.0, 1.0, c=c), simulate(1.0, 0.0, 1.0, seed=1, c=c)
+        print(f"{c:>9} | {null['sequence']:.3f}, {zero['sequence_pairs']:.1f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,10 @@
-"""The ``normlab-report`` command: a sweep dir, or any run dirs -> report.md, figures and the
-runs' series file (:func:`~normlab.report.runs.write_series`); a sweep over model sizes
-(:func:`~normlab.report.is_ladder`) -> the ladder report, with each size's report below it; a
-series file -> the same report again, from that file alone, with the options it stored."""
+"""The ``normlab-report`` command: a sweep dir, or any run dirs -> report.md, figures and the runs'
+series file (``normlab.report.runs.write_series``); a sweep over model sizes
+(``normlab.report.is_ladder``) -> the ladder report, with each size's report below it; a series file
+-> the same report again, from that file alone, with the options it stored.
+
+Why: docs/reports.md
+"""
 
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ from normlab.report.runs import (
 from normlab.report.sequential import in_run_order, sequential_verdict, verdict_line
 from normlab.report.speed import load_step_bench
 from normlab.report.text import fmt_ci
+from normlab.report.tuned import untuned_note
 from normlab.report.unfinished import unfinished_notes
 from normlab.report.wandb_log import MODES
 
@@ -152,11 +156,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _to_wandb(rep, mode: str | None, project: str | None, out: Path) -> str:
-    """Log ``rep`` to a new wandb run; returns a line saying where it went.
-
-    Raises:
-        ReportError: wandb is not installed or its run cannot start.
-    """
+    """Log ``rep`` to a new wandb run; returns where. Raises ReportError: no wandb or no run."""
     try:
         import wandb
     except ImportError:
@@ -209,13 +209,8 @@ def _check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def _stored_options(args: argparse.Namespace) -> list[str]:
-    """Set the options of :data:`STORED_OPTIONS` that were not given from the series file's
-    ``options``, when a series file is the only source (a margin only when no margin, nor
-    ``--plan``, was given); returns what was taken, as ``--flag value``.
-
-    Raises:
-        ReportError: an unreadable series file, or a stored option of the wrong type.
-    """
+    """Fill the ``STORED_OPTIONS`` not given from a lone series file's options; returns them as
+    ``--flag value``. Raises ReportError: an unreadable file, a stored option of a wrong type."""
     member = series_member(args.paths[0]) if len(args.paths) == 1 else None
     if member is None or member[1] is not None:
         return []
@@ -235,12 +230,8 @@ def _stored_options(args: argparse.Namespace) -> list[str]:
 
 
 def _default_out(paths: list[Path]) -> Path:
-    """``DIR/report`` for one dir, ``<folder>/report`` for one series file, else ``./report``.
-
-    Raises:
-        ReportError: that folder is a link (a received sweep dir's ``report`` link would send the
-            report, its figures and its series file wherever it points).
-    """
+    """``DIR/report``, ``<folder>/report`` for one series file, else ``./report``. Raises
+    ReportError: that folder is a link (it would send the report wherever it points)."""
     if len(paths) != 1:
         return Path("report")
     member = series_member(paths[0])
@@ -254,13 +245,8 @@ def _default_out(paths: list[Path]) -> Path:
 
 
 def _write_series(path: Path, runs: list[Run], args: argparse.Namespace, baseline: str) -> Path:
-    """Write the series file of ``runs`` with the interleaved step benchmark of the first source
-    that has one (a dir's ``step_bench.json``, a series file's stored one) and the report's
-    options (the baseline it chose, the margin it used); returns ``path``.
-
-    Raises:
-        ReportError: a source's step benchmark cannot be read; OSError: ``path`` cannot be written.
-    """
+    """Write the series file of ``runs`` with the first source's step bench and the report's
+    options; returns ``path``. Raises ReportError: a bad bench; OSError: ``path`` unwritable."""
     bench = None
     for src in args.paths:
         found = load_step_bench([src]) if src.is_dir() else series_step_bench(src)
@@ -404,9 +390,8 @@ def _print_ladder_basis(lad) -> None:
 
 
 def _print_ladder(lad) -> None:
-    """The margin and the laws' sizes (:func:`_print_ladder_basis`); per variant: each size's
-    compute-equivalent headline, the step multiplier's trend and its 124M value (or why there
-    is none); per variant, the fitted loss-compute law."""
+    """The margin and the laws' sizes (``_print_ladder_basis``); per variant each size's headline,
+    the multiplier's trend and 124M value (or why none), and the fitted loss-compute law."""
     _print_ladder_basis(lad)
     for lab in lad.labels[1:]:
         for s in lad.sizes:
@@ -442,6 +427,8 @@ def _print_summary(rep) -> None:
         print(f"  {line}")
     for w in rep.confounds:
         print(f"  warning: {w}")
+    if note := untuned_note(rep):
+        print(f"  learning rate: {note}")
     if rep.margin_compute is not None:
         print(
             f"  margin: {rep.margin_compute:g} of effective compute = {rep.margin:.4g} nats/token "

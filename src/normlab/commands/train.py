@@ -31,10 +31,10 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from normlab.commands.keys import help_text
 from normlab.commands.overrides import (
     SWEPT_ENV,
     check_overrides,
-    help_text,
     job_swept,
     launch_rank,
     prepare_args,

@@ -1,11 +1,12 @@
 """``normlab-report``: a sweep (or any run dirs) -> ``report.md`` and figures, every variant against
 the baseline paired by seed; a pure reader of run dirs (no torch, model, training nor Hydra).
 Modules, each importing only those before it: ``text``, ``stats``, ``sequential``, ``runs``,
-``variants``, ``series``, ``paired``, ``plots``; one per qualifier, computation, section and
-figure together: ``speed``, ``context``, ``heldout``, ``target``, ``tuned``, ``family``,
-``stability``, ``downstream``, ``diagnostics``, ``swept``, ``unfinished``; then ``compare`` (the
-verdict and k), ``plan``, ``markdown`` (``report.md``), ``laws``, ``ladder``, ``wandb_log``.
-See docs/reports.md.
+``variants``, ``series``, ``paired``, ``plots``; one per qualifier, computation, section and figure
+together: ``speed``, ``context``, ``heldout``, ``target``, ``tuned``, ``family``, ``stability``,
+``downstream``, ``diagnostics``, ``swept``, ``unfinished``; then ``compare`` (the verdict and k),
+``plan``, ``markdown`` (``report.md``), ``laws``, ``ladder``, ``wandb_log``.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -71,8 +72,7 @@ __all__ = [
 
 
 def write_figures(rep: Report, out_dir: Path) -> dict[str, Path | None]:
-    """Every figure of ``rep`` into ``out_dir``, each feature's from its module; name -> path,
-    None for a figure without data."""
+    """Every figure of ``rep`` into ``out_dir``; name -> path, None for a figure without data."""
     figures = {**write_curve_figures(rep, out_dir), **step_time_figure(rep, out_dir)}
     figures |= heldout_figures(rep, out_dir) | target_figure(rep, out_dir)
     figures |= tuned_figure(rep, out_dir) | diagnostics_figures(rep, out_dir)
@@ -80,12 +80,8 @@ def write_figures(rep: Report, out_dir: Path) -> dict[str, Path | None]:
 
 
 def write_report(rep: Report, out_dir: str | Path) -> Path:
-    """Write the figures and ``report.md`` into ``out_dir`` (created), each file replaced
-    atomically, never through a link (``write_atomic``); returns ``report.md``'s path.
-
-    Raises:
-        OSError: ``out_dir`` cannot be created or written.
-    """
+    """Write the figures and ``report.md`` into ``out_dir`` (``write_atomic``); returns
+    ``report.md``'s path. Raises OSError: ``out_dir`` cannot be created or written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rep.figures = write_figures(rep, out)
@@ -93,13 +89,8 @@ def write_report(rep: Report, out_dir: str | Path) -> Path:
 
 
 def write_ladder(lad: Ladder, out_dir: str | Path) -> Path:
-    """Write a ladder's report into ``out_dir`` (created): each size's full report in
-    ``<shape>/`` (``write_report``), the ladder's figures and its ``report.md``; returns the
-    ladder's ``report.md`` path.
-
-    Raises:
-        OSError: ``out_dir`` cannot be created or written.
-    """
+    """Write each size's report into ``<shape>/``, the ladder's figures and ``report.md``; returns
+    its path. Raises OSError: ``out_dir`` cannot be created or written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for size in lad.sizes:

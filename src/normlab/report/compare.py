@@ -1,10 +1,9 @@
 """The verdict and the compute-equivalent multiplier k: ``build_report`` loads, labels and checks
-the runs, compares every variant with the baseline paired by seed (the final-loss difference with
-its TOST and power; k = steps x speed, read on annealed budgets when the runs have them), converts
-the margin between nats and compute at the baseline's slope, and has each qualifier (context,
-held-out corpora, speed, time to target, tuned study, family, stability, downstream) add its
-part. No file is written here.
-See docs/reports.md "The headline: effective compute" and "The verdict"."""
+the runs, compares each variant with the baseline paired by seed, converts the margin between nats
+and compute, and has each qualifier add its part. No file is written here.
+
+Why: docs/reports.md
+"""
 
 from __future__ import annotations
 
@@ -67,16 +66,9 @@ def build_report(
     target: float | None = None,
     margin_compute: float | None = None,
 ) -> Report:
-    """Load, check and compare the runs of ``paths`` (sweep or run dirs, series files, anywhere),
-    every variant against the baseline paired by seed, with every qualifier; ``margin``, ``target``
-    in nats/token, or ``margin_compute`` a fraction of compute (``margin_from_compute``). Writes
-    nothing.
-
-    Raises:
-        ReportError: a refusal (``load_runs``, ``check_comparable``, ``choose_baseline``), no run
-            that trained, two completed runs of one seed in a variant, a compute margin that
-            cannot be converted, or a sweep record (``multirun.yaml``) that cannot be read.
-    """
+    """Compare the runs of ``paths`` (dirs or series files) with every qualifier; ``margin``,
+    ``target`` in nats/token, or ``margin_compute`` a compute fraction. Raises ReportError: a
+    refusal, no run trained, a seed twice in a variant, no conversion, a bad ``multirun.yaml``."""
     sources = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
     runs, skipped = _trained(load_runs(sources), sources)
     lr_study = lr_swept(runs)
@@ -116,12 +108,8 @@ def build_report(
 
 
 def _set_slope(rep: Report, margin_compute: float | None) -> None:
-    """Set the baseline's slope of ``rep`` (annealed when every baseline run has annealed
-    points, else its curve's end slope) and, for ``margin_compute``, the nats margin.
-
-    Raises:
-        ReportError: a compute margin that cannot be converted (``margin_from_compute``).
-    """
+    """Set the baseline's slope of ``rep`` (annealed, else end slope) and the nats margin of
+    ``margin_compute``. Raises ReportError: the margin cannot be converted."""
     base = rep.included(rep.baseline)
     rep.slope_within = baseline_slope(base)
     annealed = annealed_baseline_slope(base)
@@ -134,11 +122,7 @@ def _set_slope(rep: Report, margin_compute: float | None) -> None:
 
 
 def _trained(runs: list[Run], sources: list[Path]) -> tuple[list[Run], list[tuple[Run, str]]]:
-    """``runs`` split into those that trained and those that never did, with the reason.
-
-    Raises:
-        ReportError: no run trained.
-    """
+    """``runs`` split: trained, and ``(run, why)`` of the rest. Raises ReportError: none trained."""
     skipped = [(r, why) for r in runs if (why := never_trained(r)) is not None]
     kept = [r for r in runs if never_trained(r) is None]
     if not kept:
@@ -149,8 +133,7 @@ def _trained(runs: list[Run], sources: list[Path]) -> tuple[list[Run], list[tupl
 
 
 def _variant_row(rep: Report, label: str) -> dict[str, Any]:
-    """The final-loss row of variant ``label``: ``describe`` of its included runs' final
-    validation losses, runs excluded, median step time (ms) and tokens/s, final bpb."""
+    """Final-loss row of ``label``: ``describe`` of final losses, exclusions, ms, tokens/s, bpb."""
     inc = rep.included(label)
     return {
         "label": label,
@@ -164,8 +147,8 @@ def _variant_row(rep: Report, label: str) -> dict[str, Any]:
 
 def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str) -> dict[str, Any]:
     """Variant ``label`` against the baseline (seed -> run each): the final-loss
-    ``paired_difference`` with its TOST power and seeds needed, the sequential step-time ratio,
-    the backends that differ and the paired validation curve."""
+    ``paired_difference`` with power and seeds needed, the sequential speed ratio, differing
+    backends, the paired curve."""
     seeds, diffs = paired_diffs(
         {s: r.final_val_loss for s, r in base.items()},
         {s: r.final_val_loss for s, r in var.items()},
@@ -196,9 +179,8 @@ def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str)
 
 
 def _qualify(rep: Report, target: float | None) -> None:
-    """Set the verdict's qualifiers of ``rep`` (bpb and held-out corpora, time to ``target``, the
-    context) and add their warnings to ``rep.confounds``: tokenizers that differ, runs far from
-    convergence, a tuned study's selection bias, runs stopped by the time budget beside others."""
+    """Set the qualifiers of ``rep`` (bpb, held-out corpora, time to ``target``, context) and add
+    their warnings to ``rep.confounds``."""
     included = {lab: rep.included(lab) for lab in rep.labels}
     rep.heldout = bpb_and_heldout(included, rep.baseline, rep.margin, rep.alpha)
     rep.target = time_to_target(included, rep.baseline, target, rep.alpha)
@@ -217,17 +199,14 @@ def _qualify(rep: Report, target: float | None) -> None:
 
 
 def _val_curve(run: Run) -> tuple[list[float], list[float]] | None:
-    """``(steps, val/loss)`` of ``run`` in step order, one value per step (the last logged), as
-    lists; None with fewer than 2 evaluations."""
+    """``(steps, val/loss)`` lists of ``run``, the last value per step; None under 2 evaluations."""
     by_step = dict(zip(*series(run.metrics, "val/loss"), strict=True))
     steps = sorted(by_step)
     return (steps, [by_step[x] for x in steps]) if len(steps) >= 2 else None
 
 
 def annealed_curve(run: Run) -> tuple[list[float], list[float]] | None:
-    """``(budgets, val/loss)`` of ``run``'s annealed points (``annealed.jsonl``: its cool-down
-    branches and, under ``optim.schedule=wsd``, its own end), budgets increasing, finite losses
-    only; None with fewer than 2 points."""
+    """``(budgets, val/loss)`` of ``run``'s annealed points, increasing, finite; None under 2."""
     points = {}
     for row in run.annealed:
         budget, loss = num(row.get("budget_steps")), num(row.get("val/loss"))
@@ -238,8 +217,7 @@ def annealed_curve(run: Run) -> tuple[list[float], list[float]] | None:
 
 
 def _multipliers(base: dict[Any, Run], var: dict[Any, Run], annealed: bool) -> dict[Any, float]:
-    """Seed -> step multiplier of the paired runs, read on their annealed points or within their
-    validation curves; seeds without a finite positive one are left out."""
+    """Seed -> finite positive step multiplier of the paired runs, annealed or within the curves."""
     read, mult = (
         (annealed_curve, annealed_step_multiplier) if annealed else (_val_curve, step_multiplier)
     )
@@ -255,14 +233,8 @@ def _multipliers(base: dict[Any, Run], var: dict[Any, Run], annealed: bool) -> d
 def compute_equivalent(
     rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str
 ) -> dict[str, Any]:
-    """The compute-equivalent verdict of variant ``label`` against the baseline (seed -> run each):
-    per seed the step multiplier (annealed when every paired seed has the points; else within the
-    curves) times the speed part, paired across seeds (``compute_multiplier``).
-
-    Returns:
-        ``compute_multiplier``'s keys and ``seeds``, ``step_mults`` (seed -> m), ``source``,
-        ``comparable``, ``reading``, ``within`` (None without annealed points).
-    """
+    """``compute_multiplier``'s keys plus ``seeds``, ``step_mults``, ``source``, ``comparable``,
+    ``reading``, ``within``: variant ``label`` against the baseline (seed -> run each)."""
     within = _multipliers(base, var, annealed=False)
     annealed = _multipliers(base, var, annealed=True)
     paired = set(base) & set(var)
@@ -278,8 +250,7 @@ def compute_equivalent(
 def _with_speed(
     rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str, mults: dict[Any, float]
 ) -> dict[str, Any]:
-    """``compute_multiplier`` of the step multipliers ``mults`` times the speed part (the bench's,
-    else the runs' sequential step times; then ``steps_only`` too when those do not compare)."""
+    """``compute_multiplier`` of ``mults`` x the bench's speed, else the runs' (+``steps_only``)."""
     bench = (rep.bench or {}).get("ratios", {}).get(label)
     comparable, speed_se = True, None
     if bench is not None and math.isfinite(bench["gmean"]) and bench["gmean"] > 0:
@@ -300,8 +271,7 @@ def _with_speed(
 
 
 def annealed_baseline_slope(runs: list[Run]) -> float:
-    """``annealed_slope`` (nats per e-fold of steps) of the mean annealed points of ``runs`` at
-    the budgets every run has; nan when they share fewer than 2."""
+    """``annealed_slope`` of the mean annealed points at budgets every run has; nan under 2."""
     curves = [c for r in runs if (c := annealed_curve(r)) is not None]
     if not curves or len(curves) < len(runs):
         return NAN
@@ -313,8 +283,7 @@ def annealed_baseline_slope(runs: list[Run]) -> float:
 
 
 def baseline_slope(runs: list[Run]) -> float:
-    """``end_slope`` (nats per e-fold of steps) of the mean validation curve of ``runs``; nan with
-    fewer than 2 evaluations after step 0."""
+    """``end_slope`` of the mean validation curve of ``runs``; nan under 2 evaluations."""
     steps, mean, _, _ = aggregate([series(r.metrics, "val/loss") for r in runs])
     try:
         return end_slope(list(steps), list(mean))
@@ -323,13 +292,8 @@ def baseline_slope(runs: list[Run]) -> float:
 
 
 def margin_from_compute(fraction: float, slope: float) -> float:
-    """The nats margin (nats/token) that ``fraction`` of effective compute is worth at the
-    baseline's slope ``slope`` (``nats_for_compute``).
-
-    Raises:
-        ReportError: ``slope`` is nan or under ``MIN_SLOPE`` (the baseline's curve has
-            under 2 evaluations after step 0, or no longer falls): no conversion exists.
-    """
+    """Nats/token margin ``fraction`` of compute is worth at ``slope``. Raises ReportError:
+    ``slope`` is nan or under ``MIN_SLOPE`` (no conversion exists)."""
     if not (math.isfinite(slope) and slope >= MIN_SLOPE):
         raise ReportError(
             f"--margin-compute {fraction:g}: cannot convert to nats, the baseline's validation "
@@ -340,6 +304,5 @@ def margin_from_compute(fraction: float, slope: float) -> float:
 
 
 def margin_in_compute(rep: Report) -> float:
-    """The fraction of effective compute the report's nats margin is worth at the baseline's
-    slope (``compute_for_nats``; nan without a slope): the one figure a report gives for it."""
+    """Compute fraction the report's nats margin is worth at the baseline's slope, or nan."""
     return compute_for_nats(rep.margin, rep.slope) if math.isfinite(rep.slope) else NAN

@@ -1,6 +1,7 @@
-"""The context a verdict holds in: model, data, schedule, precision, device, evaluation size,
-why the runs stopped, the train/validation gap and the per-seed final losses; and the caveat a
-verdict on runs far from convergence gets. See docs/reports.md "Context".
+"""The context a verdict holds in (model, data, schedule, precision, device, evaluation size, why
+the runs stopped, train/validation gap, per-seed losses) and the far-from-convergence caveat.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -49,8 +50,7 @@ def epochs(run: Run) -> float:
 
 
 def train_val_gap(run: Run) -> float:
-    """Final validation loss − the mean of the last ``GAP_ROWS`` logged training losses
-    (nats/token; nan without either). Positive: the model does better on what it trained on."""
+    """Final val loss − mean of the last ``GAP_ROWS`` training losses (nats/token), or nan."""
     _, train = series(run.metrics, "train/loss")
     if not len(train) or not math.isfinite(run.final_val_loss):
         return NAN
@@ -58,10 +58,8 @@ def train_val_gap(run: Run) -> float:
 
 
 def build_context(included: dict[str, list[Run]]) -> dict[str, Any]:
-    """The context section's facts over the included runs (label -> runs): ``setting`` (key ->
-    distinct values, as text), medians of ``params``, ``tokens_seen``, ``epochs``, ``eval_tokens``;
-    per label ``params_by``, ``gap`` (``train_val_gap``), ``per_seed`` final losses, ``stopped_by``.
-    """
+    """The context's facts over included runs: ``setting``, medians, and per label ``params_by``,
+    ``gap``, ``per_seed``, ``stopped_by``."""
     runs = [r for rs in included.values() for r in rs]
     keys = (
         "model.name",
@@ -124,9 +122,8 @@ def build_context(included: dict[str, list[Run]]) -> dict[str, Any]:
 
 
 def short_run_caveat(margin: float, slope: float, source: str) -> str | None:
-    """The caveat of a verdict on runs far from convergence, or None: at the baseline's slope
-    ``slope`` (nats per e-fold of steps; ``source`` "annealed" or "within-run") its loss still
-    falls by more than ``margin`` over its last ``STILL_FALLING`` of steps."""
+    """The caveat when, at ``slope``, the loss still falls by over ``margin`` in the last
+    ``STILL_FALLING`` of steps; else None."""
     fall = slope * math.log(1 / (1 - STILL_FALLING)) if math.isfinite(slope) else NAN
     if not fall > margin:
         return None
@@ -143,8 +140,7 @@ def short_run_caveat(margin: float, slope: float, source: str) -> str | None:
 
 
 def budget_warning(included: dict[str, list[Run]]) -> str | None:
-    """The warning when some runs were stopped by the time budget (``max_time_s``) and others
-    were not: their final losses compare at neither equal steps nor equal time; else None."""
+    """The warning when some runs stopped on ``max_time_s`` and others did not; else None."""
     stops = {str((r.summary or {}).get("stopped_by")) for runs in included.values() for r in runs}
     if "max_time_s" not in stops or len(stops) < 2:
         return None
@@ -159,15 +155,13 @@ def budget_warning(included: dict[str, list[Run]]) -> str | None:
 
 
 def _joined(values: list[str], unset: str = "not recorded") -> str:
-    """The distinct values as code, joined by `` / ``; ``unset`` when none is set (a null key,
-    or a key that older runs did not record)."""
+    """The distinct values as code, joined by `` / ``; ``unset`` when none is set."""
     shown = [v for v in values if v not in ("None", "")]
     return " / ".join(f"`{v}`" for v in shown) if shown else unset
 
 
 def _schedule_text(st: dict[str, list[str]]) -> str:
-    """The lr schedule after warm-up as the runs set it: ``cosine`` when unrecorded, or ``wsd`` with
-    its decay's fraction and shape and the cool-down branches; whether it decays at all."""
+    """The lr schedule after warm-up (``cosine`` when unrecorded, or ``wsd`` with its decay)."""
     kinds = [v for v in st["optim.schedule"] if v not in ("None", "")] or ["cosine"]
     text = f"schedule {' / '.join(f'`{k}`' for k in kinds)}"
     if "wsd" in kinds:
@@ -180,8 +174,7 @@ def _schedule_text(st: dict[str, list[str]]) -> str:
 
 
 def _params(c: dict[str, Any]) -> str:
-    """``N parameters`` when every variant has N; else each variant's count (no median of two
-    counts that no run has)."""
+    """``N parameters`` when every variant has N, else each variant's count."""
     by = c.get("params_by") or {}
     if len({v for v in by.values() if math.isfinite(v)}) <= 1:
         return f"{fmt(c['params'], ',.0f')} parameters"

@@ -1,6 +1,7 @@
-"""Per-block diagnostics (``diag/`` keys, written every ``diag_interval`` steps): residual-stream
-RMS by depth and norm gains over training, per variant, excluded runs apart; their section,
-``resid_depth.png`` and ``gains.png``. See docs/reports.md "Diagnostics".
+"""Per-block diagnostics (``diag/`` keys): residual RMS by depth and norm gains per variant,
+excluded runs apart; their section, ``resid_depth.png`` and ``gains.png``.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def n_blocks(rows: Rows) -> int:
 
 
 def resid_profile(row: dict[str, Any], n: int) -> np.ndarray:
-    """Residual RMS entering blocks 0..n-1 and the final norm (shape ``(n+1,)``; nan if missing)."""
+    """Residual RMS entering blocks 0..n-1 and the final norm, shape ``(n+1,)``; nan if missing."""
     return np.array(
         [num(row.get(RESID_KEY.format(i))) for i in range(n)]
         + [num(row.get("diag/final/resid_rms"))]
@@ -59,8 +60,7 @@ def panel_steps(diag: Diag) -> list[int]:
 
 
 def profile_at(runs: list[Rows], step: int, n: int) -> tuple[np.ndarray, int] | None:
-    """Mean over runs of ``resid_profile`` at each run's last diagnosed step <= ``step``, and
-    the latest such step; None when no run was diagnosed by then."""
+    """Mean ``resid_profile`` at each run's last diagnosed step <= ``step``, that step; or None."""
     picked = []
     for rows in runs:
         before = [r for r in diag_rows(rows) if r["step"] <= step]
@@ -75,15 +75,13 @@ def profile_at(runs: list[Rows], step: int, n: int) -> tuple[np.ndarray, int] | 
 
 
 def gain_names(rows: Rows) -> list[str]:
-    """Norms with gain statistics, in depth order (``normlab.config.schedule.diag_norm_names``:
-    ``embedding/norm``, ``block0/attn_in``, ``block0/qk_q``, ..., ``final/norm``)."""
+    """Norms with gain statistics, in depth order (``diag_norm_names``)."""
     keys = set().union(*(r.keys() for r in diag_rows(rows))) if diag_rows(rows) else set()
     return [nm for nm in diag_norm_names(n_blocks(rows)) if f"diag/{nm}_gain_mean" in keys]
 
 
 def gain_series(runs: list[Rows], name: str) -> tuple[np.ndarray, ...]:
-    """``(steps, mean, min, max)`` of one norm's gain over training: per step, the mean over runs of
-    ``gain_mean`` and the smallest ``gain_min`` / largest ``gain_max`` of any run."""
+    """``(steps, mean, min, max)`` of one norm's gain over training, over runs."""
     by_step: dict[int, list[tuple[float, float, float]]] = {}
     for rows in runs:
         for r in diag_rows(rows):
@@ -100,9 +98,7 @@ def gain_series(runs: list[Rows], name: str) -> tuple[np.ndarray, ...]:
 
 
 def diag_entries(labels: list[str], runs: list[Run]) -> Diag:
-    """Display label -> metrics rows of each run with ``diag/`` keys, for variants ``labels``.
-    Excluded runs (diverged ones above all) are kept, apart, as ``"<label> (excluded)"``: their
-    diagnostics show what went wrong."""
+    """Label -> rows per run with ``diag/`` keys; excluded runs as ``"<label> (excluded)"``."""
     out: Diag = {}
     for lab in labels:
         for excluded in (False, True):
@@ -129,9 +125,8 @@ def _mean_at(rows: Rows, n: int, idx: int) -> float:
 
 
 def diag_summary(entries: Diag) -> list[dict[str, Any]]:
-    """Per entry, means over runs at each run's first and last diagnosed step: residual RMS entering
-    block 0 and entering the final norm, their ratio (growth with depth), the gain range over all
-    norms (min of element minima, max of element maxima) and the largest |logit|."""
+    """Per entry, run means at first and last diagnosed step: residual RMS in and out, growth, gain
+    range, largest |logit|."""
     out = []
     for label, runs in entries.items():
         firsts = [diag_rows(rows)[0] for rows in runs]
@@ -219,9 +214,7 @@ def render_diagnostics(rep: Report) -> list[str]:
 
 
 def plot_resid_depth(diag: Diag, path: Path) -> Path | None:
-    """Residual-stream RMS vs depth, one panel per step (first, middle, last diagnosed), one line
-    per variant (mean over its runs). A variant not diagnosed at a panel's step shows its latest
-    earlier diagnosed step, named in the legend. None without diagnostics."""
+    """Residual RMS vs depth, a panel per step (first, middle, last), a line per variant."""
     n = max((n_blocks(rows) for runs in diag.values() for rows in runs), default=0)
     steps = panel_steps(diag)
     if not n or not steps:
@@ -252,9 +245,7 @@ def plot_resid_depth(diag: Diag, path: Path) -> Path | None:
 
 
 def plot_gains(diag: Diag, path: Path) -> Path | None:
-    """Norm gains over training, one panel per variant: per norm (colour = depth) the mean gain,
-    band from its smallest to its largest element. None without gain statistics
-    (``norm.affine=false``)."""
+    """Norm gains over training, a panel per variant, a band per norm; None without gains."""
     panels = {lab: runs for lab, runs in diag.items() if any(gain_names(rows) for rows in runs)}
     if not panels:
         return None
@@ -286,8 +277,7 @@ def plot_gains(diag: Diag, path: Path) -> Path | None:
 
 
 def write_diag_figures(diag: Diag, out_dir: Path) -> dict[str, Path | None]:
-    """``resid_depth.png`` and ``gains.png`` from ``diag`` (variant label -> one list of metrics
-    rows per run); both None when no row has ``diag/`` keys."""
+    """``resid_depth.png`` and ``gains.png`` of label -> rows per run (None without ``diag/``)."""
     if not any(diag_rows(rows) for runs in diag.values() for rows in runs):
         return {"resid_depth": None, "gains": None}
     return {
@@ -297,7 +287,6 @@ def write_diag_figures(diag: Diag, out_dir: Path) -> dict[str, Path | None]:
 
 
 def diagnostics_figures(rep: Report, out_dir: Path) -> dict[str, Path | None]:
-    """``write_diag_figures`` of ``rep``'s runs with ``diag/`` keys (excluded runs apart);
-    nothing when none has them."""
+    """``write_diag_figures`` of ``rep``'s diagnosed runs; nothing when none has ``diag/`` keys."""
     entries = diag_entries(rep.labels, rep.runs)
     return write_diag_figures(entries, out_dir) if entries else {}

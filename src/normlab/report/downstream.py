@@ -1,6 +1,7 @@
-"""Downstream tasks (``eval_tasks``, ``normlab.evals``): each task's final accuracy (or LAMBADA
-bpb) per variant, paired by seed with a TOST at one accuracy point; its section. See
-docs/reports.md "Downstream tasks".
+"""Downstream tasks (``eval_tasks``): final accuracy (or LAMBADA bpb) per variant, paired by seed
+with a TOST at one accuracy point; its section.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ def downstream_keys(runs: list[Run]) -> list[str]:
 def downstream_comparisons(
     included: dict[str, list[Run]], baseline: str, alpha: float
 ) -> dict[str, Any]:
-    """``{key: metric_comparison}`` of each downstream key (``downstream_keys``): final value per
-    variant and the paired difference by seed with a TOST at ``DOWNSTREAM_MARGIN``."""
+    """``{key: metric_comparison}`` per downstream key, TOST at ``DOWNSTREAM_MARGIN``."""
     every = [r for runs in included.values() for r in runs]
     out = {}
     for key in downstream_keys(every):
@@ -45,8 +45,7 @@ def downstream_comparisons(
 
 
 def render_downstream(rep: Report) -> list[str]:
-    """``## Downstream tasks``: per ``downstream/<task>/<metric>`` the final value per variant and
-    the paired difference with its CI and TOST verdict; nothing without ``eval_tasks`` runs."""
+    """``## Downstream tasks``: final value and paired verdict per key; nothing without tasks."""
     if not rep.downstream:
         return []
     conf = ci_name(rep.alpha)

@@ -1,6 +1,7 @@
-"""A family of comparisons (more than one variant against one baseline): Holm-adjusted verdicts
-and whether one design is shown best (a tested lead beyond the margin, over a baseline that has
-runs); the family's section. See docs/reports.md "Families (Holm) and a best design".
+"""A family of comparisons (2+ variants, one baseline): Holm-adjusted verdicts and whether one
+design is shown best; the family's section.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from normlab.report.tuned import run_lr
 
 
 def family_verdicts(rep: Report) -> None:
-    """Give each comparison of a family (more than one variant against the baseline) its
-    ``holm`` verdict (``holm_verdicts``); nothing for a single comparison."""
+    """Give each comparison of a family its ``holm`` verdict; nothing for a single comparison."""
     if len(rep.comparisons) > 1:
         family = holm_verdicts(rep.comparisons, rep.margin, rep.alpha)
         for c, h in zip(rep.comparisons, family, strict=True):
@@ -24,15 +24,8 @@ def family_verdicts(rep: Report) -> None:
 
 
 def best_design(rep: Report) -> dict[str, Any] | None:
-    """Whether one design of a family is shown best: the leader (lowest mean final loss) ahead of
-    the runner-up by a two-sided paired t-test, Holm-adjusted with the family's tests, and nothing
-    withholding it (``best_withheld``); None for one comparison.
-
-    Returns:
-        ``leader``, ``runner_up``, the lead's ``n``, ``mean``, ``ci``, ``equivalent``, ``p``,
-        ``p_holm``, ``family`` (tests), ``detectable``, ``withheld``, ``exclusions`` (the two's
-        seeds that did not complete) and ``shown``.
-    """
+    """``leader``, ``runner_up``, ``n``, ``mean``, ``ci``, ``p``, ``p_holm``, ``withheld``,
+    ``shown``...: the lead's two-sided paired t-test, Holm-adjusted in the family; None for one."""
     if len(rep.comparisons) < 2:
         return None
     ranked = sorted(
@@ -71,9 +64,7 @@ def best_design(rep: Report) -> dict[str, Any] | None:
 def best_withheld(
     rep: Report, leader: str, runner: str, lead: dict[str, Any], detectable: bool
 ) -> str | None:
-    """Why no best design is named whatever the test says, or None: the baseline has no completed
-    run, or a detectable lead (``lead``: runner-up − leader, nats/token) inside the study's margin.
-    """
+    """Why no best design is named whatever the test (no baseline run, lead in margin), or None."""
     if not rep.included(rep.baseline):
         n = sum(r.label == rep.baseline for r in rep.runs)
         return (
@@ -91,9 +82,7 @@ def best_withheld(
 
 
 def not_completed(rep: Report, label: str) -> list[str]:
-    """The seeds of the study that variant ``label`` did not complete, as ``"`label` seed S:
-    reason"`` (its exclusion, or ``no run``); in a tuned study only its runs at its best learning
-    rate count."""
+    """``"`label` seed S: reason"`` per seed ``label`` did not complete (tuned: at its best lr)."""
     runs = [r for r in rep.runs if r.label == label]
     if rep.tuned is not None:
         runs = [r for r in runs if run_lr(r) == rep.tuned["best"].get(label)]
@@ -106,7 +95,7 @@ def not_completed(rep: Report, label: str) -> list[str]:
 
 
 def family_clause(rep: Report, c: dict[str, Any], sentence: str) -> str:
-    """``sentence`` followed, for a comparison of a family (``c["holm"]``), by its Holm verdict."""
+    """``sentence`` plus, in a family, the comparison's Holm verdict."""
     h = c.get("holm")
     if not h:
         return sentence
@@ -118,8 +107,7 @@ def family_clause(rep: Report, c: dict[str, Any], sentence: str) -> str:
 
 
 def render_family(rep: Report) -> list[str]:
-    """``## Family of comparisons (Holm)``: the plain and Holm-adjusted p-values and verdicts of
-    each variant against the baseline; nothing for a single comparison."""
+    """``## Family of comparisons (Holm)``: plain and adjusted p-values and verdicts, or nothing."""
     comps = [c for c in rep.comparisons if c.get("holm")]
     if not comps:
         return []
@@ -153,9 +141,7 @@ def render_family(rep: Report) -> list[str]:
 
 
 def best_text(rep: Report) -> str:
-    """Whether the family shows a best design (``best_design``), in one sentence with its test: the
-    leader named best, "no best design" with the reason, or "no variant is shown best"; the two's
-    seeds that did not complete named in it. Empty for a single comparison."""
+    """The family's best-design sentence with its test; empty for a single comparison."""
     b = best_design(rep)
     if b is None:
         return ""

@@ -1,7 +1,7 @@
-"""Bits per byte and the held-out corpora (``eval_data``): the final validation bpb and each
-corpus's loss and bpb per variant, paired by seed with a TOST at the report's margin (in bpb:
-converted on the baseline's tokens); their sections and ``val_<corpus>.png``. See
-docs/reports.md "Bits per byte and held-out corpora".
+"""Bits per byte and the held-out corpora (``eval_data``): loss and bpb per variant, paired by seed
+with a TOST at the report's margin; their sections and ``val_<corpus>.png``.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from normlab.report.text import ci_name, figure_lines, fmt, method, table
 
 
 def heldout_names(runs: list[Run]) -> list[str]:
-    """Names of the held-out corpora of ``runs``: ``final_eval``'s keys and ``val/<name>/loss``
-    (or ``/bpb``) keys of the metrics, sorted."""
+    """Held-out corpus names of ``runs`` (``final_eval`` and ``val/<name>/...`` keys), sorted."""
     names: set[str] = set()
     for r in runs:
         final_eval = (r.summary or {}).get("final_eval")
@@ -39,8 +38,7 @@ def heldout_names(runs: list[Run]) -> list[str]:
 
 
 def bpb_per_nat(runs: list[Run], loss_key: str = "val/loss", bpb_key: str = "val/bpb") -> float:
-    """Median over ``runs`` of final bpb / final loss: 1 / (ln 2 · bytes per token), the factor
-    that turns nats/token into bits/byte on that split (nan when no run has both)."""
+    """Median final bpb / final loss over ``runs``: 1 / (ln 2 · bytes per token), or nan."""
     r = [final_value(x, bpb_key) / final_value(x, loss_key) for x in runs]
     return finite_median([v for v in r if v > 0])
 
@@ -56,10 +54,8 @@ def tokenizers(included: dict[str, list[Run]]) -> dict[str, list[str]]:
 def bpb_and_heldout(
     included: dict[str, list[Run]], baseline: str, margin: float, alpha: float
 ) -> dict[str, Any]:
-    """Everything the bpb and held-out sections need: ``tokenizer_differs``, ``tokenizers``, ``bpb``
-    (``metric_comparison`` of ``val/bpb``, or None) and per corpus ``heldout[name]["loss"]`` and
-    ``["bpb"]``; a bpb margin is ``margin`` (nats/token) × ``bpb_per_nat`` of the baseline's runs.
-    """
+    """``tokenizer_differs``, ``tokenizers``, ``bpb``, per corpus ``heldout[name]["loss"/"bpb"]``;
+    bpb margin: ``margin`` × the baseline's ``bpb_per_nat``."""
     every = [r for runs in included.values() for r in runs]
     toks = tokenizers(included)
     base = included.get(baseline, [])
@@ -86,8 +82,7 @@ def bpb_and_heldout(
 
 
 def tokenizer_warning(heldout: dict[str, Any]) -> str | None:
-    """The warning when the variants differ in tokenizer (``bpb_and_heldout``'s result), else
-    None."""
+    """The warning when the variants differ in tokenizer, else None."""
     if not heldout["tokenizer_differs"]:
         return None
     each = "; ".join(f"`{k}`: {'/'.join(v)}" for k, v in heldout["tokenizers"].items())
@@ -101,8 +96,7 @@ def tokenizer_warning(heldout: dict[str, Any]) -> str | None:
 
 
 def render_bpb(rep: Report) -> list[str]:
-    """``## Bits per byte``: final validation bpb per variant and the paired verdict in bpb;
-    nothing when no run has ``val/bpb``."""
+    """``## Bits per byte``: bpb per variant and the paired verdict; nothing without ``val/bpb``."""
     h = rep.heldout
     b = h.get("bpb")
     if not b:
@@ -129,8 +123,7 @@ def render_bpb(rep: Report) -> list[str]:
 
 
 def render_heldout(rep: Report) -> list[str]:
-    """One ``## Held-out corpus`` section per corpus: final loss and bpb per variant, the paired
-    differences with their CI and verdicts, and its figure."""
+    """A ``## Held-out corpus`` section per corpus: loss, bpb, paired verdicts, its figure."""
     out: list[str] = []
     conf = ci_name(rep.alpha)
     for name, h in rep.heldout.get("heldout", {}).items():

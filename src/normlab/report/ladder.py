@@ -1,7 +1,8 @@
-"""The model-size ladder: one comparison (the same variants, paired by seed) at several model
-sizes, each size with its full report, read across sizes as each variant's loss-compute law and
-the trend of the step multiplier with parameters (``laws``); its ``report.md``,
-``ladder_loss.png`` and ``ladder_multiplier.png``. See docs/reports.md "The ladder report".
+"""The model-size ladder: one comparison at several sizes, each with its full report, read across
+sizes as each variant's loss-compute law and step-multiplier trend (``laws``); its ``report.md`` and
+two figures.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -33,9 +34,8 @@ NOT_A_VARIANT = ("seed",)
 
 @dataclass
 class Ladder:
-    """Everything the ladder report says. ``sizes``: per size, smallest first, its ``shape``,
-    ``params``, ``tokens``, ``compute``, ``report`` and ``names`` (ladder label -> the size report's
-    label); ``points``, ``law_sizes``/``left_out``, ``laws`` and ``trends`` (``laws``) per label."""
+    """What the ladder report says: ``sizes`` smallest first (``shape``, ``params``, ``tokens``,
+    ``compute``, ``report``, ``names``); per label ``points``, ``laws``, ``trends``."""
 
     sources: list[Path]
     alpha: float
@@ -51,8 +51,7 @@ class Ladder:
 
 
 def size_of(run: Run) -> tuple[int, ...] | None:
-    """``(n_layer, d_model, n_head)`` of the run's model (``SIZE_KEYS``, resolved config);
-    None when a key is missing."""
+    """``(n_layer, d_model, n_head)`` of the run's resolved model; None when a key is missing."""
     vals = [run.resolved(k) for k in SIZE_KEYS]
     return tuple(int(v) for v in vals) if all(isinstance(v, int) for v in vals) else None
 
@@ -67,8 +66,7 @@ def _variant_key(run: Run) -> frozenset[str]:
 
 
 def group_by_size(runs: list[Run]) -> dict[tuple[int, ...], list[Run]]:
-    """The runs that trained (``never_trained`` aside) grouped by
-    ``size_of``, smallest size (params, then shape) first; runs without a size left out."""
+    """Trained runs by ``size_of``, smallest (params, then shape) first; unsized runs left out."""
     groups: dict[tuple[int, ...], list[Run]] = {}
     for r in runs:
         size = size_of(r)
@@ -82,17 +80,13 @@ def group_by_size(runs: list[Run]) -> dict[tuple[int, ...], list[Run]]:
 
 
 def is_ladder(runs: list[Run]) -> bool:
-    """True when ``runs`` hold at least 2 model sizes and some size holds at least 2 variants
-    (runs whose overrides differ in more than the seed): a comparison repeated across sizes.
-    A sweep whose only variants are sizes (``model=tiny,small``) is an ordinary comparison."""
+    """True when ``runs`` span 2+ sizes and some size holds 2+ variants (sizes alone: no ladder)."""
     groups = group_by_size(runs)
     return len(groups) >= 2 and any(len({_variant_key(r) for r in g}) >= 2 for g in groups.values())
 
 
 def training_flops(run: Run) -> float:
-    """Training compute of ``run`` in FLOPs: (6 N + 12 L d T) per token (``GPT.flops_per_token``:
-    N = ``summary.json`` ``params``, L layers, d width, T context) times the tokens it trained on
-    (``tokens_seen``); nan when any part is unknown."""
+    """Training FLOPs of ``run``: (6 N + 12 L d T) per token x ``tokens_seen``; nan when unknown."""
     n = run.summary_float("params")
     dims = [run.resolved(k) for k in ("model.n_layer", "model.d_model", "model.context_length")]
     if not all(isinstance(v, int) for v in dims):
@@ -113,12 +107,8 @@ def _size_row(size: tuple[int, ...], rep: Report) -> dict[str, Any]:
 
 
 def _single_name(size: dict[str, Any], labels: list[str]) -> dict[str, str]:
-    """A size of one variant labels it by its kind (no override differs there): the ladder label
-    of ``labels`` whose overrides (or design tag) all its runs carry -> its own label.
-
-    Raises:
-        ReportError: no label, or several, fit.
-    """
+    """Ladder label whose overrides a one-variant size's runs all carry -> its label. Raises
+    ReportError: no label, or several, fit."""
     rep = size["report"]
     own = rep.labels[0]
     fits = [
@@ -135,13 +125,8 @@ def _single_name(size: dict[str, Any], labels: list[str]) -> dict[str, str]:
 
 
 def _labels(sizes: list[dict[str, Any]]) -> tuple[list[str], list[dict[str, str]]]:
-    """The variant labels of the ladder, the baseline (the same at each size) first, and per
-    size its names for them (ladder label -> the size report's label; a variant the size lacks
-    is absent: ``law_sizes`` leaves that size out of the laws).
-
-    Raises:
-        ReportError: sizes with other baselines, or a one-variant size that matches no label.
-    """
+    """Ladder labels (baseline first) and per size ladder label -> its report's label. Raises
+    ReportError: sizes with other baselines, or a one-variant size that matches no label."""
     multi = [s for s in sizes if len(s["report"].labels) > 1] or sizes
     base = multi[0]["report"].baseline
     for s in multi[1:]:
@@ -166,24 +151,20 @@ def included(size: dict[str, Any], label: str) -> list[Run]:
 
 
 def comparison_at(size: dict[str, Any], label: str) -> dict[str, Any] | None:
-    """The comparison of variant ``label`` in one size's report (None: no such variant there)."""
+    """The comparison of variant ``label`` in one size's report, or None."""
     own = size["names"].get(label)
     return next((c for c in size["report"].comparisons if c["label"] == own), None)
 
 
 def _step_row(size: dict[str, Any], comp: dict[str, Any], alpha: float) -> dict[str, Any]:
-    """One size's step multiplier m, the steps part of k alone: the geometric mean of its
-    per-seed values with its interval and its log's se and df
-    (``ratio_interval``)."""
+    """One size's step multiplier m: ``ratio_interval`` of its per-seed values."""
     m = ratio_interval(list(comp["compute"]["step_mults"].values()), alpha)
     row = {"shape": size["shape"], "params": size["params"], "m": m["gmean"], "ci": m["ci"]}
     return {**row, "n": m["n"], "se": m["se_log"], "df": m["df"]}
 
 
 def _refusal(lad: Ladder, label: str) -> str | None:
-    """Why the trend of ``label`` gets no value at ``TARGET_PARAMS``: the baseline's or the
-    variant's law missed the left-out largest size by more than that size's margin, or had no
-    such check; None when both passed."""
+    """Why ``label``'s trend has no value at ``TARGET_PARAMS`` (a law failed its check), or None."""
     for lab in dict.fromkeys((lad.baseline, label)):
         law = lad.laws[lab]
         loo = law["loo"]
@@ -200,9 +181,7 @@ def _refusal(lad: Ladder, label: str) -> str | None:
 
 
 def _trend(lad: Ladder, label: str) -> dict[str, Any]:
-    """``multiplier_trend`` of variant ``label``'s step multiplier over the sizes that have
-    it, with those sizes' rows; its value at ``TARGET_PARAMS`` nan unless ``_refusal``
-    passes (``at_target["refused"]``: why not)."""
+    """``multiplier_trend`` of ``label``'s step multiplier over its sizes, with their rows."""
     rows = [
         _step_row(s, c, lad.alpha) for s in lad.sizes if (c := comparison_at(s, label)) is not None
     ]
@@ -221,7 +200,7 @@ def _trend(lad: Ladder, label: str) -> dict[str, Any]:
 
 
 def _points(sizes: list[dict[str, Any]], label: str) -> list[dict[str, Any]]:
-    """Every completed run of variant ``label`` at every size, as ``Ladder.points`` has it."""
+    """Every completed run of ``label`` at every size, as ``Ladder.points``."""
     return [
         {
             "params": r.summary_float("params"),
@@ -242,14 +221,8 @@ def build_ladder(
     baseline: str | None = None,
     margin_compute: float | None = None,
 ) -> Ladder:
-    """Load the runs of ``paths``, group them by model size, build each size's report
-    (``build_report``), then fit each variant's law over the sizes every variant has
-    (``ladder_law``) and each non-baseline variant's step-multiplier trend (``multiplier_trend``).
-
-    Raises:
-        ReportError: fewer than 2 sizes, a size's report refused (the message names the size),
-            or sizes with other baselines.
-    """
+    """Each size's report of the runs of ``paths``, each variant's law and trend. Raises
+    ReportError: under 2 sizes, a size's report refused (named), or sizes with other baselines."""
     sources = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
     groups = group_by_size(load_runs(sources))
     if len(groups) < 2:
@@ -290,8 +263,7 @@ def si(x: float) -> str:
 
 
 def one_margin(lad: Ladder) -> float | None:
-    """The margin (nats/token) every size used, or None when each size has its own:
-    ``--margin-compute`` converts its fraction at each size's own baseline slope."""
+    """The nats margin every size used, or None when each has its own (``--margin-compute``)."""
     if any(s["report"].margin_compute is not None for s in lad.sizes):
         return None
     margins = {s["report"].margin for s in lad.sizes}
@@ -299,7 +271,7 @@ def one_margin(lad: Ladder) -> float | None:
 
 
 def _ladder_margin(lad: Ladder) -> str:
-    """The header's margin: the one every size used, or that each size has its own (Sizes)."""
+    """The header's margin: the shared one, or a pointer to each size's own."""
     one = one_margin(lad)
     if one is not None:
         return f"±{one:.4g} nats/token at each size"
@@ -316,8 +288,7 @@ def _ladder_margin(lad: Ladder) -> str:
 
 
 def _ladder_header(lad: Ladder) -> list[str]:
-    """The ladder's title and what it compares: sources, variants, sizes, margin, the laws'
-    degrees of freedom."""
+    """The ladder's title: sources, variants, sizes, margin, the laws' degrees of freedom."""
     links = ", ".join(f"[{s['shape']}]({s['shape']}/report.md)" for s in lad.sizes)
     variants = ", ".join(f"`{lab}`" for lab in lad.labels[1:])
     k = len(lad.law_sizes)
@@ -337,8 +308,7 @@ def _ladder_header(lad: Ladder) -> list[str]:
 
 
 def _ladder_sizes(lad: Ladder) -> list[str]:
-    """Per size: N, tokens, compute, runs, its own margin and the baseline slope that converted
-    it (when the sizes have no one margin: ``one_margin``), and whether the laws use it."""
+    """Per size: N, tokens, compute, runs, its own margin and slope, whether the laws use it."""
     one = one_margin(lad)
     rows = []
     for s in lad.sizes:
@@ -369,8 +339,7 @@ def _pair_row(lad: Ladder, size: dict[str, Any], label: str) -> list[Any]:
 
 
 def _ladder_pairs(lad: Ladder, label: str) -> list[str]:
-    """Per size: the paired loss difference of ``label``, its step multiplier m, the speed part
-    apart, and the compute-equivalent multiplier k = m x speed."""
+    """Per size: ``label``'s paired loss difference, step multiplier m, speed, and k = m x speed."""
     conf = ci_name(lad.alpha)
     head = ["size", "n", "loss diff", conf, "verdict", "step mult. m", f"m {conf}", "speed"]
     head += ["speed from", "k = m x speed", f"k {conf}"]
@@ -398,8 +367,7 @@ def _trend_word(t: dict[str, Any]) -> str:
 
 
 def _ladder_trend(lad: Ladder, label: str) -> list[str]:
-    """The slope of ln m on ln N, and the value at 124M parameters, an extrapolation shown only
-    when the laws' leave-largest-out check passed."""
+    """The slope of ln m on ln N and, when the checks passed, the value at 124M parameters."""
     t = lad.trends[label]
     conf = f"{100 * (1 - lad.alpha):g}%"
     if t["n"] < 2 or missing(t["slope"]):
@@ -453,7 +421,7 @@ def _check_row(lad: Ladder, lab: str, law: dict[str, Any]) -> list[Any]:
 
 
 def _ladder_laws(lad: Ladder) -> list[str]:
-    """The loss-compute laws over the size means and, per law, its two checks."""
+    """The loss-compute laws over the size means with their two checks."""
     c0 = ", ".join(f"`{lab}` {fmt(law['c0'], '.3g')}" for lab, law in lad.laws.items())
     head = ["variant", "law", "E (fitted)", "A", "alpha", f"alpha {ci_name(lad.alpha)}"]
     head += ["sizes", "runs", "dof", "why this form"]
@@ -498,7 +466,7 @@ LADDER_FIGURES = {
 
 
 def render_ladder(lad: Ladder) -> str:
-    """The ladder report (``report.md`` of a sweep over model sizes) as Markdown."""
+    """The ladder's ``report.md`` as Markdown."""
     lines = [*_ladder_header(lad), *_ladder_sizes(lad)]
     for lab in lad.labels[1:]:
         lines += _ladder_pairs(lad, lab)
@@ -521,9 +489,7 @@ def render_ladder(lad: Ladder) -> str:
 
 
 def plot_ladder_loss(lad: Ladder, path: Path) -> Path | None:
-    """Final validation loss (nats/token) against training compute (FLOPs), log-log: one colour
-    per variant, a dot per completed run, a diamond per size mean the law is fitted to, and the
-    variant's law (``ladder_law``) over those means' computes."""
+    """Final loss (nats/token) against training FLOPs, log-log: runs, size means and each law."""
     pts = {
         lab: [p for p in ps if p["compute"] > 0 and p["loss"] > 0] for lab, ps in lad.points.items()
     }
@@ -553,9 +519,7 @@ def plot_ladder_loss(lad: Ladder, path: Path) -> Path | None:
 
 
 def plot_ladder_multiplier(lad: Ladder, path: Path) -> Path | None:
-    """The step multiplier m against parameters N (log-log): per variant and size m with its
-    interval, the trend, and, only when the trend has a 124M value, the line dashed to 124M with
-    the value there (``_k_axis``: wide intervals clipped)."""
+    """Step multiplier m against parameters N, log-log: per size m, its interval, the trend."""
     if not lad.trends:
         return None
     fig, ax = axes((7.5, 5))
@@ -602,18 +566,17 @@ def plot_ladder_multiplier(lad: Ladder, path: Path) -> Path | None:
 
 
 def _k_axis(ax: Any, ks: list[float]) -> None:
-    """A log k axis over the multipliers ``ks`` (and 1) widened 3x each way: an interval
-    of two seeds can span decades and would flatten every point to the axis if drawn whole."""
+    """A log k axis over ``ks`` and 1, widened 3x each way."""
     ks = [k for k in ks if math.isfinite(k) and k > 0] + [1.0]
     ax.set_yscale("log")
+    # a two-seed interval can span decades: drawn whole, it would flatten every point
     ax.set_ylim(min(ks) / 3, max(ks) * 3)
     for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
         axis(FuncFormatter(lambda v, _: f"{v:g}"))
 
 
 def write_ladder_figures(lad: Ladder, out_dir: Path) -> dict[str, Path | None]:
-    """Write the ladder's figures into ``out_dir``: ``ladder_loss.png`` and
-    ``ladder_multiplier.png``; returns name -> path, or None for a figure without data."""
+    """Write ``ladder_loss.png`` and ``ladder_multiplier.png``; name -> path (None: no data)."""
     return {
         "ladder_loss": plot_ladder_loss(lad, out_dir / "ladder_loss.png"),
         "ladder_multiplier": plot_ladder_multiplier(lad, out_dir / "ladder_multiplier.png"),

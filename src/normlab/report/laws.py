@@ -1,7 +1,8 @@
-"""The ladder's statistics across model sizes: the loss-compute law L = E + A (C/C0)^-alpha (or
-A (C/C0)^-alpha) fitted to the size means with its lack-of-fit F test and its leave-largest-out
-prediction, and the weighted trend of a multiplier with parameters, with its value at 124M
-parameters. Losses in nats/token, compute in FLOPs. See docs/reports.md "The ladder report".
+"""The ladder's statistics across sizes: the law L = E + A (C/C0)^-alpha fitted to the size means
+with its lack-of-fit F test and leave-largest-out check, and the weighted trend of a multiplier with
+parameters. Losses in nats/token, compute in FLOPs.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ N_PARAMS = {FULL: 3, PURE: 2}
 
 
 def _log_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-    """Least squares y = b0 + b1 x: the coefficients, their covariance (residual variance; nan
-    with no degree of freedom) and the degrees of freedom."""
+    """Least squares y = b0 + b1 x: coefficients, covariance (nan with no df), df."""
     coef, cov = np.polyfit(x, y, 1, cov="unscaled") if x.size > 2 else (np.polyfit(x, y, 1), None)
     dof = x.size - 2
     if cov is None:
@@ -57,8 +57,7 @@ def _law(
     why: str | None,
     alpha: float,
 ) -> dict[str, Any]:
-    """A fitted law as ``fit_power_law`` returns it, with alpha's Student t interval (nan
-    with no degree of freedom)."""
+    """A fitted law as ``fit_power_law`` returns it, with alpha's t interval (nan with no df)."""
     q = stats.t.ppf(1 - alpha / 2, dof) if dof >= 1 else NAN
     half = q * se["alpha"]
     ci = (params["alpha"] - half, params["alpha"] + half) if math.isfinite(half) else (NAN, NAN)
@@ -67,8 +66,7 @@ def _law(
 
 
 def _full_start(x: np.ndarray, loss: np.ndarray) -> tuple[float, float, float]:
-    """A start for L = E + A x^-alpha: the floor E on a grid below the lowest loss whose
-    straight line of ln(L − E) on ln x fits best, with that line's A and alpha."""
+    """Start for L = E + A x^-alpha: the E below the lowest loss whose log-log line fits best."""
     best = (math.inf, 0.0, 1.0, 0.1)
     for e in np.linspace(0.0, 0.98 * loss.min(), 50):
         coef = np.polyfit(np.log(x), np.log(loss - e), 1)
@@ -80,9 +78,8 @@ def _full_start(x: np.ndarray, loss: np.ndarray) -> tuple[float, float, float]:
 def _full_law(
     x: np.ndarray, loss: np.ndarray, c0: float, alpha: float, strict: bool
 ) -> dict[str, Any] | str:
-    """L = E + A x^-alpha (x = C/C0) by bounded least squares, or why not: no convergence, no
-    finite covariance, or (``strict``) E at a bound. The covariance is (J'J)^-1 times the
-    residual variance on x.size − 3 degrees of freedom (nan standard errors with none)."""
+    """L = E + A x^-alpha by bounded least squares (covariance on x.size − 3 df), or why not: no
+    convergence, no finite covariance, or (``strict``) E at a bound."""
     try:
         p, cov = optimize.curve_fit(
             lambda x, e, a, al: e + a * x**-al,
@@ -111,19 +108,9 @@ def _full_law(
 def fit_power_law(
     compute: list[float], losses: list[float], alpha: float = 0.05, form: str | None = None
 ) -> dict:
-    """Final validation loss L (nats/token) against training compute C (FLOPs), one point per size:
-    L = E + A (C/C0)^-alpha (``scipy.optimize.curve_fit``, bounded; C0 the geometric mean of C) from
-    4 points with E inside its bounds, else L = A (C/C0)^-alpha with ``why``; ``form`` forces one.
-
-    Returns:
-        ``form``, ``E`` (nan in the 2-parameter form), ``A``, ``alpha``; ``se`` of each;
-        ``alpha_ci`` (1−``alpha`` Student t on ``dof`` = points − parameters; nan at 0); ``n``;
-        ``c0``; ``why``.
-
-    Raises:
-        ReportError: fewer usable points than the form's parameters (2 unless forced), fewer than 2
-            distinct C, or a forced full form that fails.
-    """
+    """``form``, ``E``, ``A``, ``alpha``, ``se``, ``alpha_ci``, ``dof``, ``n``, ``c0``, ``why``: the
+    law of L (nats/token) on C (FLOPs), one point per size. Raises ReportError: too few points or
+    distinct C, or a forced full form that fails."""
     c, loss = np.asarray(compute, float), np.asarray(losses, float)
     ok = np.isfinite(c) & np.isfinite(loss) & (c > 0) & (loss > 0)
     c, loss = c[ok], loss[ok]
@@ -149,15 +136,13 @@ def law_value(law: dict[str, Any], compute: np.ndarray) -> np.ndarray:
 
 
 def usable(point: dict[str, Any]) -> bool:
-    """Whether a point of ``Ladder.points`` can enter a law: a training compute > 0 (nan
-    when the run records no ``params`` or tokens) and a finite final loss."""
+    """Whether a ``Ladder.points`` point can enter a law: compute > 0 and a finite final loss."""
     return point["compute"] > 0 and math.isfinite(point["loss"])
 
 
 def size_means(points: list[dict[str, Any]], shapes: list[str]) -> list[dict[str, Any]]:
-    """Per shape of ``shapes`` (in that order, smallest first), the mean of one variant's runs
-    there (``points``: ``Ladder.points``): ``{"shape", "compute"`` (geometric mean, FLOPs),
-    ``"loss"`` (mean, nats/token), ``"losses"``, ``"n"}``; a shape without a finite run left out."""
+    """Per shape of ``shapes`` with a finite run: ``shape``, ``compute`` (geometric mean, FLOPs),
+    ``loss`` (mean, nats/token), ``losses``, ``n``."""
     out = []
     for shape in shapes:
         pts = [p for p in points if p["shape"] == shape and usable(p)]
@@ -170,8 +155,7 @@ def size_means(points: list[dict[str, Any]], shapes: list[str]) -> list[dict[str
 
 
 def lack_of_fit(law: dict[str, Any], means: list[dict[str, Any]]) -> dict[str, Any]:
-    """The lack-of-fit F test of ``law`` (fitted to ``means``) against the seeds' scatter: SS_lof on
-    K − P degrees of freedom against SS_pe on N − K. Returns ``F``, ``p`` (nan when a df is 0),
+    """Lack-of-fit F test of ``law`` against the seeds' scatter: ``F``, ``p`` (nan when a df is 0),
     ``df_lof``, ``df_pe``, ``ss_lof``, ``ss_pe`` (nats²)."""
     k, runs = len(means), sum(m["n"] for m in means)
     df_lof, df_pe = k - N_PARAMS[law["form"]], runs - k
@@ -189,9 +173,8 @@ def lack_of_fit(law: dict[str, Any], means: list[dict[str, Any]]) -> dict[str, A
 def leave_largest_out(
     law: dict[str, Any], means: list[dict[str, Any]], alpha: float = 0.05
 ) -> dict[str, Any]:
-    """``law``'s form refitted to every size of ``means`` but the largest, read at the largest's
-    compute: ``shape``, ``predicted``, ``measured``, ``error`` (nats/token) and ``why`` (None, or
-    why there is no prediction, the numbers then nan)."""
+    """``law`` refitted without the largest size, read at its compute: ``shape``, ``predicted``,
+    ``measured``, ``error`` (nats/token), ``why`` (None, or why there is none)."""
     last = means[-1]
     out = {"shape": last["shape"], "measured": last["loss"], "predicted": NAN, "error": NAN}
     rest = means[:-1]
@@ -206,9 +189,8 @@ def leave_largest_out(
 
 
 def ladder_law(points: list[dict[str, Any]], shapes: list[str], alpha: float) -> dict[str, Any]:
-    """One variant's law over ``shapes``: ``fit_power_law`` on its ``size_means`` with ``means``,
-    ``runs``, ``lof`` (``lack_of_fit``) and ``loo`` (``leave_largest_out``); with too few sizes,
-    ``form`` None, ``why`` the refusal, numbers nan."""
+    """One variant's ``fit_power_law`` over ``shapes`` with ``means``, ``runs``, ``lof``, ``loo``;
+    too few sizes: ``form`` None, ``why``, numbers nan."""
     means = size_means(points, shapes)
     runs = sum(m["n"] for m in means)
     try:
@@ -225,8 +207,7 @@ def ladder_law(points: list[dict[str, Any]], shapes: list[str], alpha: float) ->
 def law_sizes(
     shapes: list[str], points: dict[str, list[dict[str, Any]]]
 ) -> tuple[list[str], dict[str, str]]:
-    """The shapes where every variant of ``points`` has a ``usable`` point (so every law spans the
-    same sizes), and per other shape why not."""
+    """Shapes where every variant has a ``usable`` point, and per other shape why not."""
     keep, left_out = [], {}
     for shape in shapes:
         runs = {lab: [p for p in pts if p["shape"] == shape] for lab, pts in points.items()}
@@ -246,8 +227,7 @@ def law_sizes(
 
 
 def _trend_df(m: int, coef: np.ndarray, se: np.ndarray, df: np.ndarray, weighted: bool) -> float:
-    """Degrees of freedom of a trend's estimate over ``m`` sizes: m − 2, or, weighted, the smaller
-    of that and Welch-Satterthwaite's on each size's ``se`` and ``df``; nan under 3 sizes."""
+    """A trend's df over ``m`` sizes: m − 2, or less (Welch-Satterthwaite); nan if m < 3."""
     if m <= 2:
         return NAN
     if not (weighted and np.all(np.isfinite(df) & (df > 0))):
@@ -264,15 +244,8 @@ def multiplier_trend(
     target: float = TARGET_PARAMS,
     df: list[float] | None = None,
 ) -> dict[str, Any]:
-    """The trend of a multiplier k with parameters N: least squares ln k = a + b (ln N − x̄), one
-    point per size, weighted by 1/se² when every size has one (covariance widened when the sizes
-    scatter more than their seeds explain), with Student t intervals on ``_trend_df``.
-
-    Returns:
-        ``n``, ``weighted``, ``slope``, ``slope_ci``, ``slope_df``, ``x_ref``, ``intercept`` and
-        ``at_target`` (``params``, ``k``, ``ci``, ``df``, ``beyond``: target / largest N); intervals
-        nan under 3 sizes, all nan under 2.
-    """
+    """Weighted least squares ln k = a + b (ln N − x̄), one point per size: ``n``, ``weighted``,
+    ``slope``, ``slope_ci``, ``slope_df``, ``x_ref``, ``intercept``, ``at_target``; nan if n < 3."""
     x, y, s = (np.asarray(v, float) for v in (params, ks, se))
     d = np.asarray([NAN] * x.size if df is None else df, float)
     ok = np.isfinite(x) & (x > 0) & np.isfinite(y) & (y > 0)
@@ -305,6 +278,6 @@ def multiplier_trend(
 
 
 def trend_value(trend: dict[str, Any], params: np.ndarray) -> np.ndarray:
-    """The fitted trend (``multiplier_trend``) at ``params``: the multiplier k."""
+    """The multiplier k of the trend at ``params``."""
     x = np.log(np.asarray(params, float)) - trend["x_ref"]
     return np.exp(trend["intercept"] + trend["slope"] * x)

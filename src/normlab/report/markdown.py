@@ -1,8 +1,8 @@
-"""``report.md``: the header, the compute-equivalent verdict, the final loss per variant, the
-verdict and its paired table, the excluded runs and the figures, each qualifier's section (from
-its own module) in its place. A section keeps its numbers, warnings and verdict words and names
-the section of the methods page that explains it (``text.method``).
-See docs/reports.md "Where a report points"."""
+"""``report.md``: header, compute-equivalent verdict, final loss, verdict and paired table, excluded
+runs, figures, and each qualifier's section in its place, each naming its method (``text.method``).
+
+Why: docs/reports.md
+"""
 
 from __future__ import annotations
 
@@ -62,8 +62,7 @@ def _skipped(rep: Report) -> str:
 
 
 def _slope_text(rep: Report) -> str:
-    """The baseline slope a margin is converted at: annealed (with the within-run reading's
-    worth beside it), or the end slope of its curve, a within-run reading."""
+    """The slope a margin is converted at: annealed (within-run beside), or the end slope."""
     if rep.slope_source == "annealed":
         return (
             f"the baseline's annealed slope, {fmt(rep.slope, '.3g')} nats per e-fold of steps "
@@ -80,8 +79,7 @@ def _slope_text(rep: Report) -> str:
 
 
 def margin_text(rep: Report) -> str:
-    """The margin in effective compute and in nats, converted at the baseline's slope: the one
-    figure the report gives for what the margin is worth."""
+    """The margin in effective compute and in nats, converted at the baseline's slope."""
     slope = _slope_text(rep)
     if rep.margin_compute is not None:
         text = (
@@ -100,8 +98,7 @@ MAX_WORTH = 10.0
 
 
 def worth_text(worth: float) -> str:
-    """A margin's worth in effective compute (a fraction) as text; beyond ``MAX_WORTH``
-    (1000%) the number is no measure, only a sign that the baseline's curve is nearly flat."""
+    """A margin's worth in compute as text; beyond ``MAX_WORTH``, that the curve is nearly flat."""
     if worth > MAX_WORTH:
         return (
             f"more than {MAX_WORTH:.0%} of effective compute (the baseline's curve is nearly "
@@ -121,8 +118,7 @@ def _k_text(k: dict[str, Any]) -> str:
 
 
 def compute_headline(rep: Report, c: dict[str, Any]) -> str:
-    """One comparison's compute-equivalent verdict in one sentence: "norm=rms: 1.013x the
-    effective compute of norm=layer [0.991, 1.036] (n = 3; steps x speed: 0.995 x 1.018)"."""
+    """A comparison's compute-equivalent verdict in one sentence: k, its interval, n, its parts."""
     k = c["compute"]
     if k["n"] == 0:
         return (
@@ -188,8 +184,7 @@ def render_compute(rep: Report) -> list[str]:
 
 
 def _variants(rep: Report) -> list[str]:
-    """``## Final validation loss per variant``, the sequential times flagged where the report
-    judges them not comparable (``speed.flag``)."""
+    """``## Final validation loss per variant``, sequential times flagged (``speed.flag``)."""
     head = ["variant", "n", "excluded", "mean", "std", "min", "max", "step time (ms)", "tokens/s"]
     bpb = any(v["bpb"]["n"] for v in rep.variants)
     head += ["mean bpb"] if bpb else []
@@ -217,8 +212,7 @@ def _variants(rep: Report) -> list[str]:
 
 
 def _sentence(rep: Report, c: dict[str, Any]) -> str:
-    """One comparison's verdict in words: its numbers, the verdict, its power and, in a family,
-    its Holm verdict."""
+    """One comparison's verdict in words: numbers, verdict, power, Holm verdict in a family."""
     conf, tconf = ci_name(rep.alpha), ci_name(2 * rep.alpha)
     m, seeds = rep.margin, ", ".join(map(str, c["seeds"])) or "none"
     who = f"**`{c['label']}` − `{rep.baseline}`**"
@@ -241,7 +235,9 @@ def _sentence(rep: Report, c: dict[str, Any]) -> str:
         c,
         f"{who}: over n = {c['n']} seeds paired with the baseline ({seeds}), the final validation "
         f"loss differs by {fmt(c['mean'], '+.4f')} nats/token on average (std {fmt(c['std'])}); "
-        f"{conf} {fmt_ci(c['ci'])}, {tconf} {fmt_ci(c['ci_tost'])}. Verdict: **{c['verdict']}**. "
+        f"{conf} {fmt_ci(c['ci'])}, {tconf} {fmt_ci(c['ci_tost'])}. Verdict: **{c['verdict']}** "
+        "(a fixed-n TOST: valid for a seed count fixed in advance; `--sequential` for one read "
+        "while seeds were added). "
         f"Power: ±{m:g} nats needs {need if need else 'more than 100000'} seeds for "
         f"{POWER:.0%} TOST power at the observed std if the true difference is 0 (n = {c['n']} "
         f"gives {fmt_power(p['at_n'])}; the std is estimated from {c['n']} pairs{rough})."
@@ -267,6 +263,8 @@ def _verdict(rep: Report) -> list[str]:
     out += [f"> **Warning:** {w}.\n" for w in rep.confounds]
     if not rep.comparisons:
         return [*out, "Only one variant: nothing to compare."]
+    if note := tuned.untuned_note(rep):
+        out += [f"> **Learning rate:** {note}.\n"]
     sentences = [line for c in rep.comparisons for line in (_sentence(rep, c), "")]
     return out + sentences + [method("the-verdict")]
 
@@ -331,8 +329,7 @@ def _what_happened(run: Run) -> str:
 
 
 def outcome_rows(rep: Report) -> list[list[Any]]:
-    """One row per variant (baseline first): runs, completed, what happened to the others (per
-    seed), mean final validation loss, and the paired mean difference to the baseline with its n."""
+    """Per variant, baseline first: runs, completed, the others' fates, mean loss, paired diff."""
     comp = {c["label"]: c for c in rep.comparisons}
     rows = []
     for v in rep.variants:
@@ -406,8 +403,7 @@ FIGURES = {
 
 
 def _figures(rep: Report) -> list[str]:
-    """The figures of ``FIGURES`` with their captions; under each figure of sequential times, a
-    note when those times do not compare (``speed.not_comparable``)."""
+    """The ``FIGURES`` with captions, and a note under each of sequential times not comparable."""
     conf, tconf = ci_name(rep.alpha), ci_name(2 * rep.alpha)
     shown = {k: f for k, f in FIGURES.items() if k != "lr_curve" or rep.tuned}
     bad = speed.not_comparable(rep)

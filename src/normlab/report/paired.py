@@ -1,7 +1,8 @@
-"""What a report holds (``Report``) and how its runs are paired: by seed, variant − baseline,
-over the seeds where both have a finite value; a final value of any metric; one metric compared
-across the variants (``metric_comparison``) and its two tables.
-See docs/reports.md "The verdict"."""
+"""What a report holds (``Report``) and how its runs pair: by seed, variant − baseline, over seeds
+where both have a finite value; one metric compared across variants and its two tables.
+
+Why: docs/reports.md
+"""
 
 from __future__ import annotations
 
@@ -18,9 +19,8 @@ from normlab.report.text import fmt, fmt_ci
 
 @dataclass
 class Report:
-    """Everything ``report.md`` says: ``variants`` and ``comparisons`` (row dicts, baseline first),
-    ``confounds`` (warnings), ``timing`` (per label, the step-time checks of its runs) and each
-    qualifier's part."""
+    """Everything ``report.md`` says: ``variants``, ``comparisons`` (baseline first), ``confounds``,
+    ``timing``, and each qualifier's part."""
 
     sources: list[Path]
     margin: float
@@ -65,7 +65,7 @@ class Report:
     unfinished: list[dict[str, Any]] = field(default_factory=list)
 
     def included(self, label: str) -> list[Run]:
-        """The runs of variant ``label`` that count in the statistics (completed, not set aside)."""
+        """The runs of ``label`` that count (completed, not set aside)."""
         return [
             r for r in self.runs if r.label == label and r.excluded is None and r.set_aside is None
         ]
@@ -82,11 +82,7 @@ def median_of(runs: list[Run], key: str) -> float:
 
 
 def by_seed(rep: Report, label: str) -> dict[Any, Run]:
-    """Seed -> run of the included runs of variant ``label``.
-
-    Raises:
-        ReportError: two completed runs of one seed (pairing would be ambiguous).
-    """
+    """Seed -> included run of ``label``. Raises ReportError: two completed runs of one seed."""
     inc = rep.included(label)
     seeds = [r.seed for r in inc]
     dup = [s for s in seeds if seeds.count(s) > 1]
@@ -98,14 +94,12 @@ def by_seed(rep: Report, label: str) -> dict[Any, Run]:
 
 
 def common_seeds(base: dict[Any, Any], var: dict[Any, Any]) -> list[Any]:
-    """The seeds (keys) of both ``base`` and ``var``, sorted by their text: the order of every
-    pairing in a report."""
+    """Seeds of both ``base`` and ``var``, sorted by text: every pairing's order."""
     return sorted(set(base) & set(var), key=str)
 
 
 def paired_diffs(base: dict[Any, float], var: dict[Any, float]) -> tuple[list[Any], list[float]]:
-    """The seeds where both ``base`` and ``var`` (seed -> value) have a finite value
-    (``common_seeds``) and the differences variant − baseline there (units of the values)."""
+    """Seeds where both have a finite value, and the differences variant − baseline there."""
     seeds = common_seeds(base, var)
     seeds = [s for s in seeds if math.isfinite(var[s]) and math.isfinite(base[s])]
     return seeds, [var[s] - base[s] for s in seeds]
@@ -137,9 +131,8 @@ def metric_comparison(
     alpha: float,
     unit: str = "nats",
 ) -> dict[str, Any]:
-    """Final ``key`` per variant (``describe``) and, per other variant, its ``paired_difference``
-    variant − baseline by seed with ``margin`` in the unit of ``key`` (``unit`` names it in the
-    verdict); ``included``: label -> runs, the baseline's among them."""
+    """Final ``key`` per variant and, per other variant, its paired difference at ``margin`` (unit
+    of ``key``); ``included``: label -> runs."""
     out: dict[str, Any] = {"key": key, "margin": margin, "variants": {}, "comparisons": {}}
     finals = {
         lab: {r.seed: final_value(r, key) for r in runs if r.seed is not None}
@@ -158,8 +151,7 @@ def metric_comparison(
 
 
 def comparison_rows(comp: dict[str, Any], spec: str = "+.4f") -> list[list[Any]]:
-    """Rows ``variant, n, mean diff, CI, verdict`` of a ``metric_comparison``'s paired
-    differences."""
+    """Rows ``variant, n, mean diff, CI, verdict`` of a ``metric_comparison``."""
     return [
         [f"`{lab}`", c["n"], fmt(c["mean"], spec), fmt_ci(c["ci"], spec), c["verdict"]]
         for lab, c in comp["comparisons"].items()

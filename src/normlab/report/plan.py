@@ -1,7 +1,7 @@
-"""The plan of a study from a pilot sweep (``normlab-report --plan``): the seeds a TOST at a
-margin needs for 80% power, at the pilot's paired std and at its upper confidence bound, and the
-hours the study takes on the pilot's machine, or why the pilot cannot time it. See
-docs/reports.md "Planning a study".
+"""The plan of a study from a pilot sweep (``normlab-report --plan``): the seeds a TOST at a margin
+needs at the pilot's paired std and its upper bound, and the hours on the pilot's machine.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from normlab.report.text import fmt
 
 
 def steps_to_time(warmup: int, diag_interval: int | None, timed: int = MIN_STEPS) -> int | None:
-    """The fewest ``max_steps`` whose step time a run measures on ``timed`` steps: the trainer
-    times neither its first ``warmup`` timed steps (``timing_warmup_steps``) nor a step with
-    diagnostics (every ``diag_interval``-th); None when every step has them (1)."""
+    """Fewest ``max_steps`` that time ``timed`` steps past ``warmup`` and diagnostics, or None."""
     if diag_interval == 1:
         return None
     n = counted = 0
@@ -31,9 +29,8 @@ def steps_to_time(warmup: int, diag_interval: int | None, timed: int = MIN_STEPS
 
 
 def untimed(runs: list[Run], steps: float) -> dict[str, Any]:
-    """Why a pilot ``runs`` of ``steps`` steps has no median step time, from its configs:
-    ``warmup`` (largest), ``diag_interval`` (smallest, None when off), ``max_steps`` (the fewest
-    that time every run; None when unknown) and ``short`` (the runs did fewer than that)."""
+    """Why pilot ``runs`` of ``steps`` steps has no step time: ``warmup``, ``diag_interval``,
+    ``max_steps`` (fewest that time every run), ``short``."""
     need, warmups, diags = [], [], []
     for r in runs:
         w, d = r.resolved("timing_warmup_steps"), r.resolved("diag_interval")
@@ -52,16 +49,8 @@ def untimed(runs: list[Run], steps: float) -> dict[str, Any]:
 
 
 def plan_study(rep: Report) -> dict[str, Any]:
-    """What a TOST at ``rep.margin`` (nats/token) needs, planned from the pilot ``rep``: per variant
-    the paired std and its 1−alpha upper bound, the seeds for ``POWER`` at each (None: n < 2, or
-    more than the search allows) and the hours on the pilot's machine (seeds × variants × one run).
-
-    Returns:
-        ``margin``, ``alpha``, ``variants``, ``steps`` (median), ``step_s`` and ``overhead_s`` (per
-        run, outside training), ``run_s``, ``untimed`` (None, or ``untimed`` for a pilot too short
-        to time) and ``rows`` (``label``, ``n``, ``std``, ``std_upper``, ``seeds``,
-        ``seeds_upper``, ``hours``, ``hours_upper``; hours nan untimed).
-    """
+    """``margin``, ``alpha``, ``variants``, ``steps``, ``step_s``, ``overhead_s``, ``run_s``,
+    ``untimed``, ``rows`` (per variant: std, ``std_upper``, seeds and hours at each)."""
     runs = [r for lab in rep.labels for r in rep.included(lab)]
     steps = finite_median([float(x) for r in runs if (x := steps_done(r)) is not None])
     step_s = median_of(runs, "step_time_ms_median") / 1000
@@ -108,8 +97,7 @@ def plan_study(rep: Report) -> dict[str, Any]:
 
 
 def _untimed_text(plan: dict[str, Any]) -> str:
-    """Why the pilot of ``plan`` (``plan_study``) has no step time, and the ``max_steps`` that would
-    time it (``untimed``)."""
+    """Why the pilot of ``plan`` has no step time, and the ``max_steps`` that would time it."""
     u = plan["untimed"]
     warmup, diag, need = u["warmup"], u["diag_interval"], u["max_steps"]
     if not u["short"]:
@@ -134,8 +122,7 @@ def _untimed_text(plan: dict[str, Any]) -> str:
 
 
 def _plan_row(plan: dict[str, Any], r: dict[str, Any], baseline: str) -> str:
-    """One variant's line of ``render_plan``: seeds (and hours, when the pilot was timed)
-    at the paired std and at its upper bound."""
+    """One variant's line: seeds (and hours, when timed) at the paired std and its upper bound."""
     if r["n"] < 2:
         return f"  {r['label']} vs {baseline}: n = {r['n']} paired seeds, need >= 2"
     timed = plan["untimed"] is None
@@ -153,8 +140,7 @@ def _plan_row(plan: dict[str, Any], r: dict[str, Any], baseline: str) -> str:
 
 
 def render_plan(plan: dict[str, Any], baseline: str) -> list[str]:
-    """The lines ``normlab-report --plan`` prints (``plan_study``):
-    the seeds per variant, and the hours when the pilot was timed, else why it was not."""
+    """The lines ``normlab-report --plan`` prints: seeds per variant, hours or why untimed."""
     over = plan["overhead_s"]
     outside = f" + {over:.1f} s outside training" if math.isfinite(over) else ""
     one_run = (

@@ -1,7 +1,7 @@
-"""The figure kit every figure of a report is drawn with (an Agg ``Figure``, no display, written
-atomically; a mark stamped on a figure the report judges not comparable; the mean-and-band plot)
-and the curves every report has: validation loss, training loss, the paired difference and
-validation loss against tokens. Losses in nats/token. See docs/reports.md "Figures".
+"""The figure kit of a report (an Agg ``Figure`` written atomically, the not-comparable stamp, the
+mean-and-band plot) and the curves every report has. Losses in nats/token.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -33,16 +33,14 @@ def axes(figsize: tuple[float, float] = (8, 5)) -> tuple[Figure, Any]:
 
 
 def zoom_to_losses(ax: Any, curves: list[tuple[np.ndarray, np.ndarray]]) -> None:
-    """Zoom ``ax`` to ``loss_limits`` of ``curves`` (``(x, loss)`` pairs): the initial model's
-    point is drawn off the top instead of squashing the rest."""
+    """Zoom ``ax`` to ``loss_limits`` of ``(x, loss)`` ``curves``, initial points off the top."""
     lo, hi = loss_limits(curves)
     if math.isfinite(lo) and math.isfinite(hi):
         ax.set_ylim(lo, hi)
 
 
 def save(fig: Figure, path: Path) -> Path:
-    """Render ``fig`` (a PNG at 120 dpi) and replace ``path`` with it atomically, never through a
-    link (``write_atomic``); returns ``path``."""
+    """Write ``fig`` as a 120 dpi PNG to ``path`` with ``write_atomic``; returns ``path``."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     return write_atomic(path, buf.getvalue())
@@ -57,8 +55,7 @@ def finish(fig: Figure, ax: Any, path: Path, title: str, xlabel: str, ylabel: st
 
 
 def stamp(fig: Figure, ax: Any, mark: str | None) -> None:
-    """Stamp ``mark`` (a "not comparable" verdict of the report) on the figure: in red above the
-    plot and across it, so the figure cannot be read, or cropped, without it. Nothing when None."""
+    """Stamp ``mark`` in red above and across the figure, so no crop loses it; nothing when None."""
     if not mark:
         return
     fig.suptitle(mark, color="C3", fontweight="bold", fontsize="medium")
@@ -85,8 +82,7 @@ def band(ax: Any, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, color: Any, alp
 def band_plot(
     curves: Curves, path: Path, title: str, ylabel: str, xlabel: str = STEP
 ) -> Path | None:
-    """Per label, the mean of its runs' curves with a min–max band (a label's colour is its
-    place in ``curves``, so it is the same in every figure); None when no curve has a point."""
+    """Per label the mean of its runs' curves, a min–max band, colour by place; None if empty."""
     if not any(len(s) for runs in curves.values() for s, _ in runs):
         return None
     fig, ax = axes()
@@ -109,8 +105,7 @@ def band_plot(
 
 
 def plot_val_loss(metrics: Metrics, path: Path, corpus: str | None = None) -> Path | None:
-    """Validation loss (nats/token) vs step: mean over runs per variant, min–max band; of the
-    held-out corpus ``corpus`` (``val/<corpus>/loss``) when given, else the validation split."""
+    """Validation loss (nats/token) vs step per variant, of held-out ``corpus`` when given."""
     key = f"val/{corpus}/loss" if corpus else "val/loss"
     curves = {lab: [series(rows, key) for rows in runs] for lab, runs in metrics.items()}
     what = f"Held-out corpus {corpus}: loss" if corpus else "Validation loss"
@@ -119,8 +114,7 @@ def plot_val_loss(metrics: Metrics, path: Path, corpus: str | None = None) -> Pa
 
 
 def plot_train_loss(metrics: Metrics, path: Path, beta: float = 0.95) -> Path | None:
-    """Training loss (nats/token) vs step, each run smoothed by ``ema``, then mean and min–max band
-    over runs."""
+    """Training loss (nats/token) vs step, each run smoothed by ``ema``, mean and band over runs."""
     curves = {
         lab: [(s, ema(v, beta)) for s, v in (series(rows, "train/loss") for rows in runs)]
         for lab, runs in metrics.items()
@@ -130,9 +124,8 @@ def plot_train_loss(metrics: Metrics, path: Path, beta: float = 0.95) -> Path | 
 
 
 def plot_val_diff(rep: Report, path: Path) -> Path | None:
-    """Validation loss variant − baseline paired by seed against step (tokens on the top axis when
-    every run has one tokens-per-step): the mean, its 1−alpha band with the TOST's 1−2·alpha band
-    inside, 0 and ±margin (nats/token). None without a paired validation step."""
+    """Paired validation loss variant − baseline vs step: mean, 1−alpha band with the TOST's
+    1−2·alpha band inside, 0 and ±margin (nats/token). None without a paired step."""
     comps = [c for c in rep.comparisons if len(c["curve"]["step"])]
     if not comps:
         return None
@@ -164,8 +157,7 @@ def plot_val_diff(rep: Report, path: Path) -> Path | None:
 
 
 def plot_val_tokens(included: dict[str, list[Run]], path: Path) -> Path | None:
-    """Validation loss against tokens seen (step × tokens per step): mean over a variant's runs
-    with a min–max band. None without validation points or tokens per step."""
+    """Validation loss against tokens seen, mean and band per variant; None without tokens."""
     curves = {
         lab: [
             (s * r.tokens_per_step, v)
@@ -182,8 +174,7 @@ def plot_val_tokens(included: dict[str, list[Run]], path: Path) -> Path | None:
 def write_curve_figures(
     rep: Report, out_dir: Path, beta: float = EMA_BETA
 ) -> dict[str, Path | None]:
-    """``val_loss.png``, ``val_diff.png``, ``train_loss.png`` and ``val_tokens.png`` of ``rep``'s
-    included runs into ``out_dir``; name -> path, None for a figure without data."""
+    """The four curve figures of ``rep``'s included runs into ``out_dir``; name -> path or None."""
     metrics = {lab: [r.metrics for r in rep.included(lab)] for lab in rep.labels}
     included = {lab: rep.included(lab) for lab in rep.labels}
     return {

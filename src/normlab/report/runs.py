@@ -1,8 +1,8 @@
-"""Runs as the report reads them: a ``Run`` from a run dir (``.hydra/``, ``metrics.jsonl``,
-``summary.json``, ``annealed.jsonl``; metric names from before the namespaced rename renamed on
-load) or from a series file, the file of every run's series a report writes beside ``report.md``
-so that it rebuilds from that file alone; and ``write_atomic``, the one way a report writes a
-file. Nothing here imports model or training code. See docs/reports.md "Re-deriving a report".
+"""Runs as the report reads them: a ``Run`` from a run dir (old metric names renamed on load) or
+from a series file, the file a report writes so that it rebuilds from it alone; and
+``write_atomic``, the one way a report writes a file. No model or training code.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ class ReportError(Exception):
 
 @dataclass
 class Run:
-    """One run dir: overrides, flattened config (dotted keys), metrics rows (new names), summary
-    (None if absent or unreadable); ``name`` is the path shown in the report."""
+    """One run: overrides, flat dotted config, metric rows (new names), summary (or None)."""
 
     path: Path
     overrides: list[str]
@@ -78,15 +77,13 @@ class Run:
         return self.summary_float("final_val_loss")
 
     def summary_float(self, key: str) -> float:
-        """A numeric summary field (units as in ``summary.json``), nan when absent or null."""
+        """A numeric summary field (its units), nan when absent or null."""
         v = (self.summary or {}).get(key)
         return NAN if v is None else float(v)
 
     @property
     def tokens_per_step(self) -> int | None:
-        """Tokens one optimizer step consumes: ``summary.json``'s ``tokens_per_step``, else
-        ``data.batch_size * optim.grad_accum * model.context_length`` (as
-        ``TrainConfig.tokens_per_step``); None when a key is missing."""
+        """Tokens per optimizer step: the summary's, else the config's, else None."""
         if isinstance((self.summary or {}).get("tokens_per_step"), int):
             return self.summary["tokens_per_step"]
         keys = ("data.batch_size", "optim.grad_accum", "model.context_length")
@@ -94,9 +91,7 @@ class Run:
         return math.prod(vals) if all(isinstance(v, int) for v in vals) else None
 
     def resolved(self, key: str) -> Any:
-        """A config value as the run resolved it (``norm.impl=auto`` -> ``cpp``):
-        ``summary.json``'s ``norm_impl`` for ``norm.impl`` (``precision`` for ``precision.dtype``),
-        else its resolved ``config``, else ``.hydra/config.yaml``."""
+        """A config value as the run resolved it (``auto`` -> ``cpp``): summary, else config."""
         s = self.summary or {}
         if key == "norm.impl" and s.get("norm_impl"):
             return s["norm_impl"]
@@ -116,8 +111,7 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def override_key(override: str) -> str:
-    """The config key an override sets: ``"norm=rms"`` -> ``"norm"``, ``"+optim.lr=1e-3"`` ->
-    ``"optim.lr"``, ``"hydra/launcher=x"`` -> ``"hydra.launcher"``."""
+    """The key an override sets: ``"+optim.lr=1e-3"`` -> ``"optim.lr"``, ``a/b=c`` -> ``a.b``."""
     return override.split("=", 1)[0].lstrip("+~").split("@", 1)[0].replace("/", ".")
 
 
@@ -141,9 +135,7 @@ def exclusion_reason(summary: dict[str, Any] | None) -> str | None:
 
 
 def never_trained(run: Run) -> str | None:
-    """Why ``run`` never trained, or None when it did (or may have): no ``metrics.jsonl`` row and a
-    ``summary.json`` that is absent or says ``status: refused``. The report skips such a dir with a
-    note instead of making it a variant of its own."""
+    """Why ``run`` never trained (no metrics row; summary absent or ``refused``), else None."""
     if run.metrics:
         return None
     if run.summary is None:
@@ -154,8 +146,7 @@ def never_trained(run: Run) -> str | None:
 
 
 def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
-    """One ``metrics.jsonl`` row with old names (``METRIC_RENAMES``) renamed; where a row holds
-    both the old and the new name, the new one is kept."""
+    """A ``metrics.jsonl`` row with ``METRIC_RENAMES`` applied (the new name wins a clash)."""
     out = {METRIC_RENAMES.get(k, k): v for k, v in row.items() if k not in METRIC_RENAMES}
     for old, new in METRIC_RENAMES.items():
         if old in row and new not in row:
@@ -164,13 +155,8 @@ def normalise_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of ``path``, one a line (``metrics.jsonl``, ``annealed.jsonl``), as
-    written; blank, truncated (a killed run's last), non-object and too deeply nested lines are
-    skipped (``normlab.config.files.read_rows``).
-
-    Raises:
-        ReportError: ``path`` is not a regular file of at most ``ROWS_MAX_BYTES``.
-    """
+    """JSON objects of ``path``, one a line; bad lines skipped. Raises ReportError: not a regular
+    file of at most ``ROWS_MAX_BYTES``."""
     try:
         return files.read_rows(path)
     except (OSError, RunFileError) as e:
@@ -178,13 +164,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The rows of ``path`` (a ``metrics.jsonl``, ``read_rows``) with ``normalise_row``
-    applied.
-
-    Raises:
-        ReportError: the file has lines but no row with ``step`` and a key of ``KNOWN_METRICS``
-            under its new or old name (not written by ``train``).
-    """
+    """Renamed ``read_rows``. Raises ReportError: no ``step`` row with a known metric."""
     rows = [normalise_row(r) for r in read_rows(path)]
     has_lines = bool(rows) or bool(path.read_bytes().strip())  # read_rows checked its size
     if has_lines and not any("step" in r and any(k in r for k in KNOWN_METRICS) for r in rows):
@@ -194,8 +174,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def corpus_name_problem(run: Run) -> str | None:
-    """Why a held-out corpus name of ``run`` (``summary.json``'s ``final_eval`` keys, the
-    ``<name>`` of ``val/<name>/loss`` and ``/bpb`` metrics) cannot name a figure file, or None."""
+    """Why a held-out corpus name of ``run`` cannot name a figure file, or None."""
     final_eval = (run.summary or {}).get("final_eval")
     names = {str(k) for k in final_eval} if isinstance(final_eval, dict) else set()
     for row in run.metrics:
@@ -210,11 +189,7 @@ def corpus_name_problem(run: Run) -> str | None:
 
 
 def read_yaml(path: Path) -> Any:
-    """A run dir's YAML file within the limits of ``normlab.config.files`` (None if absent).
-
-    Raises:
-        ReportError: one line naming ``path``: not YAML, too big, an alias, too deep.
-    """
+    """A run dir's YAML within ``config.files``'s limits, or None. Raises ReportError (one line)."""
     try:
         return load_yaml(path) if path.exists() else None
     except (OSError, RunFileError, yaml.YAMLError) as e:
@@ -223,12 +198,7 @@ def read_yaml(path: Path) -> Any:
 
 
 def _summary(path: Path) -> dict[str, Any] | None:
-    """``summary.json`` within the limits of ``normlab.config.files``; None when absent or
-    not JSON (a version that wrote it in place, killed while writing).
-
-    Raises:
-        ReportError: one line naming ``path``: too big, too deep, not an object.
-    """
+    """``summary.json``, None if absent or not JSON. Raises ReportError: too big or deep."""
     if not path.exists():
         return None
     try:
@@ -243,13 +213,8 @@ def _summary(path: Path) -> dict[str, Any] | None:
 
 
 def load_run(path: Path) -> Run:
-    """Read one run dir. Config: ``.hydra/config.yaml``, else ``summary.json``'s ``config``;
-    ``annealed``: ``ANNEALED_FILE``'s rows, if the dir has one.
-
-    Raises:
-        ReportError: a file that is there but cannot be read (see ``read_metrics``), or a
-            held-out corpus name that is not a plain name (``corpus_name_problem``).
-    """
+    """One run dir (config: ``.hydra/config.yaml``, else the summary's). Raises ReportError: a file
+    that cannot be read, a held-out corpus name that is not a plain name."""
     overrides = read_yaml(path / ".hydra" / "overrides.yaml") or []
     summary = _summary(path / "summary.json")
     config = read_yaml(path / ".hydra" / "config.yaml")
@@ -282,8 +247,7 @@ def is_run_dir(d: Path) -> bool:
 
 
 def find_run_dirs(sweep_dir: Path) -> list[Path]:
-    """``sweep_dir`` itself when it is a run dir, else its subdirectories (one or two levels down)
-    that are run dirs, in natural order (``2_...`` before ``10_...``)."""
+    """``sweep_dir`` if a run dir, else its run dirs one or two levels down, in natural order."""
     if is_run_dir(sweep_dir) and not (sweep_dir / "multirun.yaml").exists():
         return [sweep_dir]
 
@@ -298,14 +262,8 @@ def find_run_dirs(sweep_dir: Path) -> list[Path]:
 
 
 def load_runs(paths: list[str | Path]) -> list[Run]:
-    """Load every run named by ``paths``: run dirs, sweep dirs (``find_run_dirs``), series files
-    (``read_series``) or one run of one (``<series file>/<index>``), anywhere. A run's ``name`` is
-    its path below the paths' common folder (a series run's: its stored name, likewise).
-
-    Raises:
-        ReportError: a path that is neither a directory nor a series file, one holding no run
-            dir, an unreadable run or series file.
-    """
+    """Every run of ``paths`` (run or sweep dirs, series files, ``<series file>/<i>``), named below
+    their common folder. Raises ReportError: a path with no run, an unreadable run or series."""
     dirs: list[Path] = []
     series: dict[Path, tuple[Path, list[int] | None]] = {}
     for p in map(Path, paths):
@@ -357,9 +315,7 @@ def series_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def series_record(run: Run) -> dict[str, Any]:
-    """What a series file stores of ``run``: its name, overrides, flattened resolved config,
-    whole ``summary.json``, metrics rows (``series_row``) and annealed rows; and, for its
-    reader, why it is excluded or never trained (recomputed from the summary when read)."""
+    """What a series file stores of ``run``, including why it is excluded or never trained."""
     return {
         "name": run.name,
         "excluded": run.excluded,
@@ -373,13 +329,8 @@ def series_record(run: Run) -> dict[str, Any]:
 
 
 def write_atomic(path: Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in its folder (created; the file
-    ``O_EXCL | O_NOFOLLOW``, by ``mkstemp``), fsynced, then renamed over ``path``: a reader never
-    sees half a file, and a link at ``path`` is replaced, never written through.
-
-    Raises:
-        OSError: the folder cannot be created or written, or ``path`` is a directory.
-    """
+    """Write ``data`` to ``path`` by a fsynced ``mkstemp`` file renamed over it (a link is replaced,
+    never followed). Raises OSError: the folder cannot be written, or ``path`` is a directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     umask = os.umask(0o022)
@@ -390,7 +341,7 @@ def write_atomic(path: Path, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # a reader never sees half a file
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -404,13 +355,8 @@ def write_series(
     bench: dict[str, Any] | None = None,
     options: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the series file of ``runs`` (every one ``load_runs`` gave) to ``path`` with the
-    interleaved step benchmark's JSON and the report's options; the same runs give the same bytes
-    (no time stamp in the gzip header). Returns ``path``.
-
-    Raises:
-        OSError: ``path`` cannot be written.
-    """
+    """Write the series file of ``runs`` with the bench's JSON and the options (same runs, same
+    bytes); returns ``path``. Raises OSError."""
     doc = {
         "format": SERIES_FORMAT,
         "version": SERIES_VERSION,
@@ -424,8 +370,7 @@ def write_series(
 
 
 def _read_bounded(path: Path) -> bytes:
-    """The decompressed bytes of the gzip file ``path``, refused (``ReportError``) when it
-    is a link or not a regular file, or over ``SERIES_MAX_BYTES`` on disk or decompressed."""
+    """Decompressed bytes of gzip ``path``. Raises ReportError: a link, not regular, too big."""
     mib = f"{SERIES_MAX_BYTES / 2**20:g} MiB"
     if path.is_symlink():
         raise ReportError(f"cannot read {path}: a series file must not be a link")
@@ -448,14 +393,8 @@ def _read_bounded(path: Path) -> bytes:
 
 
 def read_series(path: Path) -> dict[str, Any]:
-    """The series file ``path`` (``write_series``), checked: within ``SERIES_MAX_BYTES`` and
-    ``SERIES_MAX_DEPTH``, its runs' fields of the right JSON types, names that are relative paths
-    below a sweep (never opened).
-
-    Raises:
-        ReportError: in one line, naming ``path``: a link, not gzip, not JSON, too big or too
-            deep, another format or version, a malformed run.
-    """
+    """The checked series file ``path``. Raises ReportError, one line: a link, not gzip or JSON, too
+    big or deep, another format or version, a malformed run."""
     data = _read_bounded(path)
     try:
         doc = json.loads(data)
@@ -502,8 +441,7 @@ def record_problem(rec: Any) -> str | None:
 
 
 def name_problem(name: str) -> str | None:
-    """Why ``name`` is not a run's name below a sweep (``0_norm=rms,seed=0``, ``sweep/3_x``: a
-    relative path, no ``.`` or ``..`` part, no control character or backslash), or None."""
+    """Why ``name`` is not a plain relative path below a sweep, or None."""
     parts = name.split("/")
     ok = 0 < len(name) <= 1000 and not any(p in ("", ".", "..") for p in parts)
     if ok and not any(ord(c) < 32 or c in "\\\x7f" for c in name):
@@ -512,9 +450,7 @@ def name_problem(name: str) -> str | None:
 
 
 def series_member(p: Path) -> tuple[Path, int | None] | None:
-    """``(p, None)`` when ``p`` is a file or a link that is not a directory (a series file;
-    ``read_series`` refuses a link), ``(file, i)`` for ``<file>/<i>`` (one run of a series
-    file), else None."""
+    """``(p, None)`` for a file, ``(file, i)`` for ``<file>/<i>``, else None."""
 
     def file_or_link(q: Path) -> bool:
         return q.is_file() or (q.is_symlink() and not q.is_dir())
@@ -529,8 +465,7 @@ def series_member(p: Path) -> tuple[Path, int | None] | None:
 def _add_member(
     series: dict[Path, tuple[Path, list[int] | None]], path: Path, index: int | None
 ) -> None:
-    """Record run ``index`` (None: every run) of the series file ``path`` in ``series``
-    (resolved path -> (path, indices in the order asked, None for all))."""
+    """Record run ``index`` (None: all) of series file ``path`` in ``series``."""
     key = path.resolve()
     _, have = series.get(key, (path, []))
     if index is None or have is None:
@@ -540,12 +475,7 @@ def _add_member(
 
 
 def series_run(path: Path, i: int, rec: dict[str, Any]) -> Run:
-    """Run ``i`` of the series file ``path`` from its record ``rec`` (checked by
-    ``record_problem``): the fields ``load_run`` gives, ``path`` ``<file>/<i>``.
-
-    Raises:
-        ReportError: a held-out corpus name that is not a plain name (``corpus_name_problem``).
-    """
+    """Run ``i`` of series file ``path`` from its record. Raises ReportError: a bad corpus name."""
     run = Run(
         path / str(i),
         list(rec["overrides"]),
@@ -562,8 +492,7 @@ def series_run(path: Path, i: int, rec: dict[str, Any]) -> Run:
 
 
 def _series_runs(series: dict[Path, tuple[Path, list[int] | None]]) -> list[Run]:
-    """The runs asked of each series file (``_add_member``), named below their names'
-    common folder (one run: its last part), as ``load_runs`` names run dirs."""
+    """The runs asked of each series file, named below their common folder as ``load_runs`` does."""
     runs = []
     for path, wanted in series.values():
         records = read_series(path)["runs"]
@@ -583,12 +512,7 @@ def _series_runs(series: dict[Path, tuple[Path, list[int] | None]]) -> list[Run]
 
 
 def series_step_bench(src: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The interleaved step benchmark stored in the series file ``src``, with ``src``; None when
-    ``src`` is not a whole series file or it stored none (``speed.load_step_bench`` checks it).
-
-    Raises:
-        ReportError: an unreadable series file (``read_series``).
-    """
+    """``(src, bench)``: the bench stored in series file ``src``, or None; raises ReportError."""
     if series_member(src) != (src, None):
         return None
     bench = read_series(src)["step_bench"]

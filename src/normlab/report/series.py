@@ -1,7 +1,7 @@
-"""Metric curves from ``metrics.jsonl`` rows (namespaced names: ``val/loss``, ``train/loss``):
-per-step values, smoothing, the mean over seeds, the paired difference per step, and axis
-limits that outliers and the initial model do not set. Losses in nats/token. See
-docs/reports.md "Figures".
+"""Metric curves from ``metrics.jsonl`` rows: per-step values, smoothing, the mean over seeds, the
+paired difference per step, and axis limits outliers do not set. Losses in nats/token.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ Rows = list[dict[str, Any]]
 
 
 def ema(values: np.ndarray, beta: float) -> np.ndarray:
-    """Bias-corrected exponential moving average (as in Adam): m_t = beta·m_{t−1} + (1−beta)·x_t,
-    returned as m_t / (1 − beta^t); units of ``values``."""
+    """Bias-corrected EMA as in Adam: m_t = beta·m_{t−1} + (1−beta)·x_t, over (1 − beta^t)."""
     out, m = np.empty(len(values)), 0.0
     for i, x in enumerate(values):
         m = beta * m + (1 - beta) * x
@@ -47,9 +46,8 @@ def aggregate(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, 
 def paired_curve(
     base: dict[Any, Rows], variant: dict[Any, Rows], key: str = "val/loss", alpha: float = 0.05
 ) -> dict[str, np.ndarray]:
-    """Per step, ``key`` variant − baseline paired by seed (seed -> rows each), over the seeds both
-    logged there: arrays ``step``, ``n``, ``mean``, ``lo``/``hi`` (1−alpha Student t; nan where
-    n < 2), ``lo_tost``/``hi_tost`` (1−2·alpha), shape ``(k,)``, units of ``key``."""
+    """Per step, ``key`` variant − baseline by seed: arrays ``step``, ``n``, ``mean``, ``lo``/``hi``
+    (1−alpha), ``lo_tost``/``hi_tost`` (1−2·alpha), shape ``(k,)``."""
     by_step: dict[float, list[float]] = {}
     for seed in sorted(set(base) & set(variant), key=str):
         b = dict(zip(*series(base[seed], key), strict=True))
@@ -71,8 +69,7 @@ def paired_curve(
 
 
 def robust_limits(values: list[float], margin: float = 0.1) -> tuple[float, float]:
-    """Y-axis limits that outliers do not set: Tukey's far-out fences clipped to the 1st and 99th
-    percentiles, widened by ``margin`` of the range (units of ``values``; nan without a value)."""
+    """Y limits: Tukey's far fences clipped to the 1st-99th percentiles, padded; nan if empty."""
     v = np.asarray([x for x in values if np.isfinite(x)], float)
     if not v.size:
         return NAN, NAN
@@ -85,8 +82,7 @@ def robust_limits(values: list[float], margin: float = 0.1) -> tuple[float, floa
 def loss_limits(
     curves: list[tuple[np.ndarray, np.ndarray]], pad: float = 0.05
 ) -> tuple[float, float]:
-    """Y-axis limits for loss curves that the initial model (each curve's first point, when it has
-    3 or more) does not set, widened by ``pad`` of the range (nats/token; nan without a value)."""
+    """Y limits for loss curves without each curve's first point (when 3+), padded; nan if empty."""
     values = [np.asarray(v, float) for _, v in curves] or [np.empty(0)]
     top = np.concatenate([v[1:] if len(v) >= 3 else v for v in values])
     low = np.concatenate(values)

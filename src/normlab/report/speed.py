@@ -1,7 +1,7 @@
-"""Speed: the interleaved step benchmark's verdict (``step_bench.json``: both setups timed in
-pairs in one process) and the secondary ratio of the runs' own sequential step times with the
-checks that say whether they compare; their sections and ``step_time.png``. Times in ms. See
-docs/reports.md "Speed".
+"""Speed: the interleaved step benchmark's verdict (``step_bench.json``) and the secondary ratio of
+the runs' sequential step times with the checks that say whether they compare. Times in ms.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -48,9 +48,8 @@ MIN_STEPS = 4
 
 
 def timing_check(times_ms: list[float]) -> dict[str, Any]:
-    """One run's post-warm-up step times (ms): ``median``, ``spread`` (p90/median), ``drift``
-    (second half's median / first half's − 1), ``checked`` (at least ``MIN_STEPS``) and the
-    ``problems`` (rules of ``SPREAD_LIMIT`` and ``DRIFT_LIMIT`` broken), as text."""
+    """One run's step times (ms): ``median``, ``spread`` (p90/median), ``drift``, ``checked``,
+    ``problems`` (text)."""
     t = np.asarray([x for x in times_ms if x is not None and np.isfinite(x)], float)
     out: dict[str, Any] = {"steps": int(t.size), "median": NAN, "spread": NAN, "drift": NAN}
     if t.size < MIN_STEPS:
@@ -90,9 +89,8 @@ def timing(runs: list[Run]) -> dict[str, Any]:
 def sequential_ratio(
     rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str
 ) -> dict[str, Any]:
-    """The per-seed ratio variant / baseline of the runs' median step times (``ratio_interval``)
-    with ``comparable`` (no step-time check failed), the ``problems`` found and the runs
-    ``unchecked`` (too few measured steps)."""
+    """Per-seed ratio variant / baseline of median step times (``ratio_interval``) with
+    ``comparable``, ``problems`` and ``unchecked`` runs."""
     seeds = common_seeds(base, var)
     key = "step_time_ms_median"
     ratios = {s: var[s].summary_float(key) / base[s].summary_float(key) for s in seeds}
@@ -123,23 +121,19 @@ def sequential_ratio(
 
 
 def not_comparable(rep: Report) -> list[str]:
-    """The variants whose sequential step times do not compare with the baseline's
-    (``sequential_ratio``: a busy or changing machine)."""
+    """The variants whose sequential step times fail the checks against the baseline's."""
     return [c["label"] for c in rep.comparisons if not c["ratio"]["comparable"]]
 
 
 def flag(rep: Report, label: str) -> str:
-    """``NOT_COMPARABLE_FLAG`` for a sequential time (step time, tokens/s, seconds) of variant
-    ``label`` that the report judges not comparable (its pair with the baseline, or for the
-    baseline any pair, fails the checks), else ``""``."""
+    """``NOT_COMPARABLE_FLAG`` for a sequential time of ``label`` failing the checks, else ""."""
     bad = not_comparable(rep)
     return NOT_COMPARABLE_FLAG if label in bad or (bad and label == rep.baseline) else ""
 
 
 def backend_differences(base: list[Run], var: list[Run]) -> list[str]:
-    """The norm positions whose recorded backends (``summary.json``'s ``kernels``) differ between
-    the baseline's runs and a variant's, as ``"attn_in `aten` vs `quack`"``: a speed ratio between
-    them times other kernels, not the same design; empty when they agree or a side recorded none."""
+    """Norm positions whose recorded backends differ, baseline vs variant (``"attn_in `aten` vs
+    `quack`"``); empty when they agree or a side recorded none."""
 
     def backends(runs: list[Run]) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
@@ -160,13 +154,8 @@ def backend_differences(base: list[Run], var: list[Run]) -> list[str]:
 
 
 def interleaved(rep: Report) -> dict[str, Any] | None:
-    """The interleaved step benchmark of a source of ``rep``: its ``path``, ``ratios`` per
-    variant (``bench_ratio``), the ``raw`` JSON and the machine's ``load`` (``bench_load``);
-    None when no source has one.
-
-    Raises:
-        ReportError: an unreadable benchmark (``load_step_bench``).
-    """
+    """A source's step bench: ``path``, ``ratios``, ``raw``, ``load``; None when none has one.
+    Raises ReportError: an unreadable bench."""
     found = load_step_bench(rep.sources)
     if found is None:
         return None
@@ -175,13 +164,8 @@ def interleaved(rep: Report) -> dict[str, Any] | None:
 
 
 def load_step_bench(sources: list[Path]) -> tuple[Path, dict[str, Any]] | None:
-    """The first ``step_bench.json`` found in a source dir of the report, with its path; None
-    when there is none.
-
-    Raises:
-        ReportError: the file is not JSON, or not a ``normlab-bench step`` result (``mode`` "step"
-            with ``a``, ``b`` and ``ratio.per_pair``).
-    """
+    """``(path, json)`` of the first ``step_bench.json`` of the sources, or None. Raises
+    ReportError: not JSON or not a ``normlab-bench step`` result."""
     for src in sources:
         path, stored = Path(src) / BENCH_FILE, series_step_bench(Path(src))
         if stored is not None:
@@ -211,10 +195,8 @@ def _matches(setup: dict[str, Any], common: list[str], label: str) -> bool:
 
 
 def bench_ratio(bench: dict[str, Any], baseline: str, label: str, alpha: float) -> dict | None:
-    """The interleaved ratio variant / baseline step time of ``bench``: the per-pair ratios'
-    ``median``, ``iqr``, ``ratio_interval`` and ``sign_test``, ``pairs``, both medians (ms), device,
-    threads and ``speed_verdict``'s ``call`` and ``verdict``; None when no setup matches the labels.
-    """
+    """Interleaved step-time ratio variant / baseline of ``bench``: ``median``, ``iqr``, interval,
+    sign test, medians (ms), ``call``, ``verdict``; None when no setup matches."""
     common = bench.get("common", [])
     a, b = bench["a"], bench["b"]
     per = np.asarray(bench["ratio"]["per_pair"], float)
@@ -244,9 +226,7 @@ def bench_ratio(bench: dict[str, Any], baseline: str, label: str, alpha: float) 
 
 
 def speed_verdict(r: dict[str, Any], alpha: float) -> dict[str, Any]:
-    """The speed verdict of a ``bench_ratio`` result: ``call`` "faster" or "slower" only when the
-    median ratio, the geometric mean's 1−alpha CI and the sign test (p < alpha) agree, else None;
-    ``verdict``: the call with its figures, or "not shown faster or slower" with what failed."""
+    """``call``: faster or slower when median, CI and sign test agree, else None; ``verdict``."""
     med, (lo, hi), p = r["median"], r["ci"], r["sign_p"]
     side = "faster" if med < 1 else "slower" if med > 1 else None
     ci = f"{r['gmean']:.3f} {fmt_ci(r['ci'], '.3f')}"
@@ -269,8 +249,7 @@ def speed_verdict(r: dict[str, Any], alpha: float) -> dict[str, Any]:
 
 
 def bench_load(bench: dict[str, Any]) -> dict[str, Any] | None:
-    """The machine's 1-minute load average at both ends of a bench with ``threads``, ``limit`` and
-    ``quiet`` (both ends at most threads + ``LOAD_SLACK``); None when the bench recorded none."""
+    """1-minute load at both ends of the bench, ``threads``, ``limit``, ``quiet``; or None."""
     ends = [bench.get(k) for k in ("loadavg_before", "loadavg_after")]
     ends = [e[0] if isinstance(e, list) and e else e for e in ends]
     if not all(isinstance(e, int | float) and math.isfinite(e) for e in ends):
@@ -313,8 +292,7 @@ def _load_note(load: dict[str, Any] | None) -> str:
 
 
 def render_speed(rep: Report) -> list[str]:
-    """``## Speed verdict``: the interleaved benchmark's ratio and verdict per variant and the
-    machine's load, or the command that gives one."""
+    """``## Speed verdict``: the bench's ratio and verdict per variant and the load, or how to."""
     if not rep.comparisons:
         return []
     out = ["", "## Speed verdict (interleaved step benchmark)", ""]
@@ -354,8 +332,7 @@ def _comparable(ratio: dict[str, Any]) -> str:
 
 
 def render_ratio(rep: Report) -> list[str]:
-    """``## Step-time ratio``: the runs' sequential ratio per variant, whether it compares, and
-    the checks it failed."""
+    """``## Step-time ratio``: the runs' sequential ratio per variant and the checks it failed."""
     if not rep.comparisons:
         return []
     conf = ci_name(rep.alpha)
@@ -387,8 +364,7 @@ def render_ratio(rep: Report) -> list[str]:
 
 
 def backend_notes(rep: Report) -> list[str]:
-    """One line per variant whose runs recorded other norm backends than the baseline's
-    (``backend_differences``): its speed ratio is no same-design ratio."""
+    """One line per variant whose runs recorded other norm backends than the baseline's."""
     return [
         line
         for c in rep.comparisons
@@ -405,9 +381,8 @@ def backend_notes(rep: Report) -> list[str]:
 def plot_step_times(
     times: dict[str, list[float]], path: Path, mark: str | None = None
 ) -> Path | None:
-    """Box plot per variant of post-warm-up step times (ms), seeds pooled, the y range set by
-    ``robust_limits`` (times beyond it: triangles at the edge with their count); ``mark`` stamped
-    on it (``stamp``). None without data."""
+    """Box plot of step times (ms) per variant, y by ``robust_limits``, outliers as counted
+    triangles, ``mark`` stamped; None without data."""
     times = {lab: [x for x in t if math.isfinite(x)] for lab, t in times.items()}
     times = {lab: t for lab, t in times.items() if t}
     if not times:
@@ -445,8 +420,7 @@ def plot_step_times(
 
 
 def step_time_figure(rep: Report, out_dir: Path) -> dict[str, Path | None]:
-    """``step_time.png`` of ``rep``'s included runs into ``out_dir`` (stamped when the report
-    judges the times not comparable); ``{"step_time": path or None}``."""
+    """``{"step_time": path or None}``: ``step_time.png`` of included runs, stamped if flagged."""
     times = {
         lab: [
             float(t)

@@ -1,6 +1,7 @@
 """Stability: loss spikes per run and their paired difference, the largest activation abs-max and
-kurtosis with the sublayer that had them, the largest pre-clip gradient norm; its section. See
-docs/reports.md "Stability".
+kurtosis with their sublayer, the largest pre-clip gradient norm; its section.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ ABSMAX_SUFFIX, KURTOSIS_SUFFIX = "_absmax", "_kurtosis"
 
 
 def largest_diag(run: Run, suffix: str) -> tuple[float, str | None]:
-    """The largest finite value of the ``diag/...<suffix>`` keys over every diagnosed row of
-    ``run`` and the sublayer that had it (``block1/mlp``); ``(nan, None)`` when none."""
+    """Largest finite ``diag/...<suffix>`` of ``run`` and its sublayer, or ``(nan, None)``."""
     best, where = NAN, None
     for row in run.metrics:
         for k, v in row.items():
@@ -54,10 +54,8 @@ def _spike_counts(rep: Report, label: str) -> dict[Any, float]:
 
 
 def stability(rep: Report) -> dict[str, Any] | None:
-    """The stability comparison of the included runs (None when no run recorded any): per variant
-    ``spikes``, ``absmax``, ``kurtosis`` (``largest_diag``), ``grad_norm``; per other variant the
-    paired spike-count ``diff`` with its 1−alpha interval; ``all_zero``; the runs' spike ``rules``.
-    """
+    """Per variant ``spikes``, ``absmax``, ``kurtosis``, ``grad_norm``; paired spike ``diff``;
+    ``all_zero``; ``rules``. None when no run recorded any."""
     counts = {lab: _spike_counts(rep, lab) for lab in rep.labels}
     absmax = {lab: _largest(rep.included(lab), ABSMAX_SUFFIX) for lab in rep.labels}
     if not any(counts.values()) and not any(a["runs"] for a in absmax.values()):
@@ -103,8 +101,7 @@ def _spike_rule(rules: list[dict[str, Any]]) -> str:
 
 
 def _stability_rows(st: dict[str, Any]) -> list[list[Any]]:
-    """One row per variant: runs, spikes per run, runs with a spike, the largest abs-max and
-    kurtosis with where, the largest gradient norm."""
+    """Per variant: runs, spikes, runs spiking, largest abs-max, kurtosis, gradient norm."""
     rows = []
     for lab, v in st["variants"].items():
         sp, am, ku = v["spikes"], v["absmax"], v["kurtosis"]
@@ -123,8 +120,7 @@ def _stability_rows(st: dict[str, Any]) -> list[list[Any]]:
 
 
 def render_stability(rep: Report) -> list[str]:
-    """``## Stability``: loss spikes per variant (and the paired difference of the counts), the
-    largest activation and kurtosis, the largest pre-clip gradient norm; nothing without data."""
+    """``## Stability``: spikes and their paired difference, activations, gradient norm."""
     st = rep.stability
     if not st:
         return []

@@ -42,8 +42,7 @@ def describe(values: list[float]) -> dict[str, float]:
 
 
 def t_interval(values: list[float], confidence: float) -> tuple[float, float]:
-    """Two-sided Student t interval for the mean, mean ± t_{(1+confidence)/2, n−1} · s/√n; nan when
-    n < 2."""
+    """Student t interval for the mean: mean ± t_{(1+confidence)/2, n−1} · s/√n; nan when n < 2."""
     x = np.asarray(values, float)
     if x.size < 2:
         return NAN, NAN
@@ -80,8 +79,7 @@ def combined_interval(
 
 
 def _welch_satterthwaite_df(se: np.ndarray, df: np.ndarray) -> np.ndarray:
-    """``(Σ se_i²)² / Σ (se_i⁴ / df_i)`` over axis 0 (parts); inf when every se is 0, nan on a bad
-    part."""
+    """``(Σ se_i²)² / Σ (se_i⁴ / df_i)`` over axis 0 (parts); inf when every se is 0."""
     var = se**2
     total = var.sum(axis=0)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -142,8 +140,7 @@ def paired_difference(
 
 
 def holm(pvalues: list[float]) -> list[float]:
-    """Holm's step-down adjusted p-values (Holm 1979), in order; a nan p stays nan, outside the
-    family."""
+    """Holm's step-down adjusted p-values (Holm 1979), in order; a nan p stays nan, uncounted."""
     finite = sorted((p, i) for i, p in enumerate(pvalues) if math.isfinite(p))
     out = [NAN] * len(pvalues)
     running = 0.0
@@ -157,8 +154,7 @@ def holm_verdicts(
     comparisons: list[dict[str, Any]], margin: float, alpha: float, unit: str = "nats"
 ) -> list[dict[str, Any]]:
     """Per ``paired_difference`` result of a family: ``p_tost``, ``p_diff`` (two-sided),
-    Holm-adjusted, with ``equivalent`` / ``detectable`` at adjusted p < alpha and the ``verdict``
-    words."""
+    Holm-adjusted, ``equivalent`` / ``detectable`` at adjusted p < alpha, the ``verdict`` words."""
     p_tost = [max(c["p_lower"], c["p_upper"]) if c["n"] >= 2 else NAN for c in comparisons]
     p_diff = [p_two_sided(c) for c in comparisons]
     out = []
@@ -195,8 +191,7 @@ def ratio_interval(ratios: list[float], alpha: float = 0.05) -> dict[str, Any]:
 
 
 def sign_test(ratios: list[float]) -> dict[str, Any]:
-    """Two-sided exact sign test of a median ratio of 1: ``below``, ``above`` (ties out), ``p``
-    (nan: none)."""
+    """Exact two-sided sign test of a median ratio of 1: ``below``, ``above`` (ties out), ``p``."""
     r = np.asarray(ratios, float)
     below, above = int((r < 1).sum()), int((r > 1).sum())
     p = stats.binomtest(below, below + above, 0.5).pvalue if below + above else NAN
@@ -205,8 +200,7 @@ def sign_test(ratios: list[float]) -> dict[str, Any]:
 
 def tost_power(n: int, std: float, margin: float, alpha: float = 0.05, delta: float = 0.0) -> float:
     """Paired TOST power at ``margin``, ``n`` normal differences (``delta``, ``std``), exact over
-    the sample std (Phillips 1990, J. Pharmacokinet. Biopharm. 18:137); nan when n < 2 or std not
-    finite."""
+    the sample std (Phillips 1990, J. Pharmacokinet. Biopharm. 18:137); nan when n < 2."""
     if n < 2 or not math.isfinite(std) or std < 0 or not margin > 0:
         return NAN
     if std == 0:
@@ -228,8 +222,7 @@ def tost_power(n: int, std: float, margin: float, alpha: float = 0.05, delta: fl
 
 
 def std_upper(std: float, n: int, alpha: float = 0.05) -> float:
-    """One-sided 1−alpha upper bound of a normal std: std · sqrt((n − 1) / χ²_{alpha, n−1}); nan
-    when n < 2."""
+    """1−alpha upper bound of a normal std: std · sqrt((n − 1) / χ²_{alpha, n−1}); nan if n < 2."""
     if n < 2 or not math.isfinite(std):
         return NAN
     return float(std * math.sqrt((n - 1) / stats.chi2.ppf(alpha, n - 1)))
@@ -282,8 +275,7 @@ def step_multiplier(
     base: tuple[list[float], list[float]], var: tuple[list[float], list[float]]
 ) -> float:
     """Baseline steps one variant step is worth at the variant's final loss, inside two paired
-    curves ``(steps, losses)`` up to their last shared step; nan when a curve misses the other's
-    loss."""
+    curves ``(steps, losses)`` up to their last shared step; else nan."""
     (sb, lb), (sv, lv) = base, var
     end = min(sb[-1], sv[-1])
     lb_end = float(np.interp(end, sb, lb))
@@ -294,8 +286,8 @@ def step_multiplier(
 
 
 def _annealed_steps_to_reach(budgets: np.ndarray, losses: np.ndarray, target: float) -> float:
-    """Budget at which annealed points reach ``target``: PCHIP over ln T (Fritsch & Carlson 1980);
-    nan outside."""
+    """Budget where annealed points reach ``target``: PCHIP on ln T (Fritsch & Carlson 1980) or
+    nan."""
     x, best = np.log(budgets), np.minimum.accumulate(losses)
     hit = np.flatnonzero(best <= target)
     if losses[0] < target or hit.size == 0:  # reached before the smallest budget, or never
@@ -346,8 +338,7 @@ def compute_multiplier(
     alpha: float = 0.05,
 ) -> dict[str, Any]:
     """``{"n", "k", "ci", "step_mult", "speed", "se_log", "df"}``: k = m x t_base / t_var paired
-    across seeds, geometric mean and interval on log k; ``speed_se``: the bench's ``(se, df)`` on
-    the log."""
+    across seeds, geometric mean, interval on log k; ``speed_se``: the bench's log ``(se, df)``."""
     m = np.asarray(step_mults, float)
     sp = np.broadcast_to(np.asarray(speed, float), m.shape)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -384,12 +375,10 @@ def end_slope(steps: list[float], losses: list[float], points: int = 4) -> float
 
 
 def nats_for_compute(fraction: float, slope: float) -> float:
-    """Nats/token that ``fraction`` more compute is worth at ``slope``: ``slope * ln(1 +
-    fraction)``."""
+    """Nats/token ``fraction`` more compute is worth: ``slope * ln(1 + fraction)``."""
     return slope * math.log1p(fraction)
 
 
 def compute_for_nats(nats: float, slope: float) -> float:
-    """Compute fraction ``nats`` is worth, the inverse of ``nats_for_compute`` (inf when slope <=
-    0)."""
+    """Compute fraction ``nats`` is worth, inverse of ``nats_for_compute`` (inf when slope <= 0)."""
     return math.expm1(nats / slope) if slope > 0 else math.inf

@@ -1,6 +1,7 @@
-"""A swept value: when the variants differ by one numeric override (``norm.eps``,
-``optim.warmup_steps``), the final validation loss against it; its section and ``swept.png``.
-See docs/reports.md "Swept value".
+"""A swept value: when the variants differ by one numeric override, the final validation loss
+against it; its section and ``swept.png``.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -27,9 +28,7 @@ def _number(text: str) -> float | None:
 
 
 def swept_numeric(labels: list[str]) -> tuple[str, dict[str, tuple[float, str]]] | None:
-    """The numeric override that varies most across the variant labels, and per label its value and
-    the line it belongs to (its other overrides, ``"all"`` when none); None when no override
-    with two numeric values is in every label."""
+    """The numeric override varying most across labels, per label its value and line; or None."""
     parsed = {}
     for lab in labels:
         parts = [o.split("=", 1) for o in lab.split(",")]
@@ -58,8 +57,7 @@ def swept_numeric(labels: list[str]) -> tuple[str, dict[str, tuple[float, str]]]
 
 
 def swept_points(rep: Report) -> tuple[str, Points] | None:
-    """``(key, line label -> [(value, final losses of the completed runs)])`` for
-    ``swept_numeric`` of the report's variants; None when nothing numeric is swept."""
+    """``(key, line -> [(value, final losses)])`` of ``swept_numeric``, or None."""
     found = swept_numeric(rep.labels)
     if found is None:
         return None
@@ -110,9 +108,7 @@ def render_swept(rep: Report) -> list[str]:
 def plot_swept_value(
     points: dict[str, list[tuple[float, list[float]]]], key: str, path: Path
 ) -> Path | None:
-    """Final validation loss (nats/token) against a swept numeric override ``key``: per line the
-    mean over seeds with a min–max bar; a log x axis when every value is > 0 and they span >= 100x.
-    """
+    """Final loss against swept ``key``: mean and min–max bar per line, log x when it spans 100x."""
     points = {lab: sorted((x, v) for x, v in pts if v) for lab, pts in points.items()}
     points = {lab: pts for lab, pts in points.items() if pts}
     if not points:

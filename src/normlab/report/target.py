@@ -1,6 +1,7 @@
-"""Time to a target loss: when each run first reaches it, in training seconds, optimizer steps and
-tokens, and the paired ratios variant / baseline; its section and ``val_time.png``. See
-docs/reports.md "Time to target".
+"""Time to a target loss: when each run first reaches it (training seconds, steps, tokens) and the
+paired ratios variant / baseline; its section and ``val_time.png``.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ TIME_KEY = "perf/train_time_s"
 
 
 def seconds_at(run: Run, step: float) -> float:
-    """Training seconds of ``run`` at ``step``: ``perf/train_time_s`` of a row of that step, else
-    of the latest earlier row that has it (an evaluation row written apart from its step's row);
-    nan when no row up to ``step`` records it."""
+    """``perf/train_time_s`` of ``run`` at ``step``, else at the latest earlier row, else nan."""
     times = [
         (float(r["step"]), float(r[TIME_KEY]))
         for r in run.metrics
@@ -35,9 +34,8 @@ def seconds_at(run: Run, step: float) -> float:
 
 
 def first_reach(run: Run, target: float, key: str = "val/loss") -> dict[str, float] | None:
-    """The first evaluation row (by step) of ``run`` whose ``key`` is at or below ``target``:
-    ``{"step", "seconds", "tokens", "last"}`` (nan where unrecorded; ``last``: the run's last
-    evaluation); None when no evaluation reaches it."""
+    """``{"step", "seconds", "tokens", "last"}`` of ``run``'s first evaluation at or below
+    ``target``, or None."""
     rows = sorted((r for r in run.metrics if "step" in r and r.get(key) is not None), key=_step)
     k = run.tokens_per_step
     for row in rows:
@@ -58,16 +56,14 @@ def _step(row: dict[str, Any]) -> float:
 
 
 def default_target(included: dict[str, list[Run]]) -> float:
-    """The highest final validation loss of any included run (the worst variant's worst seed),
-    so that every run reaches it; nan without a finite one."""
+    """The highest final validation loss of any included run, so every run reaches it; or nan."""
     finals = [r.final_val_loss for runs in included.values() for r in runs]
     finals = [x for x in finals if math.isfinite(x)]
     return max(finals) if finals else NAN
 
 
 def _ratios(base: dict[Any, dict], var: dict[Any, dict], what: str, alpha: float) -> dict:
-    """``ratio_interval`` of ``what`` variant / baseline over the seeds where both reached the
-    target at a value > 0, with those ``seeds``."""
+    """``ratio_interval`` of ``what`` variant / baseline over seeds both reached, and ``seeds``."""
     seeds = common_seeds(base, var)
     pairs = {s: var[s][what] / base[s][what] for s in seeds if base[s][what] > 0}
     pairs = {s: x for s, x in pairs.items() if math.isfinite(x) and x > 0}
@@ -77,9 +73,8 @@ def _ratios(base: dict[Any, dict], var: dict[Any, dict], what: str, alpha: float
 def time_to_target(
     included: dict[str, list[Run]], baseline: str, target: float | None, alpha: float
 ) -> dict[str, Any]:
-    """Per variant how many runs reach ``target`` (nats/token; None: ``default_target``) and
-    ``describe`` of their seconds, steps and tokens; per other variant the paired ``_ratios`` of
-    each; ``only_last``: every run that reached it did so at its last evaluation only."""
+    """Per variant runs reaching ``target`` and ``describe`` of seconds, steps, tokens; paired
+    ratios; ``only_last`` when every reach was at a last evaluation."""
     chosen = default_target(included) if target is None else float(target)
     reach = {
         lab: {r.seed: first_reach(r, chosen) for r in runs if r.seed is not None}
@@ -115,8 +110,7 @@ def time_to_target(
 
 
 def time_curves(runs: list[Run], key: str = "val/loss") -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per run ``(training seconds, key)`` at its evaluations, float arrays of shape ``(k,)`` (empty
-    for runs that do not record ``perf/train_time_s``)."""
+    """Per run ``(training seconds, key)`` float arrays of shape ``(k,)`` (empty: no seconds)."""
     out = []
     for r in runs:
         pts = [
@@ -133,8 +127,7 @@ def time_curves(runs: list[Run], key: str = "val/loss") -> list[tuple[np.ndarray
 
 
 def render_target(rep: Report) -> list[str]:
-    """``## Time to target loss``: reach per variant and the paired ratios, seconds flagged where
-    the report judges the sequential times not comparable (``speed.flag``)."""
+    """``## Time to target loss``: reach per variant and paired ratios, seconds flagged."""
     t = rep.target
     if not t or not rep.variants or t["target"] != t["target"]:
         return []
@@ -183,9 +176,7 @@ def render_target(rep: Report) -> list[str]:
 def plot_val_time(
     included: dict[str, list[Run]], target: float, path: Path, mark: str | None = None
 ) -> Path | None:
-    """Validation loss against cumulative training seconds (``perf/train_time_s``), one thin line
-    per run, one colour per variant, the target dotted and ``mark`` stamped (``stamp``); None
-    when no run records the seconds."""
+    """Validation loss against training seconds, a line per run, target dotted, ``mark`` stamped."""
     curves = {lab: [c for c in time_curves(runs) if len(c[0])] for lab, runs in included.items()}
     if not any(curves.values()):
         return None
@@ -213,8 +204,7 @@ FIGURE = {
 
 
 def target_figure(rep: Report, out_dir: Path) -> dict[str, Path | None]:
-    """``val_time.png`` of ``rep``'s included runs into ``out_dir`` (stamped when the report
-    judges the sequential times not comparable)."""
+    """``val_time.png`` of ``rep``'s included runs into ``out_dir``, stamped when flagged."""
     included = {lab: rep.included(lab) for lab in rep.labels}
     mark = NOT_COMPARABLE_MARK if not_comparable(rep) else None
     path = out_dir / "val_time.png"

@@ -1,6 +1,7 @@
-"""How a report writes numbers and Markdown: one formatter for a number, an interval, a power,
-an interval's name; one table builder; one image link per figure; one pointer to the page that
-explains a method (text, not a link: see docs/reports.md "Where a report points").
+"""How a report writes numbers and Markdown: a number, an interval, a power, a table, an image link,
+and the pointer to the page that explains a method (text, not a link).
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ def fmt_ci(ci: tuple[float, float], spec: str = "+.4f") -> str:
 
 
 def fmt_power(p: Any) -> str:
-    """A probability as a percentage, ``">99%"`` above 0.99 and ``"<1%"`` below 0.01 (a power
-    computed from an estimated std is not known to the last percent)."""
+    """A probability as a percentage, ``">99%"`` and ``"<1%"`` at the ends."""
     if missing(p):
         return "n/a"
+    # a power from an estimated std is not known to the last percent
     return ">99%" if p > 0.99 else "<1%" if p < 0.01 else format(p, ".0%")
 
 
@@ -47,8 +48,7 @@ def table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def figure_lines(figures: dict[str, Any], captions: dict[str, tuple[str, str]]) -> list[str]:
-    """Per figure key ``(title, caption)``: its one-line caption above its image (``title`` as
-    alt text), or ``- <title>: no data`` when the figure was not written."""
+    """Per figure ``(title, caption)``: caption and image, or ``- <title>: no data``."""
     return [
         f"*{caption}*\n\n![{title}]({figures[k].name})\n"
         if figures.get(k)

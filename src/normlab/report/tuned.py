@@ -1,6 +1,7 @@
-"""The tuned comparison: a sweep over ``optim.lr`` and the variants compares each variant at its own
-best learning rate, chosen on half the seeds and tested on the others (with 4 or more); its
-section and ``lr_curve.png``. Losses in nats/token. See docs/reports.md "Tuned comparison".
+"""The tuned comparison: each variant at its own best learning rate, chosen on half the seeds and
+tested on the others; its section and ``lr_curve.png``. Losses in nats/token.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ def run_lr(run: Run) -> float | None:
 
 
 def lr_swept(runs: list[Run]) -> bool:
-    """True when every run overrides ``optim.lr`` and the runs hold at least two learning rates: the
-    sweep may be a tuned comparison (it is one when other keys label variants too)."""
+    """True when every run overrides ``optim.lr`` and the runs hold 2+ learning rates."""
     overridden = bool(runs) and all(
         any(override_key(o) == LR_KEY for o in r.overrides) for r in runs
     )
@@ -42,15 +42,8 @@ def lr_swept(runs: list[Run]) -> bool:
 
 
 def choose_best_lr(runs: list[Run], labels: list[str], alpha: float = 0.05) -> dict[str, Any]:
-    """Per variant, the completed runs grouped by learning rate and the best one (lowest mean final
-    loss over the choosing seeds: the first half with >= ``SPLIT_SEEDS`` seeds, else every seed;
-    ties: the smaller lr); sets ``Run.set_aside`` on every other run (this mutates ``runs``).
-
-    Returns:
-        ``{"lrs", "points": {label: {lr: {**describe, "ci", "by_seed"}}}, "best": {label: lr},
-        "edge" (labels whose best lr ends the grid), "selection" ("split" or "biased"),
-        "choose_seeds", "test_seeds"}``.
-    """
+    """``{"lrs", "points", "best", "edge", "selection", "choose_seeds", "test_seeds"}`` per variant;
+    sets ``Run.set_aside`` on every run off its variant's best lr (mutates ``runs``)."""
     lrs = sorted({x for x in map(run_lr, runs) if x is not None})
     seeds = sorted({r.seed for r in runs if r.seed is not None}, key=str)
     split = len(seeds) >= SPLIT_SEEDS
@@ -95,8 +88,7 @@ def choose_best_lr(runs: list[Run], labels: list[str], alpha: float = 0.05) -> d
 
 
 def _lr_point(runs: list[Run], alpha: float) -> dict[str, Any]:
-    """One cell of the tuned grid: ``describe`` of the runs' final losses, its 1−alpha t
-    interval ``ci`` and ``by_seed`` (seed -> final loss, nats/token)."""
+    """One grid cell: ``describe`` of final losses (nats/token), its t ``ci``, ``by_seed``."""
     finals = [r.final_val_loss for r in runs]
     return {
         **describe(finals),
@@ -108,8 +100,7 @@ def _lr_point(runs: list[Run], alpha: float) -> dict[str, Any]:
 def at_each_lr(
     tuned: dict[str, Any], baseline: str, margin: float, alpha: float
 ) -> dict[str, dict[float, dict[str, Any]]]:
-    """Per non-baseline label and learning rate both ran: ``paired_difference`` variant − baseline
-    (nats/token) by seed."""
+    """Per label and shared lr: ``paired_difference`` variant − baseline by seed (nats/token)."""
     base = tuned["points"].get(baseline, {})
     out: dict[str, dict[float, dict[str, Any]]] = {}
     for lab, pts in tuned["points"].items():
@@ -140,8 +131,7 @@ def lr_curves(tuned: dict[str, Any]) -> dict[str, tuple[np.ndarray, ...]]:
 
 
 def selection_warning(tuned: dict[str, Any]) -> str | None:
-    """The verdict's warning when a tuned study chose its learning rates on the seeds it tests
-    (fewer than ``SPLIT_SEEDS``), else None."""
+    """The warning when the learning rates were chosen on the tested seeds, else None."""
     if tuned["selection"] != "biased":
         return None
     return (
@@ -157,8 +147,7 @@ def selection_warning(tuned: dict[str, Any]) -> str | None:
 
 
 def render_tuned(rep: Report) -> list[str]:
-    """``## Tuned comparison``: final loss per learning rate and variant, the best of each, and
-    the paired difference at each common learning rate."""
+    """``## Tuned comparison``: loss per lr and variant, each best, paired differences per lr."""
     t = rep.tuned
     if not t:
         return []
@@ -220,8 +209,7 @@ def _selection(t: dict[str, Any]) -> str:
 
 
 def plot_lr_curve(tuned: dict[str, Any], path: Path, conf: str) -> Path | None:
-    """Mean final validation loss against ``optim.lr`` (log scale) per variant, error bars the
-    ``conf`` interval (where n >= 2), each variant's best learning rate circled."""
+    """Mean final loss against ``optim.lr`` (log) per variant with ``conf`` bars, bests circled."""
     curves = lr_curves(tuned)
     if not any(len(c[0]) for c in curves.values()):
         return None
@@ -251,9 +239,23 @@ FIGURE = {
 
 
 def tuned_figure(rep: Report, out_dir: Path) -> dict[str, Path | None]:
-    """``lr_curve.png`` of a tuned study into ``out_dir``; nothing when ``rep`` is no tuned
-    study."""
+    """``lr_curve.png`` of a tuned study into ``out_dir``; nothing otherwise."""
     if not rep.tuned:
         return {}
     path = out_dir / "lr_curve.png"
     return {"lr_curve": plot_lr_curve(rep.tuned, path, ci_name(rep.alpha))}
+
+
+def untuned_note(rep: Report) -> str | None:
+    """The note when every variant trained at one lr, or None for a tuned report."""
+    if rep.tuned is not None or not rep.comparisons:
+        return None
+    lrs = {run_lr(r) for lab in rep.labels for r in rep.included(lab)}
+    if len(lrs) != 1 or None in lrs:
+        return None
+    return (
+        f"every variant trained at one learning rate ({LR_KEY}={lrs.pop():g}), not at its own "
+        "best: a variant whose best lr differs is judged off its optimum. To tune each: sweep "
+        f"{LR_KEY} over 3 or more values beside the variants, with 4 or more seeds "
+        "(experiment=loss_parity_tuned_cpu)"
+    )

@@ -1,6 +1,7 @@
-"""An unfinished sweep: the jobs its own record (``multirun.yaml``) lists that never started or
-did not finish, by Hydra's job numbers, and the command that continues the sweep; its section
-and the lines ``normlab-report`` prints. See docs/reports.md "Errors".
+"""An unfinished sweep: the jobs its ``multirun.yaml`` lists that never started or did not finish,
+and the command that continues the sweep.
+
+Why: docs/reports.md
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ CONTINUE_SETS = ("resume", "hydra.sweep.dir", "hydra.mode")
 
 
 def split_top(text: str) -> list[str]:
-    """``text`` split at the commas outside brackets, parentheses and quotes, as Hydra's
-    grammar splits a sweep (``a,[b,c]`` -> ``a``, ``[b,c]``); each part stripped."""
+    """``text`` split at top-level commas, as Hydra splits ``a,[b,c]`` into ``a``, ``[b,c]``."""
     parts, level, quote, start = [], 0, "", 0
     for i, ch in enumerate(text):
         if quote:
@@ -45,9 +45,8 @@ def split_top(text: str) -> list[str]:
 
 
 def sweep_values(value: str) -> list[str] | None:
-    """The values an override's ``value`` sweeps as Hydra's BasicSweeper expands them (a comma list,
-    ``choice(...)``, an int ``range(...)``), else the one value; None for another sweep or one of
-    more than ``MAX_SWEEP_JOBS`` values."""
+    """The values an override sweeps as Hydra's BasicSweeper expands it (list, ``choice``,
+    ``range``); None for another sweep or over ``MAX_SWEEP_JOBS``."""
     call = re.fullmatch(r"(\w+)\((.*)\)", value.strip(), re.S)
     if call is None:
         return split_top(value)
@@ -63,20 +62,15 @@ def sweep_values(value: str) -> list[str] | None:
 
 
 def _at(node: Any, *keys: str) -> Any:
-    """``node[k1][k2]...`` through dicts only; None where a level is missing or not a dict."""
+    """``node[k1][k2]...`` through dicts only, else None."""
     for k in keys:
         node = node.get(k) if isinstance(node, dict) else None
     return node
 
 
 def sweep_record(sweep_dir: Path) -> dict[str, Any] | None:
-    """What the sweep's record (``multirun.yaml``) says of its jobs: ``task`` and ``hydra`` (its
-    command line's overrides), ``jobs`` (each job's overrides, in Hydra's job-number order) and
-    ``swept`` (keys with more than one value); None without a record of jobs this expands.
-
-    Raises:
-        ReportError: ``multirun.yaml`` cannot be read (``normlab.config.files``' limits).
-    """
+    """``task``, ``hydra``, ``jobs`` (in job order), ``swept`` of ``multirun.yaml``, or None. Raises
+    ReportError: unreadable."""
     hydra = _at(read_yaml(sweep_dir / "multirun.yaml"), "hydra")
     task, params = _at(hydra, "overrides", "task"), _at(hydra, "sweeper", "params") or {}
     if not isinstance(task, list) or not isinstance(params, dict):
@@ -100,9 +94,7 @@ def sweep_record(sweep_dir: Path) -> dict[str, Any] | None:
 
 
 def hydra_quoted(value: str) -> str:
-    """``value`` as one value of Hydra's override grammar: bare when it is a plain path, else
-    single-quoted, quotes escaped and backslashes doubled only where they precede a quote or
-    the end (as ``train``'s command line quotes a path)."""
+    """``value`` as one Hydra override value, quoted as ``train``'s command line quotes a path."""
     if re.fullmatch(r"[\w/.+-]+", value, re.ASCII):
         return value
     body = re.sub(r"(\\*)('|$)", lambda m: m.group(1) * 2 + ("\\'" if m.group(2) else ""), value)
@@ -110,9 +102,8 @@ def hydra_quoted(value: str) -> str:
 
 
 def continue_command(sweep_dir: Path, record: dict[str, Any]) -> tuple[str, list[str]]:
-    """The shell command that continues the sweep in ``sweep_dir`` (``train -m`` with its own
-    overrides, ``hydra.sweep.dir`` and ``resume=auto``) and the overrides left out of it (those
-    naming a ``_target_``, or holding a control character)."""
+    """``train -m ... resume=auto`` that continues the sweep, and the overrides it leaves out
+    (``_target_``, control characters)."""
     given = [o for o in record["task"] + record["hydra"] if override_key(o) not in CONTINUE_SETS]
     kept = [o for o in given if "_target_" not in o and o.isprintable()]
     where = f"hydra.sweep.dir={hydra_quoted(str(sweep_dir.resolve()))}"
@@ -121,9 +112,9 @@ def continue_command(sweep_dir: Path, record: dict[str, Any]) -> tuple[str, list
 
 
 def job_value(override: str) -> str:
-    """The value of ``key=value`` as a job's record compares: a number as a float (Hydra writes a
-    swept ``1e-3`` into the job's ``overrides.yaml`` as ``0.001``), else ``override_value``."""
+    """The value of ``key=value`` as a job's record compares it: numbers as floats."""
     try:
+        # Hydra writes a swept 1e-3 into the job's overrides.yaml as 0.001
         return canon(float(override.split("=", 1)[1]))
     except ValueError:
         return override_value(override)
@@ -140,16 +131,8 @@ def _why_unfinished(run: Run) -> str:
 
 
 def unfinished_sweep(sweep_dir: Path, runs: list[Run]) -> dict[str, Any] | None:
-    """The jobs of the sweep in ``sweep_dir`` that never started or did not finish (by Hydra's job
-    number, with their swept overrides and why) and the command that continues it; None when
-    every job ended or the record lists none.
-
-    Returns:
-        ``dir``, ``jobs``, ``never_started``, ``unfinished``, ``command``, ``left_out``.
-
-    Raises:
-        ReportError: ``multirun.yaml`` cannot be read.
-    """
+    """``dir``, ``jobs``, ``never_started``, ``unfinished``, ``command``, ``left_out``; None when
+    every job ended. Raises ReportError: ``multirun.yaml`` cannot be read."""
     record = sweep_record(sweep_dir)
     if record is None:
         return None
@@ -182,12 +165,7 @@ def unfinished_sweep(sweep_dir: Path, runs: list[Run]) -> dict[str, Any] | None:
 
 
 def unfinished_sweeps(sources: list[Path], runs: list[Run]) -> list[dict[str, Any]]:
-    """``unfinished_sweep`` of each source that is a sweep dir, those with an unfinished job;
-    ``runs``: every run dir loaded, those that never trained too.
-
-    Raises:
-        ReportError: a ``multirun.yaml`` that cannot be read.
-    """
+    """``unfinished_sweep`` of each source sweep with an unfinished job; ``runs``: every run."""
     found = [unfinished_sweep(src, runs) for src in sources if (src / "multirun.yaml").is_file()]
     return [u for u in found if u is not None]
 
@@ -212,9 +190,7 @@ def _jobs(rows: list[tuple[int, str, str]], why: bool, code: bool) -> str:
 
 
 def unfinished_text(u: dict[str, Any], code: bool = True) -> str:
-    """One unfinished sweep (``unfinished_sweep``) in one line: how many
-    jobs its record lists and how many ended, which did not finish (and why) and which never
-    started, by Hydra's job numbers with their swept overrides (as code when ``code``)."""
+    """One unfinished sweep in one line: jobs listed, ended, unfinished (why), never started."""
     never, unfinished = u["never_started"], u["unfinished"]
     q = "`" if code else ""
     parts = [
@@ -229,8 +205,7 @@ def unfinished_text(u: dict[str, Any], code: bool = True) -> str:
 
 
 def unfinished_notes(rep: Report) -> list[str]:
-    """What ``normlab-report`` prints of each unfinished sweep: one line with its jobs and the
-    command that continues it."""
+    """What ``normlab-report`` prints of each unfinished sweep: its jobs and the command."""
     return [
         f"warning: unfinished sweep {u['dir']}: {unfinished_text(u, code=False)}; "
         f"continue it with: {u['command']}"
@@ -239,9 +214,7 @@ def unfinished_notes(rep: Report) -> list[str]:
 
 
 def render_unfinished(rep: Report) -> list[str]:
-    """``## Unfinished sweep`` for each source sweep whose record lists jobs that never started
-    or did not finish: which (``unfinished_text``), that the report holds only the runs that
-    ended, and the command that continues the sweep."""
+    """``## Unfinished sweep`` per source sweep: which jobs, and the command that continues it."""
     out = []
     for u in rep.unfinished:
         text = unfinished_text(u)

@@ -1,7 +1,8 @@
-"""The variants of a set of runs: each run labelled by the overrides that differ between runs
-and change a number, a refusal when runs differ in a key no override explains, the baseline,
-and the confounds a kind-vs-kind verdict must state.
-See docs/reports.md "Variants and the baseline"."""
+"""The variants of a set of runs: labels from the overrides that change a number, a refusal for an
+unexplained difference, the baseline, and the confounds a verdict must state.
+
+Why: docs/reports.md
+"""
 
 from __future__ import annotations
 
@@ -58,8 +59,7 @@ def canon(v: Any) -> str:
 
 
 def _effect(run: Run, key: str, override: str | None) -> str:
-    """What the override of ``key`` did to the run: its config under ``key``, else the override's
-    value as YAML reads it (``False`` and ``false`` are one value)."""
+    """What the override of ``key`` did: its config under ``key``, else its YAML value."""
     sub = {k: v for k, v in run.config.items() if k == key or k.startswith(key + ".")}
     if sub:
         return canon(sub)
@@ -69,9 +69,7 @@ def _effect(run: Run, key: str, override: str | None) -> str:
 
 
 def override_value(override: str) -> str:
-    """The value of ``key=value`` as YAML reads it, canonical (``False`` and ``false`` are one
-    value); its text when YAML refuses it. A run dir's text: no alias expands it
-    (``normlab.config.files``)."""
+    """The canonical value of ``key=value`` as YAML reads it (no alias), else its text."""
     value = override.split("=", 1)[1]
     try:
         return canon(yaml_text(value))
@@ -89,8 +87,7 @@ WHERE_KEYS = tuple(f"norm.{k}" for k in norm_table.WHERE_KEYS)
 
 
 def design_tag(run: Run) -> str:
-    """The run's norm design (``normlab.config.schedule.norm_tag`` of its resolved config):
-    ``rms-peri-qkhead``, ``layer[0-1:rms]-pre``, ..."""
+    """The run's norm design (``norm_tag``): ``rms-peri-qkhead``, ``layer[0-1:rms]-pre``, ..."""
     norm: dict[str, Any] = {}
     for key, v in run.config.items():
         if key.startswith("norm."):
@@ -109,9 +106,8 @@ def _is_design(keys: set[str]) -> bool:
 
 
 def label_runs(runs: list[Run], ignore: tuple[str, ...] = ()) -> list[str]:
-    """Set each run's ``label`` (its overrides of the keys whose effect differs between runs, the
-    design tag when those keys say where the norms sit, else ``kind/impl``; never ``seed``,
-    ``INERT_KEYS`` nor ``ignore``); returns the overrides left out of every label (sorted)."""
+    """Set each run's ``label`` (differing overrides, design tag or ``kind/impl``); returns the
+    overrides no label holds, sorted."""
     own = [_label_overrides(r, ignore) for r in runs]
     keys = sorted(set().union(*own))
     differ = {
@@ -141,9 +137,7 @@ GLOBAL_GROUPS = ("design", "experiment", "ladder")
 
 
 def differences(a: Run, b: Run) -> list[str]:
-    """Config keys where ``a`` and ``b`` differ that no differing override explains (an override
-    explains its key and every key under it; a ``GLOBAL_GROUPS`` group every key), as
-    ``"key (va vs vb)"``; ``seed`` and ``INERT_KEYS`` skipped."""
+    """Keys where ``a``, ``b`` differ that no differing override explains: ``"key (va vs vb)"``."""
     swept = {override_key(o) for o in set(a.overrides) ^ set(b.overrides)}
     if swept & set(GLOBAL_GROUPS):
         return []
@@ -158,12 +152,7 @@ def differences(a: Run, b: Run) -> list[str]:
 
 
 def check_comparable(runs: list[Run]) -> None:
-    """Refuse runs that differ in a config key their overrides do not explain (``differences``):
-    each run against its variant's first run, and those first runs pairwise.
-
-    Raises:
-        ReportError: the keys and two run dirs, in one line.
-    """
+    """Raises ReportError (the keys and two run dirs) for runs that differ in an unexplained key."""
     firsts: dict[str, Run] = {}
     with_config = [r for r in runs if r.config]
     pairs = [(firsts.setdefault(r.label, r), r) for r in with_config]
@@ -178,12 +167,8 @@ def check_comparable(runs: list[Run]) -> None:
 
 
 def choose_baseline(runs: list[Run], requested: str | None = None) -> str:
-    """``requested`` (order of its comma-separated overrides ignored), else ``layer-pre`` (design
-    labels), else the one variant whose ``norm.kind`` is ``layer``, else the first label sorted.
-
-    Raises:
-        ReportError: ``requested`` is not a variant's label.
-    """
+    """``requested``, else ``layer-pre``, else the one LayerNorm, else the first label. Raises
+    ReportError: ``requested`` is no variant's label."""
     labels = sorted({r.label for r in runs})
     if requested is None and "layer-pre" in labels:  # design labels: pre-norm LayerNorm
         return "layer-pre"
@@ -199,7 +184,7 @@ def choose_baseline(runs: list[Run], requested: str | None = None) -> str:
 
 
 def _left_out(labels: list[str]) -> str:
-    """The warning that the confound checks leave out ``labels`` (variants with no included run)."""
+    """The warning that the confound checks leave out ``labels``."""
     each = ", ".join(f"`{lab}`" for lab in labels)
     settings = ", ".join(CONFOUNDS.values())
     return (
@@ -209,9 +194,7 @@ def _left_out(labels: list[str]) -> str:
 
 
 def confounds(runs: list[Run], labels: list[str]) -> list[str]:
-    """One warning per ``CONFOUNDS`` setting whose resolved value differs between the variants
-    ``labels``, one when kinds are compared on an implementation outside
-    ``SAME_CODE_FOR_EVERY_KIND``, and one naming the labels with no run in ``runs`` (left out)."""
+    """A warning per differing ``CONFOUNDS`` setting, kind-vs-kind impl, variant left out."""
     by_label = {lab: [r for r in runs if r.label == lab] for lab in labels}
     empty = [lab for lab, rs in by_label.items() if not rs]
     by_label = {lab: rs for lab, rs in by_label.items() if rs}

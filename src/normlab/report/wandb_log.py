@@ -1,7 +1,8 @@
-"""The report's tables and figures for a wandb run: the tables as plain columns and rows
-(``report_tables``, no wandb needed), where to log them (``wandb_settings``: project, group and
-mode from the runs' logger config), and the logging itself (``log_report_to_wandb``).
-See docs/reports.md "Logging the report to wandb"."""
+"""The report's tables and figures for a wandb run: the tables as columns and rows (no wandb
+needed), where to log them, and the logging.
+
+Why: docs/reports.md
+"""
 
 from __future__ import annotations
 
@@ -19,9 +20,7 @@ def _ci(c: dict[str, Any]) -> list[float]:
 
 
 def report_tables(rep: Report) -> dict[str, Table]:
-    """``name -> (columns, rows)`` of every table of the report (variants, compute-equivalent
-    verdict, comparisons, family, bpb and held-out, time to target, interleaved speed, tuned grid);
-    numbers or text, losses in nats/token, bpb in bits/byte, ratios dimensionless."""
+    """``name -> (columns, rows)`` of every table of the report (nats/token, bits/byte)."""
     cols = ["n", "mean", "std", "min", "max", "step_time_ms", "tokens_per_s"]
     out: dict[str, Table] = {
         "variants": (
@@ -95,10 +94,8 @@ def _compute_table(rep: Report) -> Table:
 
 
 def wandb_settings(rep: Report, mode: str | None = None, project: str | None = None) -> dict:
-    """``wandb.init`` keyword arguments for the report's run: ``mode`` and ``project`` (the
-    argument, else the runs' logger config, else ``offline`` / ``normlab``), ``group`` (the runs'
-    shared one, else the first source's name), ``job_type`` ``report`` and ``name``
-    ``report-<group>``."""
+    """``wandb.init`` kwargs: ``mode``, ``project`` (argument, runs' logger config, default),
+    ``group``, ``job_type`` ``report``, ``name``."""
     runs = rep.runs
 
     def shared(key: str) -> Any:
@@ -119,9 +116,7 @@ def wandb_settings(rep: Report, mode: str | None = None, project: str | None = N
 
 
 def log_report_to_wandb(rep: Report, run: Any = None) -> bool:
-    """Log ``report_tables`` (as ``wandb.Table``, under ``report/<name>``) and the written
-    figures (``wandb.Image``) of ``rep`` to the wandb ``run``; False (nothing done) without wandb
-    or without a run."""
+    """Log the tables and written figures of ``rep`` to ``run``; False without wandb or a run."""
     if run is None:
         return False
     try:
