@@ -1,11 +1,11 @@
-"""The ``normlab-study`` command: the two studies that are not training sweeps.
+"""The ``normlab-study`` command: the studies that are not one training sweep.
 
-``normlab-study fp16-statistics [overrides] [options]`` (``scripts/fp16_statistics.sh``): mean(x^2)
-in fp16 vs fp32, the norms' error against the float64 oracle by input scale, and whether a model's
-norms overflow. ``normlab-study norm-cost [overrides] [options]`` (``scripts/norm_cost.sh``): where
-a training step spends its time, by module type. Each composes its setup from ``conf/train.yaml``
-(default ``experiment=<study>``) and writes a report under ``outputs/studies/<study>/<time>/``. Exit
-status 0, or 2 after one line on stderr for a bad config or option.
+``fp16-statistics``: mean(x^2) in fp16 vs fp32 and the norms' error by input scale.
+``norm-cost``: where a training step spends its time, by module type. ``until-decided``: seed
+pairs of two variants until the anytime-valid verdict decides. ``variance``: the paired variance
+of the final loss per protocol and reading. Each writes under ``outputs/studies/<study>/<time>/``
+(or ``--out``); exit 2 after one line on stderr for a bad config or option.
+Why: docs/experiments.md
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def until_decided_parser() -> argparse.ArgumentParser:
         prog="normlab-study until-decided",
         description="Train seed pairs of two variants (seed 0, 1, ...) until the anytime-valid "
         "verdict decides at the margin (equivalent or different), or the budget ends. Rerun the "
-        "same command to resume a killed driver.",
+        "same command with the --out it printed to resume a killed driver.",
     )
     p.add_argument(
         "overrides",
@@ -266,7 +266,10 @@ def until_decided_main(argv: list[str]) -> int:
     v = state.get("verdict")
     line = verdict_line(v, driver.margin) if v else "no pair completed"
     print(f"until-decided: stopped by {state['stopped_by']}: {line}")
-    print(f"until-decided: the report: normlab-report {driver.out} --margin {driver.margin:g}")
+    print(
+        f"until-decided: the report: normlab-report {driver.out} --margin {driver.margin:g} "
+        "--sequential"
+    )
     return 0
 
 
@@ -276,7 +279,7 @@ def variance_parser() -> argparse.ArgumentParser:
         prog="normlab-study variance",
         description="The paired std of the final validation loss per protocol (cell), per "
         "reading (raw or averaged checkpoints, evaluation batches, annealed budgets), and the "
-        "seeds and CPU-hours a fixed-n TOST at the margin needs for 80%% power.",
+        "seeds and CPU-hours a fixed-n TOST at the margin needs for 80% power.",
     )
     p.add_argument(
         "--cell",

@@ -129,13 +129,12 @@ def short_run_caveat(margin: float, slope: float, source: str) -> str | None:
         return None
     which = "annealed" if source == "annealed" else "end"
     return (
-        f"the verdict rests on runs far from convergence: the margin, ±{margin:.4g} nats, is worth "
-        f"{compute_for_nats(margin, slope):.2%} of effective compute (at the baseline's {which} "
-        f"slope, {slope:.3g} nats per e-fold of steps), less than the "
-        f"{1 / (1 - STILL_FALLING) - 1:.1%} its last {STILL_FALLING:.0%} of steps add, over "
-        f"which its loss still falls by {fall:.3g} nats. A difference, or an equivalence, this "
-        "early in training need not hold at its end, whatever the power: train longer "
-        "(max_steps) before reading it as a verdict on the variants"
+        f"the verdict is for this budget: at the baseline's {which} slope ({slope:.3g} nats per "
+        f"e-fold of steps) {STILL_FALLING:.0%} more steps would lower its loss by about "
+        f"{fall:.3g} nats, {fall / margin:.3g} times the margin (±{margin:.4g} nats, worth "
+        f"{compute_for_nats(margin, slope):.2%} of effective compute). A difference, or an "
+        "equivalence, this small against the curve's fall need not hold at a longer budget, "
+        "whatever the power: read it at these steps, or train longer (max_steps)"
     )
 
 

@@ -56,6 +56,11 @@ def score_run(run_dir: Path, n_batches: int, average: int) -> dict[str, Any]:
     sampler = BatchSampler(data, config["data"]["batch_size"], ctx, 0, torch.device("cpu"))
     raw = batch_losses(trained.model, sampler, n_batches)
     newest = list_checkpoints(run_dir / CKPT_DIR)[:average]
+    if len(newest) < average:
+        raise ValueError(
+            f"{run_dir} keeps {len(newest)} checkpoints, not the {average} to average: train it "
+            f"with ckpt_keep={average} and a ckpt_interval a few steps apart, or lower --average"
+        )
     trained.model.load_state_dict(averaged_weights([p for _, p in newest]))
     summary = json.loads((run_dir / "summary.json").read_text())
     return {
