@@ -19,7 +19,7 @@ from pathlib import Path
 from .conftest import REPO
 
 THIS = Path(__file__).resolve()
-BENCH_TESTS = "tests/studies/test_bench_norms_empty.py"
+BENCH_TESTS = "tests/bench/test_bench_norms_empty.py"
 #: What changes torch's process-wide state in a test or fixture.
 TOUCHES = re.compile(
     r"torch\._(dynamo|inductor|functorch)\.config|torch\.backends\.|set_num_threads|"
