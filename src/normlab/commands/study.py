@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from normlab.commands.overrides import check_overrides
 from normlab.compose import find_conf_dir
 from normlab.config import ConfigError
@@ -337,6 +339,7 @@ def variance_main(argv: list[str]) -> int:
     if not (math.isfinite(args.margin) and args.margin > 0) or args.batches < 2 or args.average < 1:
         print("variance: --margin must be > 0, --batches >= 2, --average >= 1", file=sys.stderr)
         return 2
+    torch.set_num_threads(1)  # tiny forwards: more threads on busy cores only wait on each other
     try:
         cells = _cells(args)
     except (ConfigError, DataError, OSError, ValueError, KeyError) as e:
