@@ -15,13 +15,7 @@ from benchmarks.plain_loop import build_plain
 from normlab.bench import step as bench_step
 from normlab.commands import bench
 
-TINY = [
-    "model=tiny",
-    "model.n_layer=1",
-    "model.context_length=32",
-    "data.batch_size=2",
-    "device=cpu",
-]
+from ..bench.test_bench import TINY  # the step benchmark's tiny setup
 
 
 def test_the_plain_loop_trains_the_same_model_on_the_same_batches_bit_for_bit():

@@ -158,7 +158,8 @@ def drive(d: Driver, say=print) -> dict[str, Any]:
             write_atomic(d.out / STATE_FILE, json.dumps(state, indent=1, default=str).encode())
 
         for seed in range(d.max_pairs):
-            if _pending(d, seed):
+            a, b = _losses(d, seed)
+            if a is None or b is None:
                 elapsed, need = time.monotonic() - start, statistics.median(pair_s or [0.0])
                 if elapsed + need > d.budget_s:
                     state["stopped_by"] = "budget"
@@ -167,7 +168,7 @@ def drive(d: Driver, say=print) -> dict[str, Any]:
                 t0 = time.monotonic()
                 train_pair(d, seed, save)
                 pair_s.append(time.monotonic() - t0)
-            a, b = (final_loss(run_dir(d.out, seed, s)) for s in "ab")
+                a, b = _losses(d, seed)
             diffs.append(b - a)
             verdict = sequential_verdict(diffs, d.margin, d.alpha)
             save(verdict=_plain(verdict), seeds=list(range(seed + 1)))
@@ -179,8 +180,10 @@ def drive(d: Driver, say=print) -> dict[str, Any]:
     return state
 
 
-def _pending(d: Driver, seed: int) -> bool:
-    return any(final_loss(run_dir(d.out, seed, s)) is None for s in "ab")
+def _losses(d: Driver, seed: int) -> tuple[float | None, float | None]:
+    """The final losses of ``seed``'s runs of A and B (None: not completed)."""
+    a, b = (final_loss(run_dir(d.out, seed, s)) for s in "ab")
+    return a, b
 
 
 def _plain(verdict: dict[str, Any]) -> dict[str, Any]:

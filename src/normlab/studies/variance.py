@@ -11,7 +11,6 @@ Why: docs/experiments.md "Where the variance comes from".
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -21,6 +20,8 @@ import torch
 
 from normlab.config import DataConfig
 from normlab.data.tokens import BatchSampler, prepare
+from normlab.report.runs import find_run_dirs
+from normlab.report.runs import load_run as read_run
 from normlab.report.stats import seeds_needed
 from normlab.studies.common import md_table
 from normlab.training.checkpoint import CKPT_DIR, list_checkpoints, load_checkpoint
@@ -49,8 +50,9 @@ def averaged_weights(paths: list[Path]) -> dict[str, torch.Tensor]:
 def score_run(run_dir: Path, n_batches: int, average: int) -> dict[str, Any]:
     """``{"seed", "raw", "avg", "avg_steps", "annealed", "wall_s"}`` of one run dir: per-batch
     losses of its newest checkpoint and of the average of its newest ``average`` checkpoints."""
+    summary = read_run(run_dir).summary or {}  # read with the report's limits
+    config = summary["config"]
     trained = load_run(run_dir, device="cpu")
-    config = load_checkpoint(trained.checkpoint)["config"]
     data = prepare(build_section(DataConfig, "data", config["data"]))
     ctx = config["model"]["context_length"]
     sampler = BatchSampler(data, config["data"]["batch_size"], ctx, 0, torch.device("cpu"))
@@ -62,7 +64,6 @@ def score_run(run_dir: Path, n_batches: int, average: int) -> dict[str, Any]:
             f"with ckpt_keep={average} and a ckpt_interval a few steps apart, or lower --average"
         )
     trained.model.load_state_dict(averaged_weights([p for _, p in newest]))
-    summary = json.loads((run_dir / "summary.json").read_text())
     return {
         "run": run_dir.name,
         "seed": summary["seed"],
@@ -77,9 +78,9 @@ def score_run(run_dir: Path, n_batches: int, average: int) -> dict[str, Any]:
 
 
 def score_cell(a_dir: Path, b_dir: Path, n_batches: int, average: int) -> dict[str, list]:
-    """``{"a": [...], "b": [...]}``: ``score_run`` of every run dir below each sweep dir."""
+    """``{"a": [...], "b": [...]}``: ``score_run`` of every run dir of each sweep dir."""
     dirs = {
-        k: sorted(p.parent for p in d.glob("*/summary.json"))
+        k: [p for p in find_run_dirs(d) if (p / "summary.json").is_file()]
         for k, d in (("a", a_dir), ("b", b_dir))
     }
     return {k: [score_run(p, n_batches, average) for p in ps] for k, ps in dirs.items()}
@@ -103,9 +104,11 @@ def cell_rows(name: str, cell: dict[str, list], margin: float) -> list[list[Any]
     b = {r["seed"]: r for r in cell["b"]}
     seeds = sorted(set(a) & set(b))
     run_min = statistics.median(r["wall_s"] / r["steps"] for r in cell["a"] + cell["b"]) / 60
+    ra = {s: _readings(a[s]) for s in seeds}
+    rb = {s: _readings(b[s]) for s in seeds}
     rows = []
-    for reading in _readings(a[seeds[0]]):
-        diffs = [_readings(b[s])[reading] - _readings(a[s])[reading] for s in seeds]
+    for reading in ra[seeds[0]]:
+        diffs = [rb[s][reading] - ra[s][reading] for s in seeds]
         std = statistics.stdev(diffs)
         budget = int(reading.split()[2]) if reading.startswith("annealed") else a[seeds[0]]["steps"]
         minutes = run_min * budget  # a run of this reading's budget, at the cell's time a step
