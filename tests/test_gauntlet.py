@@ -118,6 +118,7 @@ FEATURES = [
         ("eval_tasks=[piqa,lambada]", "eval_task_items=3"),
         row_keys=("downstream/piqa/acc", "downstream/piqa/acc_norm", "downstream/lambada/bpb"),
     ),
+    Entry("feature_seeds", ("init_seed=3", "data_seed=5")),  # weights and batch order apart
     Entry(
         "feature_samples",
         ("sample_interval=4", "sample_tokens=8"),
