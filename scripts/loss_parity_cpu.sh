@@ -13,7 +13,9 @@ start=$(date +%s)
 # the jobs' thread count (train's threads=null: $OMP_NUM_THREADS, else half the cores), for the bench
 threads=${OMP_NUM_THREADS:-$(( $(nproc) / 2 ))}
 [ "$threads" -ge 1 ] || threads=1
-budget=(); [ -z "${MAX_TIME_S:-}" ] || budget=("max_time_s=$MAX_TIME_S")
+# a time budget cuts a run short of its decay and refuses cool-down branches: equal wall-clock runs
+# take the cosine protocol (its lr still decays towards max_steps; the report says how far it got)
+budget=(); [ -z "${MAX_TIME_S:-}" ] || budget=("max_time_s=$MAX_TIME_S" max_steps=600 optim.schedule=cosine "optim.anneal_at=[]")
 train experiment=loss_parity_cpu hydra.sweep.dir="$sweep" progress=false \
   "${budget[@]}" "$@"
 normlab-bench step experiment=loss_parity_cpu "$@" --a norm=layer --b norm=rms \

@@ -46,6 +46,16 @@ TRAINED_ON_CPU = [n for n in EXPERIMENTS if n not in GPU and n not in SCRIPT_STU
 #: TINY with 2 steps (logger=none: wandb is covered by test_cli), one evaluation.
 SHRINK = [o for o in TINY if not o.startswith(("max_steps", "eval_interval"))]
 SHRINK += ["max_steps=2", "eval_interval=2"]
+#: A warm-up/stable/decay file keeps its schedule and cool-down branches: 8 steps, 1 of warm-up
+#: (at 2 steps its decay would start inside the warm-up and a 0.5 branch would be 1 step).
+SHRINK_WSD = [*SHRINK[:-2], "max_steps=8", "eval_interval=4", "optim.warmup_steps=1"]
+
+
+def shrink(name: str) -> tuple[list[str], int]:
+    """The overrides that shrink experiment ``name`` to a few steps of the tiny model, and the
+    steps it then trains."""
+    wsd = compose_cli([f"experiment={name}"]).optim.schedule.name == "wsd"
+    return (SHRINK_WSD, 8) if wsd else (SHRINK, 2)
 
 
 def test_the_classification_covers_every_experiment_file():
@@ -94,18 +104,19 @@ def test_every_cpu_experiment_trains_through_the_real_cli_shrunk(tmp_path, name,
     where = f"hydra.sweep.dir={out}" if multirun else f"hydra.run.dir={out}"
     # torch.compile of the norm costs minutes on a shared CPU: the compiled path has its own tests
     compiled = compose_cli([f"experiment={name}"]).norm.impl.name == "compiled"
-    args = [f"experiment={name}", *SHRINK, *cut_sweep(name), where, "threads=1"]
+    overrides, steps = shrink(name)
+    args = [f"experiment={name}", *overrides, *cut_sweep(name), where, "threads=1"]
     code, _, err = train_main([*args, *(["norm.impl=torch"] if compiled else [])], tmp_path)
     assert code == 0, err[-2000:]
     jobs = sorted(p.parent for p in out.rglob("summary.json"))
     assert len(jobs) == (2 if multirun else 1)
     for job in jobs:
         summary = json.loads((job / "summary.json").read_text())
-        assert summary["status"] == "completed" and summary["steps_completed"] == 2
+        assert summary["status"] == "completed" and summary["steps_completed"] == steps
         config = summary["config"]
         assert config["logger"]["group"] == file.get("logger", {}).get("group")
         assert config["diag_interval"] == file.get("diag_interval")
-        assert config["model"]["name"] == "tiny" and config["max_steps"] == 2
+        assert config["model"]["name"] == "tiny" and config["max_steps"] == steps
     if multirun:  # job i got the i-th value of the first swept key, and its dir name says so
         key, values = next(iter(file["hydra"]["sweeper"]["params"].items()))
         for job, value in zip(jobs, str(values).split(",")[:2], strict=True):

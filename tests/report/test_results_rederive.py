@@ -23,6 +23,7 @@ NOT_REDERIVABLE = "not re-derivable"
 #: The ``## `` sections compared: the headline numbers of a report and of a ladder report.
 HEADLINES = re.compile(
     r"## (Compute-equivalent verdict|Final validation loss per variant|Paired difference|"
+    r"Anytime-valid verdict|"
     r"Speed verdict|Sizes|Trend of|Final validation loss against training compute|"
     r"`[^`]+` vs `[^`]+` at each size)"
 )

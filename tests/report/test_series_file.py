@@ -162,7 +162,26 @@ def test_the_series_file_stores_every_run_with_why_it_is_left_out(reported):
         "alpha": 0.05,
         "baseline": "norm=layer",
         "target": None,
+        "sequential": None,
     }
+
+
+def test_the_anytime_valid_section_is_stored_and_rebuilt_from_the_series(tmp_path, capsys):
+    sweep = rich_sweep(tmp_path / "sweep")
+    assert main([str(sweep), "--margin", "0.05", "--sequential"]) == 0
+    series = sweep / "report" / SERIES_FILE
+    assert read_series(series)["options"]["sequential"] is True
+    first = (sweep / "report" / "report.md").read_text()
+    section = first.split("## Anytime-valid verdict")[1].split("\n## ")[0]
+    assert "`norm=rms` vs `norm=layer`: **" in section and "always-valid 95% CI" in section
+    assert "| pairs | always-valid lo | hi | decision |" in section
+    capsys.readouterr()
+    assert main([str(series), "--out", str(tmp_path / "again")]) == 0
+    assert "--baseline norm=layer --sequential" in capsys.readouterr().out
+    again = (tmp_path / "again" / "report.md").read_text()
+    assert without_sources(again) == without_sources(first)
+    assert main([str(sweep), "--margin", "0.05", "--out", str(tmp_path / "plain")]) == 0
+    assert "## Anytime-valid verdict" not in (tmp_path / "plain" / "report.md").read_text()
 
 
 def test_options_given_on_the_command_line_win_over_the_stored_ones(reported, tmp_path, capsys):
@@ -414,3 +433,17 @@ def test_a_fifo_or_a_missing_path_is_neither_a_dir_nor_a_series_file(tmp_path, c
     for p in (tmp_path / "fifo", tmp_path / "missing.json.gz"):
         with pytest.raises(ReportError, match="not a directory nor a series file"):
             load_runs([p])
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("sequential", "yes"), ("sequential", 1), ("margin", "0.01")]
+)
+def test_a_stored_option_of_the_wrong_type_is_refused(tmp_path, option, value, capsys):
+    doc = good_doc(tmp_path)
+    doc["options"] = {option: value}
+    path = tmp_path / "bad.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    assert main([str(path), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"its option {option} is {value!r}" in err
+    assert not (tmp_path / "out").exists()

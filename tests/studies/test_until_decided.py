@@ -125,7 +125,8 @@ def test_the_real_train_fills_a_sweep_dir_that_normlab_report_reads(tmp_path, ca
     from normlab.commands.report import main as report_main
 
     out = tmp_path / "out"
-    fast = [o for o in TINY if not o.startswith("max_steps")] + ["max_steps=2", "eval_interval=2"]
+    fast = [o for o in TINY if not o.startswith(("max_steps", "eval_interval"))]
+    fast += ["max_steps=8", "eval_interval=4", "optim.warmup_steps=1"]  # the study's wsd, shrunk
     argv = ["until-decided", *fast, "norm.impl=torch", "logger=none", "eval_data=[]"]
     assert study_main([*argv, "--margin", "0.5", "--max-pairs", "2", "--out", str(out)]) == 0
     state = json.loads((out / STATE_FILE).read_text())

@@ -37,7 +37,7 @@ from normlab.report.runs import (
     series_step_bench,
     write_series,
 )
-from normlab.report.sequential import in_run_order, sequential_verdict, verdict_line
+from normlab.report.sequential import verdict_line
 from normlab.report.speed import load_step_bench
 from normlab.report.text import fmt_ci
 from normlab.report.tuned import untuned_note
@@ -51,6 +51,7 @@ STORED_OPTIONS = {
     "alpha": "--alpha",
     "baseline": "--baseline",
     "target": "--target",
+    "sequential": "--sequential",
 }
 #: The significance level when neither the command line nor a series file gives one.
 DEFAULT_ALPHA = 0.05
@@ -219,13 +220,15 @@ def _stored_options(args: argparse.Namespace) -> list[str]:
     taken = []
     for dest, flag in STORED_OPTIONS.items():
         v = stored.get(dest)
-        if v is None or getattr(args, dest) is not None or (margin_given and "margin" in dest):
+        given = getattr(args, dest) not in (None, False)  # a flag not given is False
+        if v is None or given or (margin_given and "margin" in dest):
             continue
         number = isinstance(v, (int, float)) and not isinstance(v, bool)
-        if not (isinstance(v, str) if dest == "baseline" else number):
+        kind = {"baseline": isinstance(v, str), "sequential": v is True}.get(dest, number)
+        if not kind:
             raise ReportError(f"cannot read {member[0]}: its option {dest} is {v!r}")
         setattr(args, dest, v)
-        taken.append(f"{flag} {v}")
+        taken.append(flag if v is True else f"{flag} {v}")
     return taken
 
 
@@ -262,6 +265,7 @@ def _write_series(path: Path, runs: list[Run], args: argparse.Namespace, baselin
         "alpha": args.alpha,
         "baseline": baseline,
         "target": args.target,
+        "sequential": args.sequential or None,
     }
     return write_series(path, runs, bench, options)
 
@@ -312,7 +316,13 @@ def main(argv: list[str] | None = None) -> int:
         if is_ladder(runs):
             return _ladder(args, margin, out, runs, series)
         rep = build_report(
-            args.paths, margin, args.alpha, args.baseline, args.target, args.margin_compute
+            args.paths,
+            margin,
+            args.alpha,
+            args.baseline,
+            args.target,
+            args.margin_compute,
+            sequential=args.sequential,
         )
         path = write_report(rep, out)
         stored = _write_series(series, runs, args, rep.baseline) if series else None
@@ -326,10 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     if logged:
         print(f"normlab-report: {logged}")
     _print_summary(rep)
-    if args.sequential:
-        for c in rep.comparisons:
-            v = sequential_verdict(in_run_order(c["seeds"], c["diffs"]), rep.margin, rep.alpha)
-            print(f"  sequential, {c['label']} vs {rep.baseline}: {verdict_line(v, rep.margin)}")
+    for c in rep.comparisons if args.sequential else []:
+        line = verdict_line(c["sequential"], rep.margin)
+        print(f"  sequential, {c['label']} vs {rep.baseline}: {line}")
     if not any(v["n"] for v in rep.variants):
         print(
             "normlab-report: error: no completed runs to compare (see Excluded runs in the report)",

@@ -26,6 +26,7 @@ from normlab.report.paired import (
     paired_diffs,
 )
 from normlab.report.runs import ReportError, Run, load_runs, never_trained
+from normlab.report.sequential import in_run_order, sequential_verdict
 from normlab.report.series import aggregate, num, paired_curve, series
 from normlab.report.speed import backend_differences, interleaved, sequential_ratio, timing
 from normlab.report.stability import stability
@@ -65,9 +66,11 @@ def build_report(
     baseline: str | None = None,
     target: float | None = None,
     margin_compute: float | None = None,
+    sequential: bool = False,
 ) -> Report:
     """Compare the runs of ``paths`` (dirs or series files) with every qualifier; ``margin``,
-    ``target`` in nats/token, or ``margin_compute`` a compute fraction. Raises ReportError: a
+    ``target`` in nats/token, or ``margin_compute`` a compute fraction; ``sequential`` adds the
+    anytime-valid verdict to each comparison. Raises ReportError: a
     refusal, no run trained, a seed twice in a variant, no conversion, a bad ``multirun.yaml``."""
     sources = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
     runs, skipped = _trained(load_runs(sources), sources)
@@ -77,7 +80,7 @@ def build_report(
         lr_study, common = False, label_runs(runs)
     check_comparable(runs)
     base = choose_baseline(runs, baseline)
-    rep = Report(sources, margin, alpha, base, runs, common, skipped=skipped)
+    rep = Report(sources, margin, alpha, base, runs, common, skipped=skipped, sequential=sequential)
     rep.unfinished = unfinished_sweeps(sources, runs + [r for r, _ in skipped])
     labels = [base] + sorted({r.label for r in runs} - {base})
     if lr_study:
@@ -166,10 +169,13 @@ def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str)
         {s: r.metrics for s, r in var.items()},
         alpha=rep.alpha,
     )
+    ordered = in_run_order(seeds, diffs)  # seed 0, 1, ...: the order a driver runs them
+    seq = sequential_verdict(ordered, rep.margin, rep.alpha) if rep.sequential else None
     return {
         "label": label,
         "seeds": seeds,
         "diffs": diffs,
+        "sequential": seq,
         **pd,
         "power": power,
         "ratio": sequential_ratio(rep, base, var, label),

@@ -15,6 +15,7 @@ from normlab.report import (
     downstream,
     family,
     heldout,
+    sequential,
     speed,
     stability,
     swept,
@@ -426,6 +427,7 @@ def render_markdown(rep: Report) -> str:
     lines = [*_header(rep), *unfinished.render_unfinished(rep), *render_compute(rep)]
     lines += [*context.render_context(rep), *_variants(rep), *render_outcome(rep)]
     lines += [*_verdict(rep), *_paired_table(rep), *family.render_family(rep)]
+    lines += sequential.render_sequential(rep.comparisons, rep.baseline, rep.margin)
     lines += [*tuned.render_tuned(rep), *heldout.render_bpb(rep), *heldout.render_heldout(rep)]
     lines += [*downstream.render_downstream(rep), *speed.render_speed(rep)]
     lines += [*speed.render_ratio(rep), *target.render_target(rep), *_excluded(rep)]

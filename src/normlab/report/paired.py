@@ -56,6 +56,8 @@ class Report:
     #: the margin asked in effective compute (``--margin-compute``: a fraction), else None; the
     #: nats margin ``margin`` is then converted from it with ``slope``
     margin_compute: float | None = None
+    #: add the anytime-valid verdict (``sequential.sequential_verdict``) to each comparison
+    sequential: bool = False
     #: loss spikes, largest activations and gradient norms (``stability.stability``), else None
     stability: dict[str, Any] | None = None
     #: downstream tasks paired like held-out corpora (``downstream.downstream_comparisons``)

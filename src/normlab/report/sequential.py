@@ -92,3 +92,23 @@ def verdict_line(v: dict[str, Any], margin: float, unit: str = "nats") -> str:
     lo, hi = fixed["ci_tost"]
     tost = round(100 * (1 - 2 * v.get("alpha", 0.05)))
     return f"{head}: {ci}; fixed-n {tost}% CI at the same n [{lo:+.4f}, {hi:+.4f}]"
+
+
+def render_sequential(comparisons: list[dict[str, Any]], baseline: str, margin: float) -> list[str]:
+    """``## Anytime-valid verdict`` (``--sequential``): per comparison its verdict line and the
+    interval after each pair; [] when no comparison carries a ``sequential`` verdict."""
+    rows = [c for c in comparisons if c.get("sequential")]
+    if not rows:
+        return []
+    out = ["", "## Anytime-valid verdict", ""]
+    for c in rows:
+        v = c["sequential"]
+        out += [f"`{c['label']}` vs `{baseline}`: **{verdict_line(v, margin)}**.", ""]
+        out += ["| pairs | always-valid lo | hi | decision |", "|---|---|---|---|"]
+        out += [
+            f"| {s['n']} | {s['lo']:+.4f} | {s['hi']:+.4f} | {s['decision']} |"
+            for s in v["looks"]
+            if math.isfinite(s["lo"])
+        ]
+        out += [""]
+    return out + ["Method: `docs/reports.md#anytime-valid-verdicts`."]
