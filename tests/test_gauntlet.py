@@ -484,6 +484,8 @@ HOSTILE_DIRS: dict[str, tuple[Callable, dict[str, str | None]]] = {
 def _argv(command: str, recv: Path) -> list[str]:
     if command == "report":
         return [str(recv)]
+    if command == "report-sequential":  # the anytime-valid section and its stored option
+        return [str(recv), "--sequential"]
     if command == "eval":
         return [str(recv / RUN), "--tasks", "piqa", "--limit", "1", "--device", "cpu"]
     return [str(recv / RUN), "--max-new-tokens", "4", "--threads", "1", "--device", "cpu"]
@@ -492,6 +494,7 @@ def _argv(command: str, recv: Path) -> list[str]:
 #: Each command's entry point and what it may write: its output (relative to the sweep dir).
 COMMANDS = {
     "report": (report.main, "report"),
+    "report-sequential": (report.main, "report"),
     "eval": (evaluate.main, f"{RUN}/evals.json"),
     "sample": (sample.main, None),
 }
@@ -566,7 +569,7 @@ def test_a_hostile_run_dir_writes_nothing_outside_and_nothing_through_a_link(
     assert seconds < LIMIT_S, f"{command} took {seconds:.1f} s"
     assert tree(tmp_path, output) == before, "a file outside the output changed"
     assert "Traceback" not in err
-    want = refusals.get(command)
+    want = refusals.get(command.split("-")[0])  # report-sequential: as report
     if want is not None:
         (line,) = err.strip().splitlines()
         assert code != 0 and re.search(want, line), line

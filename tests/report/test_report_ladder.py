@@ -191,6 +191,19 @@ def four_by_two(tmp_path_factory):
     return build_ladder(ladder_sweep(tmp_path_factory.mktemp("ladder"), [1.0] * 4, seeds=2))
 
 
+def test_a_ladder_at_one_learning_rate_says_so_in_its_header(four_by_two, capsys):
+    md = ladder.render_ladder(four_by_two)
+    shapes = [s["shape"] for s in four_by_two.sizes]
+    line = next(x for x in md.splitlines() if x.startswith("- **Learning rate:**"))
+    assert "every variant trained at one learning rate at every size (optim.lr " in line
+    assert all(f"{shape}: " in line for shape in shapes) and "judged off its optimum" in line
+    four_by_two.sizes[0]["report"].tuned = {"best": {}}  # one size tuned: no such line
+    try:
+        assert "**Learning rate:**" not in ladder.render_ladder(four_by_two)
+    finally:
+        four_by_two.sizes[0]["report"].tuned = None
+
+
 def hand_means(lad, label):
     """Per size of the laws: its compute, and the losses of the variant's runs there."""
     out = []

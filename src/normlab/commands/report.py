@@ -26,7 +26,7 @@ from normlab.report import (
 )
 from normlab.report.compare import DEFAULT_MARGIN, margin_in_compute
 from normlab.report.family import best_text
-from normlab.report.ladder import comparison_at, one_margin
+from normlab.report.ladder import comparison_at, ladder_untuned_note, one_margin
 from normlab.report.markdown import compute_headline, worth_text
 from normlab.report.plan import plan_study, render_plan
 from normlab.report.runs import (
@@ -402,6 +402,8 @@ def _print_ladder(lad) -> None:
     """The margin and the laws' sizes (``_print_ladder_basis``); per variant each size's headline,
     the multiplier's trend and 124M value (or why none), and the fitted loss-compute law."""
     _print_ladder_basis(lad)
+    if note := ladder_untuned_note(lad):
+        print(f"  learning rate: {note}")
     for lab in lad.labels[1:]:
         for s in lad.sizes:
             c = comparison_at(s, lab)

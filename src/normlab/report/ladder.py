@@ -24,6 +24,7 @@ from normlab.report.runs import ReportError, Run, load_runs, never_trained, over
 from normlab.report.speed import NOT_COMPARABLE_FLAG
 from normlab.report.stats import NAN, finite_median, ratio_interval
 from normlab.report.text import ci_name, figure_lines, fmt, fmt_ci, method, missing, table
+from normlab.report.tuned import LR_KEY, run_lr, untuned_note
 from normlab.report.variants import design_tag
 
 #: The config keys whose values make a model size.
@@ -301,10 +302,26 @@ def _ladder_header(lad: Ladder) -> list[str]:
         f"{variants} at {len(lad.sizes)} sizes, paired by seed within each size; each size's "
         f"full report: {links}.",
         f"- Margin: {_ladder_margin(lad)}; alpha = {lad.alpha:g}.",
+        *([f"- **Learning rate:** {note}."] if (note := ladder_untuned_note(lad)) else []),
         f"- One point per size: laws are fitted to the {k} size means, with sizes − parameters "
         f"degrees of freedom ({k - 3} for E + A (C/C0)^-alpha, {k - 2} for A (C/C0)^-alpha). "
         + method("the-ladder-report"),
     ]
+
+
+def ladder_untuned_note(lad: Ladder) -> str | None:
+    """The note when, at every size, every variant trained at one lr; None when a size tuned."""
+    if not lad.sizes or any(untuned_note(s["report"]) is None for s in lad.sizes):
+        return None
+    lrs = ", ".join(
+        f"{s['shape']}: {run_lr(s['report'].included(s['report'].baseline)[0]):g}"
+        for s in lad.sizes
+    )
+    return (
+        f"every variant trained at one learning rate at every size ({LR_KEY} {lrs}), not at its "
+        "own best: a variant whose best lr differs is judged off its optimum (each size's report "
+        "says how to tune)"
+    )
 
 
 def _ladder_sizes(lad: Ladder) -> list[str]:
