@@ -124,6 +124,34 @@ def test_no_pairs_is_undecided_and_says_so():
     assert "undecided" in sequential.DECISIONS
 
 
+def with_mean_and_std(n: int, mean: float, std: float) -> list[float]:
+    """``n`` differences whose sample mean and std are exactly ``mean`` and ``std``."""
+    z = np.random.default_rng(n).normal(size=n)
+    return list(mean + std * (z - z.mean()) / z.std(ddof=1))
+
+
+@pytest.mark.parametrize(("mean", "std"), [(0.0005, 0.0028), (0.0, 0.002), (0.004, 0.003)])
+def test_the_projection_is_where_an_interval_at_the_observed_mean_and_std_first_decides(mean, std):
+    v = sequential_verdict(with_mean_and_std(5, mean, std), margin=0.002)
+    assert v["decision"] == "undecided"
+    n, decision = v["projected"]
+    assert decision == ("equivalent" if mean < 0.002 else "different")
+    assert sequential_verdict(with_mean_and_std(n, mean, std), margin=0.002)["decision"] == decision
+    w = half_width(n - 1, (n - 2) * std**2, 0.05)
+    assert (mean + w >= 0.002) if decision == "equivalent" else (mean - w <= 0.002)
+    assert "it would decide (" + decision + f") after about {n} pairs" in sequential.verdict_line(
+        v, 0.002
+    )
+
+
+def test_a_decided_verdict_projects_nothing_and_a_hopeless_one_says_so():
+    assert "projected" not in sequential_verdict([0.0001, -0.0001] * 20, margin=0.01)
+    v = sequential_verdict(with_mean_and_std(5, 0.002, 0.003), margin=0.002)  # at the margin
+    assert v["projected"] == (None, None) and "would not decide within 100000 pairs" in (
+        sequential.verdict_line(v, 0.002)
+    )
+
+
 def main() -> None:
     """The simulation table of docs/reports.md "Anytime-valid verdicts"."""
     print(

@@ -23,6 +23,8 @@ MIXTURE_C = 2.0
 #: The fewest pairs a look uses (the sample variance needs two).
 MIN_PAIRS = 2
 DECISIONS = ("equivalent", "different", "undecided")
+#: The most pairs a projection looks at.
+PROJECT_MAX = 100_000
 
 
 def half_width(n, ss, alpha: float, c: float = MIXTURE_C):
@@ -67,6 +69,21 @@ def in_run_order(seeds: list, diffs: list[float]) -> list[float]:
     return [d for _, d in sorted(zip(key, diffs, strict=True), key=lambda kd: kd[0])]
 
 
+def projected_pairs(diffs: list[float], margin: float, alpha: float, c: float = MIXTURE_C):
+    """``(pairs, decision)``: the fewest pairs after which the sequence would decide if the mean
+    and std of ``diffs`` stayed as observed (an estimate: the running intersection may decide
+    sooner, a new pair moves both); ``(None, None)`` beyond PROJECT_MAX pairs or with < 2 pairs."""
+    if len(diffs) < MIN_PAIRS:
+        return None, None
+    x = np.asarray(diffs, dtype=np.float64)
+    d, var = abs(float(x.mean())), float(x.var(ddof=1))
+    n = np.arange(len(x), PROJECT_MAX + 1, dtype=np.float64)
+    w = half_width(n, (n - 1) * var, alpha, c)
+    decision = "equivalent" if d < margin else "different"
+    ok = d + w < margin if d < margin else d - w > margin
+    return (int(n[ok.argmax()]), decision) if ok.any() else (None, None)
+
+
 def sequential_verdict(
     diffs: list[float], margin: float, alpha: float = 0.05, c: float = MIXTURE_C
 ) -> dict[str, Any]:
@@ -78,7 +95,10 @@ def sequential_verdict(
     if first is None:
         return {"n": 0, "lo": NAN, "hi": NAN, "decision": "undecided", "looks": [], "fixed": None}
     fixed = paired_difference(list(diffs[: first["n"]]), margin, alpha)
-    return {**first, "n_available": len(diffs), "looks": seq, "fixed": fixed, "alpha": alpha}
+    out = {**first, "n_available": len(diffs), "looks": seq, "fixed": fixed, "alpha": alpha}
+    if first["decision"] == "undecided":
+        out["projected"] = projected_pairs(diffs, margin, alpha, c)
+    return out
 
 
 def verdict_line(v: dict[str, Any], margin: float, unit: str = "nats") -> str:
@@ -86,12 +106,19 @@ def verdict_line(v: dict[str, Any], margin: float, unit: str = "nats") -> str:
     conf = round(100 * (1 - v.get("alpha", 0.05)))
     head = f"{v['decision']} after {v['n']} of {v.get('n_available', v['n'])} pairs"
     ci = f"always-valid {conf}% CI [{v['lo']:+.4f}, {v['hi']:+.4f}] {unit} (margin ±{margin:g})"
-    fixed = v.get("fixed")
-    if not fixed or not math.isfinite(fixed["ci_tost"][0]):
-        return f"{head}: {ci}"
-    lo, hi = fixed["ci_tost"]
-    tost = round(100 * (1 - 2 * v.get("alpha", 0.05)))
-    return f"{head}: {ci}; fixed-n {tost}% CI at the same n [{lo:+.4f}, {hi:+.4f}]"
+    fixed, line = v.get("fixed"), f"{head}: {ci}"
+    if fixed and math.isfinite(fixed["ci_tost"][0]):
+        lo, hi = fixed["ci_tost"]
+        tost = round(100 * (1 - 2 * v.get("alpha", 0.05)))
+        line += f"; fixed-n {tost}% CI at the same n [{lo:+.4f}, {hi:+.4f}]"
+    if "projected" in v:
+        n, decision = v["projected"]
+        line += (
+            f"; at the observed mean and std it would decide ({decision}) after about {n} pairs"
+            if n
+            else f"; at the observed mean and std it would not decide within {PROJECT_MAX} pairs"
+        )
+    return line
 
 
 def render_sequential(comparisons: list[dict[str, Any]], baseline: str, margin: float) -> list[str]:
