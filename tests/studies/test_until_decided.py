@@ -106,7 +106,9 @@ def test_a_failed_run_stops_the_driver_naming_it(tmp_path):
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["seed=3", "--margin", "0.01"], "seed=..."),
+        (["seed=3", "--margin", "0.01"], "seed=3: the driver sets"),
+        (["--margin", "0.01", "--b", "norm=rms seed=5"], "seed=5: the driver sets"),
+        (["--margin", "0.01", "--jobs", "3"], "--jobs=3: must be 1 or 2"),
         (["--margin", "0"], "--margin=0.0"),
         (["--margin", "0.01", "--a", "norm=rms"], "the same"),
         (["--margin", "0.01", "--budget-hours", "-1"], "--budget-hours=-1.0"),

@@ -189,8 +189,8 @@ def until_decided_parser() -> argparse.ArgumentParser:
         "--budget-hours",
         type=float,
         default=None,
-        help="wall-clock hours, summed "
-        "over calls on one --out; no new pair starts that would end past it",
+        help="wall-clock hours, summed over calls on one --out; no new pair starts that would "
+        "end past it (default: no limit; --max-pairs still ends it)",
     )
     p.add_argument("--a", default="norm=layer", help="variant A's overrides (default norm=layer)")
     p.add_argument("--b", default="norm=rms", help="variant B's overrides (default norm=rms)")
@@ -198,8 +198,7 @@ def until_decided_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         default=2,
-        choices=(1, 2),
-        help="runs at once, one thread each (default 2: A and B of a seed together)",
+        help="runs at once, one thread each: 1 or 2 (default 2: A and B of a seed together)",
     )
     p.add_argument("--max-pairs", type=int, default=60, help="the most seed pairs (default 60)")
     p.add_argument(
@@ -224,6 +223,7 @@ def _driver(args: argparse.Namespace) -> until_decided.Driver:
         ("--margin", args.margin, math.isfinite(args.margin) and args.margin > 0, "> 0"),
         ("--alpha", args.alpha, 0 < args.alpha < 1, "in (0, 1)"),
         ("--max-pairs", args.max_pairs, args.max_pairs >= 2, ">= 2"),
+        ("--jobs", args.jobs, args.jobs in (1, 2), "1 or 2 (runs at once, one thread each)"),
     ]
     if args.budget_hours is not None:
         ok = math.isfinite(args.budget_hours) and args.budget_hours > 0
@@ -233,8 +233,9 @@ def _driver(args: argparse.Namespace) -> until_decided.Driver:
             raise ConfigError(f"{flag}={value}: must be {allowed}")
     if variants[0] == variants[1]:
         raise ConfigError(f"--a and --b are the same ({args.a!r}): give two variants")
-    if any(o.split("=", 1)[0].lstrip("+~") == "seed" for o in common + sum(variants, [])):
-        raise ConfigError("seed=...: the driver sets each pair's seed (0, 1, ...); leave it out")
+    for o in common + sum(variants, []):
+        if o.split("=", 1)[0].lstrip("+~") == "seed":
+            raise ConfigError(f"{o}: the driver sets each pair's seed (0, 1, ...); leave it out")
     for v in variants:  # every override checked as train checks it, before anything trains
         check_overrides([*common, *v], find_conf_dir())
     budget = math.inf if args.budget_hours is None else 3600 * args.budget_hours
@@ -257,7 +258,7 @@ def until_decided_main(argv: list[str]) -> int:
     try:
         driver = _driver(args)
     except (ConfigError, DataError) as e:
-        print(f"until-decided: {e}", file=sys.stderr)
+        print(f"until-decided: error: {e}", file=sys.stderr)
         return 2
     print(f"until-decided: {driver.out} (rerun this command with --out {driver.out} to resume)")
     try:
