@@ -169,8 +169,9 @@ def _compare(rep: Report, base: dict[Any, Run], var: dict[Any, Run], label: str)
         {s: r.metrics for s, r in var.items()},
         alpha=rep.alpha,
     )
-    ordered = in_run_order(seeds, diffs)  # seed 0, 1, ...: the order a driver runs them
-    seq = sequential_verdict(ordered, rep.margin, rep.alpha) if rep.sequential else None
+    seq = None
+    if rep.sequential:  # over seed 0, 1, ...: the order a driver runs them
+        seq = sequential_verdict(in_run_order(seeds, diffs), rep.margin, rep.alpha)
     return {
         "label": label,
         "seeds": seeds,

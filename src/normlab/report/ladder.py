@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
+from normlab.report import tuned
 from normlab.report.compare import DEFAULT_MARGIN, build_report
 from normlab.report.context import tokens_seen
 from normlab.report.laws import ladder_law, law_sizes, law_value, multiplier_trend, trend_value
@@ -24,7 +25,6 @@ from normlab.report.runs import ReportError, Run, load_runs, never_trained, over
 from normlab.report.speed import NOT_COMPARABLE_FLAG
 from normlab.report.stats import NAN, finite_median, ratio_interval
 from normlab.report.text import ci_name, figure_lines, fmt, fmt_ci, method, missing, table
-from normlab.report.tuned import LR_KEY, run_lr, untuned_note
 from normlab.report.variants import design_tag
 
 #: The config keys whose values make a model size.
@@ -311,16 +311,13 @@ def _ladder_header(lad: Ladder) -> list[str]:
 
 def ladder_untuned_note(lad: Ladder) -> str | None:
     """The note when, at every size, every variant trained at one lr; None when a size tuned."""
-    if not lad.sizes or any(untuned_note(s["report"]) is None for s in lad.sizes):
+    lrs = [tuned.one_lr(s["report"]) for s in lad.sizes]
+    if not lrs or None in lrs:
         return None
-    lrs = ", ".join(
-        f"{s['shape']}: {run_lr(s['report'].included(s['report'].baseline)[0]):g}"
-        for s in lad.sizes
-    )
+    at = ", ".join(f"{s['shape']}: {lr:g}" for s, lr in zip(lad.sizes, lrs, strict=True))
     return (
-        f"every variant trained at one learning rate at every size ({LR_KEY} {lrs}), not at its "
-        "own best: a variant whose best lr differs is judged off its optimum (each size's report "
-        "says how to tune)"
+        f"every variant trained at one learning rate at every size ({tuned.LR_KEY} {at}), "
+        f"{tuned.OFF_OPTIMUM} (each size's report says how to tune)"
     )
 
 

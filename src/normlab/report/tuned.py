@@ -246,16 +246,25 @@ def tuned_figure(rep: Report, out_dir: Path) -> dict[str, Path | None]:
     return {"lr_curve": plot_lr_curve(rep.tuned, path, ci_name(rep.alpha))}
 
 
-def untuned_note(rep: Report) -> str | None:
-    """The note when every variant trained at one lr, or None for a tuned report."""
+#: Why a report at one learning rate says so.
+OFF_OPTIMUM = "not at its own best: a variant whose best lr differs is judged off its optimum"
+
+
+def one_lr(rep: Report) -> float | None:
+    """The learning rate every compared run trained at; None for a tuned report, no comparison,
+    or runs at several (or unrecorded) learning rates."""
     if rep.tuned is not None or not rep.comparisons:
         return None
     lrs = {run_lr(r) for lab in rep.labels for r in rep.included(lab)}
-    if len(lrs) != 1 or None in lrs:
+    return None if len(lrs) != 1 or None in lrs else lrs.pop()
+
+
+def untuned_note(rep: Report) -> str | None:
+    """The note when every variant trained at one lr, or None for a tuned report."""
+    if (lr := one_lr(rep)) is None:
         return None
     return (
-        f"every variant trained at one learning rate ({LR_KEY}={lrs.pop():g}), not at its own "
-        "best: a variant whose best lr differs is judged off its optimum. To tune each: sweep "
-        f"{LR_KEY} over 3 or more values beside the variants, with 4 or more seeds "
+        f"every variant trained at one learning rate ({LR_KEY}={lr:g}), {OFF_OPTIMUM}. To tune "
+        f"each: sweep {LR_KEY} over 3 or more values beside the variants, with 4 or more seeds "
         "(experiment=loss_parity_tuned_cpu)"
     )

@@ -1,5 +1,8 @@
-import statistics, sys
+import statistics
+import sys
+
 from normlab.report import load_runs
+
 runs = [r for r in load_runs([sys.argv[1]]) if (r.summary or {}).get("status") == "completed"]
 at = {}
 for r in runs:
@@ -9,4 +12,5 @@ for r in runs:
         at.setdefault(p["budget_steps"], {}).setdefault(seed, {})[side] = p["val/loss"]
 for steps, by_seed in sorted(at.items()):
     d = [v["b"] - v["a"] for v in by_seed.values() if len(v) == 2]
-    print(f"{steps} steps: {len(d)} pairs, mean B-A {statistics.mean(d):+.4f}, paired std {statistics.stdev(d):.4f}")
+    mean, std = statistics.mean(d), statistics.stdev(d)
+    print(f"{steps} steps: {len(d)} pairs, mean B-A {mean:+.4f}, paired std {std:.4f}")
