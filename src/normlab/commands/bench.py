@@ -32,6 +32,7 @@ from normlab.bench.norms import (
     model_width,
     parse_shape,
 )
+from normlab.bench.norms import summarize as summarize_norms
 from normlab.bench.step import bench_step, format_step
 from normlab.commands.train import auto_threads
 from normlab.compose import compose_cli
@@ -165,6 +166,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MIB",
         help="--cache cold: size in MiB of the buffer written before each sample (default: 512)",
     )
+    p.add_argument(
+        "--by-group",
+        action="store_true",
+        help="time each (dtype, shape) group on its own, interleaved with its own copy, and "
+        "rewrite --json after each group: a run stopped midway keeps the groups it finished "
+        "(default: one interleaved run of every case)",
+    )
     add_common(p, "bench.json")
     return p
 
@@ -295,19 +303,9 @@ def _norm_main(argv: list[str]) -> int:
         )
     try:
         shapes += [(shapes[0][0], model_width(args.model))] if args.model else []
-        result = bench_norms(
-            args.kinds,
-            impls,
-            args.dtypes,
-            list(dict.fromkeys(shapes)),
-            repeats=args.repeats,
-            warmup=args.warmup,
-            device=args.device,
-            param_dtype=args.param_dtype,
-            cache=args.cache,
-            settle_calls=args.settle,
-            flush_mb=args.flush_mb,
-        )
+        shapes = list(dict.fromkeys(shapes))
+        groups = [([d], [s]) for s in shapes for d in args.dtypes] if args.by_group else []
+        result = _bench_groups(args, impls, groups or [(args.dtypes, shapes)])
     except (ConfigError, DataError, FileNotFoundError) as e:  # user errors: one line
         print(f"normlab-bench: {e}", file=sys.stderr)
         return 2
@@ -316,6 +314,43 @@ def _norm_main(argv: list[str]) -> int:
         return 1
     result["malloc"] = malloc
     return write_result(result, format_norm_table(result), args.json)
+
+
+def _bench_groups(args: argparse.Namespace, impls: list[str], groups: list[tuple]) -> dict:
+    """``bench_norms`` of each ``(dtypes, shapes)`` group in turn, merged; with more than one group
+    the merged result is written to ``--json`` after each (``complete`` false until the last).
+    Raises BenchError when no group ran a norm case."""
+    result, errors = None, []
+    for i, (dtypes, shapes) in enumerate(groups):
+        try:
+            part = bench_norms(
+                args.kinds,
+                impls,
+                dtypes,
+                shapes,
+                repeats=args.repeats,
+                warmup=args.warmup,
+                device=args.device,
+                param_dtype=args.param_dtype,
+                cache=args.cache,
+                settle_calls=args.settle,
+                flush_mb=args.flush_mb,
+            )
+        except BenchError as e:  # one group with nothing to run: the others still count
+            errors.append(str(e))
+            continue
+        if result is None:
+            result = part
+        else:
+            for key in ("rows", "copy", "skipped"):
+                result[key] += part[key]
+            result["summary"] = summarize_norms(result["rows"])
+        result["complete"] = i == len(groups) - 1
+        if len(groups) > 1:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+    if result is None:
+        raise BenchError("; ".join(errors))
+    return result
 
 
 def step_main(argv: list[str]) -> int:

@@ -5,7 +5,8 @@ with ``TRITON_INTERPRET=1`` set before import. Semantics and roundings are the r
 (``reference.py``, ``dyt.py``): statistics, ``x_hat`` and tanh in fp32 (fp64 for fp64 input), then
 the ``norm.cast`` order (``AFTER``: one rounding). Output and ``dx`` in ``x.dtype``; ``dw``, ``db``
 and DyT's ``dalpha`` summed in fp32 partials per program, cast once to the parameter dtype.
-A zero-centred weight arrives as its fp32 gain ``1 + w`` (``NormBase.gain``).
+A zero-centred weight arrives as its fp32 gain ``1 + w`` (``NormBase.gain``). Each launcher is an
+opaque ``torch.library`` custom op (``normlab::triton_*``) with fresh outputs and autograd.
 
 Why: docs/norms.md
 """
@@ -13,6 +14,7 @@ Why: docs/norms.md
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import triton
@@ -208,12 +210,21 @@ def _programs(n_tiles: int, x: torch.Tensor) -> int:
     return min(n_tiles, 4 * n_sm)
 
 
+def _unused(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A fresh 1-element tensor on x's device for a pointer argument the kernel never touches."""
+    return torch.empty(1, dtype=dtype, device=x.device)
+
+
+def _stat_dtype(x: torch.Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def norm_fwd(x, weight, bias, eps: float, is_rms: bool, after: bool = False):
     """Forward on ``x2d`` ``(rows, d)`` (``after``: ``cast=after_weight``). Returns ``y``
     ``(rows, d)`` in x.dtype, ``mean`` (None for RMSNorm) and ``rstd``, both ``(rows,)`` fp32
     (fp64 for float64 x)."""
     n_rows, d = x.shape
-    stat_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    stat_dtype = _stat_dtype(x)
     y = torch.empty_like(x)
     rstd = torch.empty(n_rows, dtype=stat_dtype, device=x.device)
     mean = None if is_rms else torch.empty(n_rows, dtype=stat_dtype, device=x.device)
@@ -224,9 +235,9 @@ def norm_fwd(x, weight, bias, eps: float, is_rms: bool, after: bool = False):
         _norm_fwd[(triton.cdiv(n_rows, meta["BLOCK_M"]),)](
             x,
             y,
-            x if weight is None else weight,
-            x if bias is None else bias,
-            rstd if mean is None else mean,
+            _unused(x, x.dtype) if weight is None else weight,
+            _unused(x, x.dtype) if bias is None else bias,
+            _unused(x, stat_dtype) if mean is None else mean,
             rstd,
             x.stride(0),
             y.stride(0),
@@ -244,27 +255,30 @@ def norm_bwd(dy, x, weight, has_bias: bool, mean, rstd, is_rms: bool, after: boo
     ``(d,)`` sums ``dw`` / ``db`` (None without weight / bias), not yet cast to the param dtype."""
     n_rows, d = x.shape
     dx = torch.empty_like(x)
-    acc_dtype = rstd.dtype
+    acc = rstd.dtype
     if n_rows == 0:
-        zeros = torch.zeros(d, dtype=acc_dtype, device=x.device)
-        return dx, (zeros if weight is not None else None), (zeros if has_bias else None)
+        dw, db = (
+            torch.zeros(d, dtype=acc, device=x.device) if on else None
+            for on in (weight is not None, has_bias)
+        )
+        return dx, dw, db
     meta = _meta(x, weight, x if has_bias else None, after)
     n_tiles = triton.cdiv(n_rows, meta["BLOCK_M"])
     programs = _programs(n_tiles, x)
     partial_dw = (
-        torch.empty(programs, d, dtype=acc_dtype, device=x.device) if weight is not None else None
+        torch.empty(programs, d, dtype=acc, device=x.device) if weight is not None else None
     )
-    partial_db = torch.empty(programs, d, dtype=acc_dtype, device=x.device) if has_bias else None
+    partial_db = torch.empty(programs, d, dtype=acc, device=x.device) if has_bias else None
     with _device(x):
         _norm_bwd[(programs,)](
             x,
             dy,
             dx,
-            x if weight is None else weight,
-            rstd if mean is None else mean,
+            _unused(x, x.dtype) if weight is None else weight,
+            _unused(x, acc) if mean is None else mean,
             rstd,
-            rstd if partial_dw is None else partial_dw,
-            rstd if partial_db is None else partial_db,
+            _unused(x, acc) if partial_dw is None else partial_dw,
+            _unused(x, acc) if partial_db is None else partial_db,
             x.stride(0),
             dy.stride(0),
             dx.stride(0),
@@ -279,39 +293,85 @@ def norm_bwd(dy, x, weight, has_bias: bool, mean, rstd, is_rms: bool, after: boo
     return dx, dw, db
 
 
-class _TritonNormFn(torch.autograd.Function):
-    """``(x (..., d), gain (d,)|None, bias (d,)|None, eps, is_rms, after) -> y (..., d)`` in
-    x.dtype; saves the ``(rows, d)`` input, the weight, ``mean`` (LayerNorm) and ``rstd``."""
+def _contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps, is_rms, after):
-        shape, d = x.shape, x.shape[-1]
-        x2d = _rows(x, d)
-        w = None if weight is None else weight.contiguous()
-        b = None if bias is None else bias.contiguous()
-        y, mean, rstd = norm_fwd(x2d, w, b, eps, is_rms, after)
-        ctx.save_for_backward(x2d, w, mean, rstd)
-        ctx.is_rms, ctx.bias_dtype, ctx.after = is_rms, None if bias is None else bias.dtype, after
-        return y.view(shape)
 
-    @staticmethod
-    def backward(ctx, dy):
-        refuse_double_backward("triton")
-        x2d, w, mean, rstd = ctx.saved_tensors
-        dx, dw, db = norm_bwd(
-            _rows(dy, x2d.shape[1]),
-            x2d,
-            w,
-            ctx.bias_dtype is not None,
-            mean,
-            rstd,
-            ctx.is_rms,
-            ctx.after,
-        )
-        dx = dx.view(dy.shape)
-        dw = None if dw is None or not ctx.needs_input_grad[1] else dw.to(w.dtype)
-        db = None if db is None or not ctx.needs_input_grad[2] else db.to(ctx.bias_dtype)
-        return dx if ctx.needs_input_grad[0] else None, dw, db, None, None, None
+def _present(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """``t``, or an empty tensor of like's dtype for an absent result (a custom op's outputs)."""
+    return like.new_empty(0) if t is None else t
+
+
+# custom_op, not triton_op: opaque to compile (no mutation analysis), traceable with the interpreter
+@torch.library.custom_op("normlab::triton_norm_fwd", mutates_args=())
+def _norm_fwd_op(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    is_rms: bool,
+    after: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x (..., d)`` -> ``y`` (x's shape and dtype), ``mean`` and ``rstd`` ``(rows,)`` fp32 (fp64
+    for float64 x; ``mean`` empty for RMSNorm). ValueError: d too large for one tile."""
+    x2d = _rows(x, x.shape[-1])
+    y, mean, rstd = norm_fwd(x2d, _contiguous(weight), _contiguous(bias), eps, is_rms, after)
+    return y.view(x.shape), _present(mean, rstd), rstd
+
+
+@_norm_fwd_op.register_fake
+def _norm_fwd_fake(x, weight, bias, eps, is_rms, after):
+    rows = math.prod(x.shape[:-1])
+    rstd = x.new_empty(rows, dtype=_stat_dtype(x))
+    return x.new_empty(x.shape), x.new_empty(0 if is_rms else rows, dtype=rstd.dtype), rstd
+
+
+@torch.library.custom_op("normlab::triton_norm_bwd", mutates_args=())
+def _norm_bwd_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    has_bias: bool,
+    mean: torch.Tensor | None,
+    rstd: torch.Tensor,
+    is_rms: bool,
+    after: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dx`` (x's shape and dtype) and the ``(d,)`` sums ``dw`` / ``db`` in rstd's dtype (empty
+    without weight / bias)."""
+    d = x.shape[-1]
+    w = _contiguous(weight)
+    dx, dw, db = norm_bwd(_rows(dy, d), _rows(x, d), w, has_bias, mean, rstd, is_rms, after)
+    return dx.view(x.shape), _present(dw, rstd), _present(db, rstd)
+
+
+@_norm_bwd_op.register_fake
+def _norm_bwd_fake(dy, x, weight, has_bias, mean, rstd, is_rms, after):
+    d = x.shape[-1]
+    dw = rstd.new_empty(0 if weight is None else d)
+    return x.new_empty(x.shape), dw, rstd.new_empty(d if has_bias else 0)
+
+
+def _norm_setup(ctx, inputs, output) -> None:
+    x, weight, bias, _, is_rms, after = inputs
+    _, mean, rstd = output
+    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(x, weight, None if is_rms else mean, rstd)
+    ctx.is_rms, ctx.bias_dtype, ctx.after = is_rms, None if bias is None else bias.dtype, after
+
+
+def _norm_backward(ctx, dy, _dmean, _drstd):
+    refuse_double_backward("triton")
+    x, w, mean, rstd = ctx.saved_tensors
+    has_bias = ctx.bias_dtype is not None
+    dx, dw, db = _norm_bwd_op(dy, x, w, has_bias, mean, rstd, ctx.is_rms, ctx.after)
+    need = ctx.needs_input_grad
+    dw = None if w is None or not need[1] else dw.to(w.dtype)
+    db = None if not has_bias or not need[2] else db.to(ctx.bias_dtype)
+    return dx if need[0] else None, dw, db, None, None, None
+
+
+_norm_fwd_op.register_autograd(_norm_backward, setup_context=_norm_setup)
 
 
 class TritonLayerNorm(NormBase):
@@ -320,7 +380,7 @@ class TritonLayerNorm(NormBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        return _TritonNormFn.apply(x, self.gain(), self.bias, self.eps, False, self.after)
+        return _norm_fwd_op(x, self.gain(), self.bias, self.eps, False, self.after)[0]
 
 
 class TritonRMSNorm(NormBase):
@@ -331,7 +391,7 @@ class TritonRMSNorm(NormBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        return _TritonNormFn.apply(x, self.gain(), None, self.eps, True, self.after)
+        return _norm_fwd_op(x, self.gain(), None, self.eps, True, self.after)[0]
 
 
 @triton.jit
@@ -463,8 +523,8 @@ def dyt_fwd(x, alpha, weight, bias, after: bool) -> torch.Tensor:
             x,
             y,
             alpha,
-            x if weight is None else weight,
-            x if bias is None else bias,
+            _unused(x, x.dtype) if weight is None else weight,
+            _unused(x, x.dtype) if bias is None else bias,
             x.stride(0),
             y.stride(0),
             x.shape[0],
@@ -478,7 +538,7 @@ def dyt_bwd(dy, x, alpha, weight, has_bias: bool, after: bool):
     """``(rows, d)`` tensors -> ``dx`` (x.dtype) and the fp32 (fp64 for float64 x) sums
     ``dalpha`` ``(1,)``, ``dweight`` / ``dbias`` ``(d,)`` (None without weight / bias)."""
     n_rows, d = x.shape
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    acc = _stat_dtype(x)
     dx = torch.empty_like(x)
     meta = _meta(x, weight, x if has_bias else None, after)
     n_tiles = max(1, triton.cdiv(n_rows, meta["BLOCK_M"]))
@@ -493,10 +553,10 @@ def dyt_bwd(dy, x, alpha, weight, has_bias: bool, after: bool):
                 dy,
                 dx,
                 alpha,
-                x if weight is None else weight,
+                _unused(x, x.dtype) if weight is None else weight,
                 da,
-                da if dw is None else dw,
-                da if db is None else db,
+                _unused(x, acc) if dw is None else dw,
+                _unused(x, acc) if db is None else db,
                 x.stride(0),
                 dy.stride(0),
                 dx.stride(0),
@@ -513,32 +573,74 @@ def dyt_bwd(dy, x, alpha, weight, has_bias: bool, after: bool):
     )
 
 
-class _TritonDyTFn(torch.autograd.Function):
-    """``(x (..., d), alpha (1,), gain (d,)|None, bias (d,)|None, after) -> y (..., d)``."""
+@torch.library.custom_op("normlab::triton_dyt_fwd", mutates_args=())
+def _dyt_fwd_op(
+    x: torch.Tensor,
+    alpha: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    after: bool,
+) -> torch.Tensor:
+    """``x (..., d)``, ``alpha (1,)`` -> ``y`` (x's shape and dtype). ValueError: d too large."""
+    x2d = _rows(x, x.shape[-1])
+    return dyt_fwd(x2d, alpha, _contiguous(weight), _contiguous(bias), after).view(x.shape)
 
-    @staticmethod
-    def forward(ctx, x, alpha, weight, bias, after):
-        x2d = _rows(x, x.shape[-1])
-        w = None if weight is None else weight.contiguous()
-        b = None if bias is None else bias.contiguous()
-        ctx.save_for_backward(x2d, alpha, w)
-        ctx.after, ctx.bias_dtype = after, None if bias is None else bias.dtype
-        return dyt_fwd(x2d, alpha, w, b, after).view(x.shape)
 
-    @staticmethod
-    def backward(ctx, dy):
-        refuse_double_backward("triton")
-        x2d, alpha, w = ctx.saved_tensors
-        dy2d = _rows(dy, x2d.shape[1])
-        dx, da, dw, db = dyt_bwd(dy2d, x2d, alpha, w, ctx.bias_dtype is not None, ctx.after)
-        need = ctx.needs_input_grad
-        return (
-            dx.view(dy.shape) if need[0] else None,
-            da.to(alpha.dtype) if need[1] else None,
-            None if dw is None or not need[2] else dw.to(w.dtype),
-            None if db is None or not need[3] else db.to(ctx.bias_dtype),
-            None,
-        )
+@_dyt_fwd_op.register_fake
+def _dyt_fwd_fake(x, alpha, weight, bias, after):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("normlab::triton_dyt_bwd", mutates_args=())
+def _dyt_bwd_op(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    alpha: torch.Tensor,
+    weight: torch.Tensor | None,
+    has_bias: bool,
+    after: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dx`` (x's shape and dtype), ``dalpha`` ``(1,)`` and the ``(d,)`` sums ``dw`` / ``db``
+    (empty without weight / bias), fp32 (fp64 for float64 x)."""
+    d = x.shape[-1]
+    dx, da, dw, db = dyt_bwd(_rows(dy, d), _rows(x, d), alpha, _contiguous(weight), has_bias, after)
+    return dx.view(x.shape), da, _present(dw, da), _present(db, da)
+
+
+@_dyt_bwd_op.register_fake
+def _dyt_bwd_fake(dy, x, alpha, weight, has_bias, after):
+    d, acc = x.shape[-1], _stat_dtype(x)
+    dw = x.new_empty(0 if weight is None else d, dtype=acc)
+    return (
+        x.new_empty(x.shape),
+        x.new_empty(1, dtype=acc),
+        dw,
+        x.new_empty(d if has_bias else 0, dtype=acc),
+    )
+
+
+def _dyt_setup(ctx, inputs, output) -> None:
+    x, alpha, weight, bias, after = inputs
+    ctx.save_for_backward(x, alpha, weight)
+    ctx.after, ctx.bias_dtype = after, None if bias is None else bias.dtype
+
+
+def _dyt_backward(ctx, dy):
+    refuse_double_backward("triton")
+    x, alpha, w = ctx.saved_tensors
+    has_bias = ctx.bias_dtype is not None
+    dx, da, dw, db = _dyt_bwd_op(dy, x, alpha, w, has_bias, ctx.after)
+    need = ctx.needs_input_grad
+    return (
+        dx if need[0] else None,
+        da.to(alpha.dtype) if need[1] else None,
+        None if w is None or not need[2] else dw.to(w.dtype),
+        None if not has_bias or not need[3] else db.to(ctx.bias_dtype),
+        None,
+    )
+
+
+_dyt_fwd_op.register_autograd(_dyt_backward, setup_context=_dyt_setup)
 
 
 class TritonDyT(ReferenceDyT):
@@ -547,4 +649,4 @@ class TritonDyT(ReferenceDyT):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
-        return _TritonDyTFn.apply(x, self.alpha, self.gain(), self.bias, self.after)
+        return _dyt_fwd_op(x, self.alpha, self.gain(), self.bias, self.after)

@@ -101,6 +101,25 @@ def device_peak_tflops(device: torch.device, dtype: str, refresh: bool = False) 
     return {**entry, "key": key, "cached": False}
 
 
+#: Dense (no sparsity) bf16 tensor-core TFLOP/s from NVIDIA's datasheets, by a part of
+#: ``torch.cuda.get_device_name``, most specific first: MFU's usual denominator.
+DATASHEET_BF16_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H200", 989.0),
+    ("H100", 989.0),  # SXM (HBM3)
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("L4", 121.0),
+)
+
+
+def datasheet_bf16_tflops(name: str) -> float | None:
+    """The dense bf16 peak of the GPU called ``name`` (``DATASHEET_BF16_TFLOPS``); None when the
+    table does not know it (a CPU, another GPU)."""
+    return next((tflops for part, tflops in DATASHEET_BF16_TFLOPS if part in name), None)
+
+
 #: The matmul dtype of each autocast precision (``precision.dtype``).
 PRECISION_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
 
