@@ -119,7 +119,7 @@ FEATURES = [
         row_keys=("downstream/piqa/acc", "downstream/piqa/acc_norm", "downstream/lambada/bpb"),
     ),
     Entry("feature_seeds", ("init_seed=3", "data_seed=5")),  # weights and batch order apart
-    Entry("feature_triton_norm", ("norm=rms", "norm.impl=triton")),  # custom ops, interpreted
+    Entry("feature_triton_norm", ("norm.kind=rms", "norm.impl=triton")),  # custom ops, interpreted
     Entry(
         "feature_samples",
         ("sample_interval=4", "sample_tokens=8"),

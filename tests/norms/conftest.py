@@ -13,7 +13,14 @@ from normlab.commands.gpu_report import impl_of
 RANK = {"triton": 0, "other": 1, "compiled": 2}
 
 
+#: This process is an xdist worker (its controller writes the cases); set at configure time, not
+#: from the environment, which a pytest started from inside a worker inherits.
+_WORKER = False
+
+
 def pytest_configure(config):
+    global _WORKER
+    _WORKER = hasattr(config, "workerinput")
     config.addinivalue_line(
         "markers", "device: runs on NORMLAB_TEST_DEVICE (default cpu; the GPU check sets cuda)"
     )
@@ -29,7 +36,7 @@ def pytest_runtest_logreport(report):
     failed setup) is over, flushed at once; under xdist only the controller writes (the hook also
     runs in each worker: the case would be counted twice)."""
     path = os.environ.get("NORMLAB_CASES_JSONL")
-    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+    if not path or _WORKER:
         return
     if not (report.when == "call" or (report.when == "setup" and not report.passed)):
         return
