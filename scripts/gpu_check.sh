@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# The first run on a GPU, in one go (at most 7.5 minutes on one H100/H200): the norm contract
-# tests on the device (every implementation against the float64 oracle at model widths, NaN/inf
-# inputs, the preflight), normlab-bench of every norm in fp32/bf16, the measured matmul peak,
-# a 12 x 768 bf16 compiled training run (tokens/s, MFU against the measured peak, graph breaks)
-# and the step bench of the fused kernel against torch and compiled. Writes gpu_check.md and
-# gpu_check.json under outputs/gpu_check/<time>/ (or --out DIR). --dry-run: the same steps on
-# CPU, tiny sizes. Run from the repository root (the contract tests live in tests/). On a bare
-# offline GPU machine use scripts/gpu_run.sh with the kit of scripts/gpu_kit.sh (docs/gpu.md).
+# The first run on a GPU, sized to a short rental (docs/gpu.md): in order of value, each step
+# time-boxed and skipped when the budget left (540 s, or less before NORMLAB_CHECK_DEADLINE) is
+# under its minimum: versions, the norm contract on the device (Triton first, compiled last),
+# normlab-bench of torch/triton/compiled at 65536 x 768 and 8192 x 4096, the measured matmul peak,
+# 200 steps of the 12 x 768 model in bf16 with the Triton norm and with norm.impl=compiled (MFU
+# against the datasheet's and the measured peak, graph breaks, the kernels that ran), and the
+# step bench of triton against compiled. Writes gpu_check.md, gpu_check.json and logs.tar.gz into
+# --out DIR (default outputs/gpu_check/<time>) after every step; SIGTERM ends the running step and
+# still writes them. --dry-run: the same steps on a CPU, tiny sizes. Run from the repository root
+# (the contract tests live in tests/). On a bare offline GPU machine use scripts/gpu_run.sh with
+# the kit of scripts/gpu_kit.sh.
 # Usage: scripts/gpu_check.sh [--dry-run] [--out DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python3 -m normlab.commands.gpu_check "$@"
+exec "${PYTHON:-python3}" -m normlab.commands.gpu_check "$@"

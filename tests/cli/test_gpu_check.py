@@ -128,7 +128,10 @@ def test_summarize_gives_mfu_against_the_datasheet_and_the_measured_peak_and_fai
     assert steps["step"]["figures"]["b_over_a"] == 0.95
     report = {"dry_run": False, "device": "cuda", "started": "now", "seconds": 300.0}
     md = gpu_report.render(report | {"steps": list(steps.values())})
-    assert "SOME STEPS FAILED" in md and "| contract | failed |" in md
+    assert "SOME STEPS FAILED" in md and "| contract | failed (1 case(s) failed) |" in md
+    assert "Code: commit unknown, kit sources -; normlab from ?" in md
+    assert "(200 steps, bf16, compile on, norm triton, completed)" in md
+    assert "B/A 0.950 (IQR 0.940-0.970; below 1: B is faster)" in md
     assert "Device: NVIDIA H200 (cuda); python 3.12.3, torch 2.11.0" in md
     assert "normwise relative error 0.5" in md and "stopped before its last group" in md
     assert "Graph breaks: 2\n- /m/model.py:68" in md
@@ -508,3 +511,28 @@ def test_the_packed_files_replace_a_link_and_never_write_through_it(tmp_path):
     assert (tmp_path / "target.json").read_text() == "keep\n"
     assert not (out / "gpu_check.json").is_symlink()
     assert set(_archive(out)) == {"logs/versions.log"}
+
+
+def test_a_sigterm_between_steps_runs_no_further_step_and_raises_nothing(tmp_path, monkeypatch):
+    quick_plan(monkeypatch)
+    term = gpu_check.Terminate()
+    term(signal.SIGTERM, None)  # not waiting on a step: recorded, never raised
+    report = {"dry_run": True, "device": "cpu", "started": "now", "seconds": 0.0, "steps": []}
+    (tmp_path / "w" / "logs").mkdir(parents=True)
+    (tmp_path / "o").mkdir()
+    gpu_check.run_all(gpu_check.DRY, tmp_path / "w", tmp_path / "o", report, True, term)
+    assert [s["status"] for s in report["steps"]] == ["skipped"] * len(STEPS)
+    assert {s["error"] for s in report["steps"]} == {"not run: SIGTERM ended the check"}
+    assert (tmp_path / "o" / "gpu_check.md").is_file()
+
+
+def test_the_deadline_of_the_device_command_shortens_the_budget(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("NORMLAB_CHECK_DEADLINE", str(time.time() + 100))
+    assert 95 < gpu_check.budget(gpu_check.GPU) <= 100
+    monkeypatch.setenv("NORMLAB_CHECK_DEADLINE", str(time.time() + 10_000))
+    assert gpu_check.budget(gpu_check.GPU) == gpu_check.GPU.budget_s
+    monkeypatch.setenv("NORMLAB_CHECK_DEADLINE", "soon")
+    assert gpu_check.main(["--dry-run", "--out", str(tmp_path / "o")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "NORMLAB_CHECK_DEADLINE='soon' is not a Unix time" in line
+    assert not (tmp_path / "o").exists()

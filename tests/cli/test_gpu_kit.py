@@ -82,19 +82,19 @@ def test_without_the_kit_a_torch_only_environment_cannot_import_normlab(tmp_path
     )
 
 
+def _bash(script: str, *argv: str) -> subprocess.CompletedProcess:
+    """``bash scripts/<script> argv...`` from this checkout's root, its output captured."""
+    cmd = ["bash", f"scripts/{script}", *argv]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
 def test_the_device_command_refuses_a_kit_built_from_other_sources(tmp_path):
     kit = tmp_path / "kit"
     (kit / "wheels").mkdir(parents=True)
     (kit / "cache").mkdir()
     (kit / "wheels" / "x-1-py3-none-any.whl").write_bytes(b"")
     (kit / "sources.sha256").write_text("0" * 64 + "  src/normlab/__init__.py\n")
-    proc = subprocess.run(
-        ["bash", "scripts/gpu_run.sh", "--kit", str(kit), "--out", str(tmp_path / "r")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = _bash("gpu_run.sh", "--kit", str(kit), "--out", str(tmp_path / "r"))
     assert proc.returncode == 2 and "rebuild it with bash scripts/gpu_kit.sh" in proc.stderr
     assert not (tmp_path / "r").exists()
 
@@ -198,3 +198,38 @@ def test_the_device_command_refuses_a_kit_that_lacks_a_file_added_since_or_holds
     (tree / UNTRACKED).unlink()
     proc = _device_command(tree, kit)
     assert proc.returncode == 2 and f"({UNTRACKED} is in the kit but not here)" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--out"], "--out needs a folder"),
+        (["--out", "--dry-run"], "--out needs a folder"),
+        (["--kit"], "--kit needs a folder"),
+        (["--dryrun"], "unknown argument --dryrun"),
+        ([], "--out DIR is required"),
+    ],
+)
+def test_the_device_command_refuses_a_bad_argument_in_one_line(tmp_path, argv, says):
+    proc = _bash("gpu_run.sh", *argv)
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith("gpu_run.sh: ") and says in line
+
+
+def test_the_device_command_refuses_an_out_holding_a_report_before_installing(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "logs.tar.gz").write_bytes(b"earlier")
+    proc = _bash("gpu_run.sh", "--out", str(out), "--kit", str(tmp_path / "no_kit"))
+    assert proc.returncode == 2 and "already holds logs.tar.gz of an earlier check" in proc.stderr
+    assert (out / "logs.tar.gz").read_bytes() == b"earlier" and len(list(out.iterdir())) == 1
+
+
+def test_the_kit_builder_refuses_a_folder_that_is_not_a_kit(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep\n")
+    proc = _bash("gpu_kit.sh", "--out", str(mine))
+    assert proc.returncode == 2 and "holds something other than a kit" in proc.stderr
+    assert (mine / "notes.txt").read_text() == "keep\n"

@@ -13,6 +13,7 @@ Why: docs/gpu.md
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -89,7 +90,7 @@ GPU = Sizes(
     compile=True,
     fused="triton",
     step_bench="--pairs 5 --warmup 3",
-    budget_s=540,  # the command's 10 minutes, less the kit's install and the packing
+    budget_s=540,  # scripts/gpu_run.sh's deadline (NORMLAB_CHECK_DEADLINE) may leave less
     limits=LIMITS_GPU,
 )
 DRY = Sizes(
@@ -112,11 +113,21 @@ CONFIGURED_PEAK = 312.0  # train's peak_tflops, pinned: MFU is recomputed agains
 
 
 class Stopped(Exception):
-    """SIGTERM arrived (an outer time limit): end the running step, write what finished."""
+    """SIGTERM arrived (an outer time limit) while a step ran: end it, write what finished."""
 
 
-def _on_sigterm(signum, _frame):
-    raise Stopped(f"signal {signum}")
+class Terminate:
+    """The SIGTERM handler: records the request, and raises ``Stopped`` only while a step is
+    awaited, so a signal between steps (reading an output, packing) never cuts the report short."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.waiting = False
+
+    def __call__(self, signum, _frame) -> None:
+        self.requested = True
+        if self.waiting:
+            raise Stopped(f"signal {signum}")
 
 
 def plan(s: Sizes, work: Path) -> list[tuple[str, list[str]]]:
@@ -156,7 +167,8 @@ def plan(s: Sizes, work: Path) -> list[tuple[str, list[str]]]:
 
 def write_versions(path: str) -> None:
     """The versions step: python, torch, CUDA, Triton, Hydra, the device, where normlab is imported
-    from and the kit's install seconds, printed and written as JSON to ``path``."""
+    from, the code (``NORMLAB_COMMIT``, ``NORMLAB_KIT_SOURCES``: the kit's sources digest) and the
+    kit's install seconds, printed and written as JSON to ``path``."""
     import hydra  # the kit's: its import is part of the check
 
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -175,6 +187,8 @@ def write_versions(path: str) -> None:
         "capability": list(torch.cuda.get_device_capability()) if dev.type == "cuda" else None,
         "normlab": str(Path(__file__).parents[1]),
         "kit_install_s": os.environ.get("NORMLAB_KIT_INSTALL_S"),
+        "commit": os.environ.get("NORMLAB_COMMIT") or None,
+        "kit_sources": os.environ.get("NORMLAB_KIT_SOURCES") or None,
     }
     print(json.dumps(found))
     Path(path).write_text(json.dumps(found))
@@ -239,22 +253,34 @@ def own_error(log: Path) -> str:
     return found[:300]
 
 
-def _wait(proc: subprocess.Popen, limit_s: float) -> tuple[int | None, str | None]:
+def _wait(proc: subprocess.Popen, limit_s: float, term: Terminate) -> tuple[int | None, str | None]:
     """``(returncode, why stopped)``: the step's exit status, or None and the reason after its
     limit or a SIGTERM (the step's whole process group is killed: compile workers too)."""
     try:
+        term.waiting = True
+        if term.requested:
+            raise Stopped("before the step")
         return proc.wait(timeout=max(limit_s, 1)), None
     except subprocess.TimeoutExpired:
         why = f"stopped after its limit of {limit_s:.0f} s"
     except Stopped:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one report, whatever follows
         why = "stopped by SIGTERM (an outer time limit)"
-    os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        term.waiting = False
+    with contextlib.suppress(ProcessLookupError):  # it may have ended as the signal came
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     return None, why
 
 
-def run_step(name: str, argv: list[str], work: Path, limit_s: float, env: dict[str, str]) -> dict:
+def run_step(
+    name: str,
+    argv: list[str],
+    work: Path,
+    limit_s: float,
+    env: dict[str, str],
+    term: Terminate | None = None,
+) -> dict:
     """Run one step (stdout and stderr to ``work/logs/<name>.log``) within ``limit_s`` seconds;
     ``status`` ok (exit 0, its output written), failed, timeout or stopped (SIGTERM); ``raw``
     what it wrote (``read_output``), kept also after a failure or a stop."""
@@ -266,7 +292,7 @@ def run_step(name: str, argv: list[str], work: Path, limit_s: float, env: dict[s
         proc = subprocess.Popen(
             argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
-        rc, why = _wait(proc, limit_s)
+        rc, why = _wait(proc, limit_s, term or Terminate())
     record |= {"seconds": round(time.perf_counter() - t0, 2), "returncode": rc}
     if why is not None:
         record |= {"status": "stopped" if "SIGTERM" in why else "timeout", "error": why}
@@ -287,27 +313,41 @@ def not_run(name: str, why: str) -> dict:
     return {"name": name, "status": "skipped", "error": why, "seconds": 0.0, "command": ""}
 
 
-def run_all(sizes: Sizes, work: Path, out: Path, report: dict, dry: bool) -> None:
+def run_all(
+    sizes: Sizes, work: Path, out: Path, report: dict, dry: bool, term: Terminate | None = None
+) -> None:
     """Every step in order into ``report["steps"]``, packing ``out`` after each; a step whose
-    minimum exceeds the budget left is skipped; after a SIGTERM the rest are not run."""
-    t0, stopped = time.perf_counter(), None
+    minimum exceeds the budget left (``sizes.budget_s``) is skipped; after a SIGTERM
+    (``term.requested``) the rest are not run."""
+    t0, term = time.perf_counter(), term or Terminate()
     for name, argv in plan(sizes, work):
         left = sizes.budget_s - (time.perf_counter() - t0)
-        if stopped or left < MIN_S[name]:
-            why = stopped or f"{left:.0f} s of budget left, under its minimum of {MIN_S[name]} s"
-            rec = not_run(name, why)
+        if term.requested:
+            rec = not_run(name, "not run: SIGTERM ended the check")
+        elif left < MIN_S[name]:
+            rec = not_run(
+                name, f"{left:.0f} s of budget left, under its minimum of {MIN_S[name]} s"
+            )
         else:
-            try:
-                env = step_env(name, sizes, work, dry)
-                rec = run_step(name, argv, work, min(sizes.limits[name], left), env)
-            except Stopped:  # between steps
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                rec = not_run(name, "stopped by SIGTERM (an outer time limit)")
-            stopped = "not run: SIGTERM ended the check" if rec["status"] == "stopped" else stopped
+            env = step_env(name, sizes, work, dry)
+            rec = run_step(name, argv, work, min(sizes.limits[name], left), env, term)
         report["steps"].append(rec)
         print(f"gpu_check: {name}: {rec['status']} in {rec['seconds']:.1f} s", flush=True)
         report["seconds"] = round(time.perf_counter() - t0, 1)
         pack(out, work, report)
+
+
+def budget(sizes: Sizes) -> float:
+    """The seconds the steps may take: ``sizes.budget_s``, or less when ``NORMLAB_CHECK_DEADLINE``
+    (a Unix time, set by ``scripts/gpu_run.sh``) comes sooner; ValueError for a bad deadline."""
+    deadline = os.environ.get("NORMLAB_CHECK_DEADLINE")
+    if not deadline:
+        return sizes.budget_s
+    try:
+        left = float(deadline) - time.time()
+    except ValueError:
+        raise ValueError(f"NORMLAB_CHECK_DEADLINE={deadline!r} is not a Unix time") from None
+    return min(sizes.budget_s, left)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -322,6 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="output folder (default: outputs/gpu_check/<time>)")
     args = p.parse_args(argv)
     sizes = DRY if args.dry_run else GPU
+    try:
+        sizes = dataclasses.replace(sizes, budget_s=budget(sizes))
+    except ValueError as e:
+        print(f"gpu_check: {e}; allowed: seconds since 1970, or unset", file=sys.stderr)
+        return 2
     if not args.dry_run and not torch.cuda.is_available():
         print(
             "gpu_check: no CUDA device here; allowed: a machine with one, or --dry-run on CPU",
@@ -343,21 +388,22 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "dry_run": args.dry_run,
         "device": sizes.device,
-        "sizes": dataclasses.asdict(sizes) | {"budget_s": str(sizes.budget_s)},
+        "sizes": dataclasses.asdict(sizes) | {"budget_s": f"{sizes.budget_s:.0f}"},
         "started": started,
         "seconds": 0.0,
         "steps": [],
     }
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    term = Terminate()
+    previous = signal.signal(signal.SIGTERM, term)
     try:
-        run_all(sizes, work, out, report, args.dry_run)
+        run_all(sizes, work, out, report, args.dry_run, term)
     finally:
-        signal.signal(signal.SIGTERM, previous)
         pack(out, work, report)
         if problems := rental_problems(out, report) if args.dry_run else []:
             report["rental"] = problems
             pack(out, work, report)
         shutil.rmtree(work, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous)
     for line in problems:
         print(f"gpu_check: {line}", file=sys.stderr)
     ok = gpu_report.all_ok(report) and not problems

@@ -158,7 +158,13 @@ def summarize(steps: list[dict]) -> list[dict]:
         o = s["figures"] if s["name"] == "contract" and s["status"] == "ok" else None
         if o is not None and (o.get("failed") or not o.get("passed") or o.get("twice")):
             s["status"] = "failed"
-            s["error"] = f"{len(o['twice'])} case(s) reported twice" if o.get("twice") else None
+            s["error"] = (
+                f"{len(o['twice'])} case(s) reported twice"
+                if o.get("twice")
+                else f"{len(o['failed'])} case(s) failed"
+                if o.get("failed")
+                else "no case passed"
+            )
     return steps
 
 
@@ -177,11 +183,16 @@ def _header(report: dict, fig: dict) -> list[str]:
     shown = ("python", "torch", "cuda", "triton", "hydra")
     dry = report["dry_run"]
     ok = all(s["status"] == "ok" for s in report["steps"]) and len(report["steps"]) == len(STEPS)
+    cap = v.get("capability")
     return [
         f"# normlab GPU check{' (dry run on CPU)' if dry else ''}",
         "",
-        f"Device: {v.get('device_name', '?')} ({report['device']}); "
+        f"Device: {v.get('device_name', '?')} ({report['device']}"
+        f"{f', compute capability {cap[0]}.{cap[1]}' if cap else ''}); "
         + ", ".join(f"{k} {v.get(k)}" for k in shown),
+        "",
+        f"Code: commit {v.get('commit') or 'unknown'}, kit sources {v.get('kit_sources') or '-'}; "
+        f"normlab from {v.get('normlab', '?')}; kit installed in {v.get('kit_install_s') or '-'} s",
         "",
         f"Started {report['started']}, {report['seconds']:.0f} s in all; "
         f"{'all steps ok' if ok else 'SOME STEPS FAILED OR DID NOT RUN'}.",
@@ -195,7 +206,7 @@ def _header(report: dict, fig: dict) -> list[str]:
         "|---|---|---|---|",
         *(
             f"| {s['name']} | {s['status']}{f' ({e})' if (e := s.get('error')) else ''} | "
-            f"{s['seconds']:.1f} | `{s['command']}` |"
+            f"{s['seconds']:.1f} | {f'`{c}`' if (c := s['command']) else '-'} |"
             for s in report["steps"]
         ),
     ]
@@ -232,12 +243,13 @@ def _bench_md(b: dict) -> list[str]:
 def _train_md(name: str, t: dict, graph_breaks: dict | None) -> list[str]:
     lines = [
         "",
-        f"**{name}** ({t['steps']} steps, {t['precision']}, compile {t['compile']}, norm "
+        f"**{name}** ({t['steps']} steps, {t['precision']}, "
+        f"compile {'on' if t['compile'] else 'off'}, norm "
         f"{t['norm_impl']}, {t['status']}): {_num(t['tokens_per_s'], ',.0f')} tokens/s, median "
         f"step {_num(t['step_time_ms_median'], '.1f')} ms, {_num(t['achieved_tflops'], '.1f')} "
         f"TFLOP/s: MFU {_num(t['mfu_datasheet'], '.1%')} of the datasheet's dense bf16 "
         f"{_num(t['datasheet_tflops'], 'g')} TFLOP/s, {_num(t['mfu_measured'], '.1%')} of the "
-        f"measured {_num(t['measured_tflops'], '.0f')}; final val loss "
+        f"measured {_num(t['measured_tflops'], '.3g')}; final val loss "
         f"{_num(t['final_val_loss'], '.4f')}",
         "",
         "Kernels: " + ", ".join(f"{pos} {k}" for pos, k in t["kernels"].items()),
@@ -270,7 +282,7 @@ def render(report: dict) -> str:
         lines.append(
             f"\n**Step bench** (median per optimizer step): A {st['a']} {st['a_ms']:.1f} ms, "
             f"B {st['b']} {st['b_ms']:.1f} ms: B/A {st['b_over_a']:.3f} (IQR "
-            f"{st['b_over_a_iqr'][0]:.3f}-{st['b_over_a_iqr'][1]:.3f})"
+            f"{st['b_over_a_iqr'][0]:.3f}-{st['b_over_a_iqr'][1]:.3f}; below 1: B is faster)"
         )
     if report.get("rental"):
         lines += ["", "**Over the rental's limits**:", *(f"- {p}" for p in report["rental"])]

@@ -104,12 +104,14 @@ def device_peak_tflops(device: torch.device, dtype: str, refresh: bool = False) 
 #: Dense (no sparsity) bf16 tensor-core TFLOP/s from NVIDIA's datasheets, by a part of
 #: ``torch.cuda.get_device_name``, most specific first: MFU's usual denominator.
 DATASHEET_BF16_TFLOPS = (
-    ("H100 PCIe", 756.0),
+    ("H200 NVL", 835.0),
     ("H100 NVL", 835.0),
-    ("H200", 989.0),
+    ("H100 PCIe", 756.0),
+    ("H200", 989.0),  # SXM
     ("H100", 989.0),  # SXM (HBM3)
     ("A100", 312.0),
     ("L40S", 362.0),
+    ("L40", 181.0),
     ("L4", 121.0),
 )
 
