@@ -495,7 +495,7 @@ def test_step_benchmark_reports_a_finite_positive_ratio(tmp_path):
         == 0
     )
     data = json.loads(path.read_text())
-    assert data["mode"] == "step" and data["pairs"] == 2
+    assert data["mode"] == "step" and data["pairs"] == 2 and data["complete"]
     assert (data["a"]["norm"], data["b"]["norm"]) == (
         "layer/cpp",
         "rms/cpp",
@@ -513,6 +513,27 @@ def test_step_benchmark_reports_a_finite_positive_ratio(tmp_path):
     assert ratio["per_pair"] == pytest.approx(
         [b / a for a, b in zip(data["a"]["times_ms"], data["b"]["times_ms"], strict=True)]
     )
+
+
+def test_a_step_benchmark_stopped_midway_keeps_the_pairs_it_timed(tmp_path, monkeypatch):
+    from normlab.bench import step as step_bench
+
+    real, calls = step_bench.StepSetup.run_step, []
+
+    def counted(self):
+        calls.append(self)
+        if len(calls) == 2 + 2 * 2 + 1:  # 1 warm-up step each, 2 pairs, then a time limit
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(step_bench.StepSetup, "run_step", counted)
+    path = tmp_path / "step.json"
+    argv = ["step", *TINY, "--a", "norm=layer", "--b", "norm=rms", "--pairs", "4"]
+    with pytest.raises(KeyboardInterrupt):
+        main([*argv, "--warmup", "1", "--json", str(path)])
+    data = json.loads(path.read_text())
+    assert data["pairs"] == 2 and not data["complete"]
+    assert len(data["a"]["times_ms"]) == len(data["b"]["times_ms"]) == 2
 
 
 def test_step_benchmark_writes_bench_step_json_by_default(tmp_path, monkeypatch, capsys):

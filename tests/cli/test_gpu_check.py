@@ -100,7 +100,7 @@ def canned() -> list[dict]:
     train["mfu"] = 0.5  # against 312: 156 TFLOP/s achieved -> 156 / 600 = 0.26 of the measured
     ratio = {"median": 0.95, "p25": 0.94, "p75": 0.97}
     step = {"a": {"norm": "rms/compiled", "median_ms": 50.0}, "b": {"norm": "rms/triton"}}
-    step["b"]["median_ms"], step["ratio"] = 47.5, ratio
+    step["b"]["median_ms"], step["ratio"], step["pairs"] = 47.5, ratio, 5
     versions = {"device_name": "NVIDIA H200", "torch": "2.11.0", "python": "3.12.3"}
     raws = [versions, contract, bench_raw, peak_raw, train, dict(train), step]
     return [
@@ -132,6 +132,7 @@ def test_summarize_gives_mfu_against_the_datasheet_and_the_measured_peak_and_fai
     assert "Code: commit unknown, kit sources -; normlab from ?" in md
     assert "(200 steps, bf16, compile on, norm triton, completed)" in md
     assert "B/A 0.950 (IQR 0.940-0.970; below 1: B is faster)" in md
+    assert "(median per optimizer step, 5 pairs): A rms/compiled 50.0 ms" in md
     assert "Device: NVIDIA H200 (cuda); python 3.12.3, torch 2.11.0" in md
     assert "normwise relative error 0.5" in md and "stopped before its last group" in md
     assert "Graph breaks: 2\n- /m/model.py:68" in md

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,9 +100,11 @@ def _info(s, own: list[str], t: list[float]) -> dict:
     }
 
 
-def time_pairs(setups: list, pairs: int, warmup: int) -> list[list[float]]:
+def time_pairs(
+    setups: list, pairs: int, warmup: int, after_pair: Callable | None = None
+) -> list[list[float]]:
     """Wall ms per step of two setups (``run_step() -> ms``): ``warmup`` untimed steps each, then
-    ``pairs`` timed pairs, A B then B A."""
+    ``pairs`` timed pairs, A B then B A; ``after_pair(times so far)`` after each pair."""
     times: list[list[float]] = [[], []]  # alternating: a drift of the machine's load hits both
     with recompile_limit():
         for _ in range(warmup):
@@ -110,6 +113,8 @@ def time_pairs(setups: list, pairs: int, warmup: int) -> list[list[float]]:
         for i in range(pairs):
             for j in (0, 1) if i % 2 == 0 else (1, 0):
                 times[j].append(setups[j].run_step())
+            if after_pair is not None:
+                after_pair(times)
     return times
 
 
@@ -132,18 +137,29 @@ def pair_result(
 
 
 def bench_step(
-    a: list[str], b: list[str], common: list[str] = (), *, pairs: int = 10, warmup: int = 3
+    a: list[str],
+    b: list[str],
+    common: list[str] = (),
+    *,
+    pairs: int = 10,
+    warmup: int = 3,
+    progress: Callable[[dict], None] | None = None,
 ) -> dict:
     """Interleaved step timing of ``common + a`` and ``common + b``: per setup ``median_ms``,
-    ``times_ms``; ``ratio`` B/A per pair with median and percentiles; ``loadavg_*``. Raises
-    ConfigError, DataError for a setup ``train`` would refuse, before anything is timed."""
+    ``times_ms``; ``ratio`` B/A per pair with median and percentiles; ``loadavg_*``; ``complete``.
+    ``progress(result so far)`` after each pair. Raises ConfigError, DataError for a setup
+    ``train`` would refuse, before anything is timed."""
     setups = [build_setup([*common, *a]), build_setup([*common, *b])]
     before = list(os.getloadavg())  # the report warns when the machine was not quiet
-    times = time_pairs(setups, pairs, warmup)
-    load = {"loadavg_before": before, "loadavg_after": list(os.getloadavg())}
-    return pair_result(
-        setups, (a, b), common, times, pairs=pairs, warmup=warmup, baseline=False, **load
-    )
+
+    def result(times, complete: bool) -> dict:
+        load = {"loadavg_before": before, "loadavg_after": list(os.getloadavg())}
+        n = len(times[0])
+        info = {"pairs": n, "warmup": warmup, "baseline": False, "complete": complete}
+        return pair_result(setups, (a, b), common, times, **info, **load)
+
+    report = None if progress is None else (lambda times: progress(result(times, False)))
+    return result(time_pairs(setups, pairs, warmup, report), True)
 
 
 def format_step(result: dict) -> str:

@@ -360,8 +360,13 @@ def step_main(argv: list[str]) -> int:
     a = [t for s in args.a for t in shlex.split(s)]
     b = [t for s in args.b for t in shlex.split(s)]
 
+    def partial(result: dict) -> None:  # a run stopped midway keeps the pairs it timed
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
     def run() -> tuple[dict, str]:
-        result = bench_step(a, b, args.overrides, pairs=args.pairs, warmup=args.warmup)
+        result = bench_step(
+            a, b, args.overrides, pairs=args.pairs, warmup=args.warmup, progress=partial
+        )
         return result, format_step(result)
 
     return run_mode(args, run, args.overrides)

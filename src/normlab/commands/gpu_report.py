@@ -129,6 +129,8 @@ def _step(r: dict, _) -> dict:
         "b_ms": r["b"]["median_ms"],
         "b_over_a": r["ratio"]["median"],
         "b_over_a_iqr": [r["ratio"]["p25"], r["ratio"]["p75"]],
+        "pairs": r.get("pairs"),
+        "complete": r.get("complete", True),
     }
 
 
@@ -280,7 +282,9 @@ def render(report: dict) -> str:
             lines += _train_md(name, t, steps[name].get("graph_breaks"))
     if st := fig.get("step"):
         lines.append(
-            f"\n**Step bench** (median per optimizer step): A {st['a']} {st['a_ms']:.1f} ms, "
+            f"\n**Step bench** (median per optimizer step, {st['pairs']} pairs"
+            f"{'' if st['complete'] else ', stopped before its last pair'}): "
+            f"A {st['a']} {st['a_ms']:.1f} ms, "
             f"B {st['b']} {st['b_ms']:.1f} ms: B/A {st['b_over_a']:.3f} (IQR "
             f"{st['b_over_a_iqr'][0]:.3f}-{st['b_over_a_iqr'][1]:.3f}; below 1: B is faster)"
         )
