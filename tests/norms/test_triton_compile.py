@@ -1,8 +1,9 @@
 """``torch.compile(fullgraph=True)`` traces the Triton norms' custom ops (``normlab::triton_*``) and
 computes what eager computes, forward and backward, DyT's ``alpha`` gradient included.
 
-Compiled with inductor's CPU backend; the kernels run under the Triton interpreter
-(``tests/conftest.py``). Each test compiles one small ``Linear -> norm -> Linear`` module once.
+Compiled with inductor's CPU backend, the kernels under the Triton interpreter
+(``tests/conftest.py``); on the GPU check's device (``NORMLAB_TEST_DEVICE=cuda``) with inductor's
+CUDA backend, the kernels compiled. Each test compiles one ``Linear -> norm -> Linear`` module.
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import torch
 from torch import nn
 
 pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") != "1":
+#: Interpreted on a CPU session, compiled under NORMLAB_TEST_DEVICE=cuda (the GPU check).
+DEVICE = torch.device(os.environ.get("NORMLAB_TEST_DEVICE", "cpu"))
+if DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("the Triton interpreter tests need a CPU session", allow_module_level=True)
+if DEVICE.type == "cuda" and not torch.cuda.is_available():
+    pytest.skip("NORMLAB_TEST_DEVICE=cuda without a CUDA device", allow_module_level=True)
 
 import normlab.norms.triton_impl as tk  # noqa: E402
 from normlab.training.setup import forbid_eager_fallback  # noqa: E402
@@ -48,20 +53,30 @@ def _norm(kind: str, bias: bool) -> nn.Module:
     return cls(D, 1e-5, bias=bias)
 
 
-@pytest.mark.parametrize(
-    ("kind", "bias"),
-    [("rms", False), ("layer", False), ("layer", True), ("dyt", False), ("dyt", True)],
-    ids=["rms", "layer-no_bias", "layer-bias", "dyt-no_bias", "dyt-bias"],
-)
-def test_compiled_triton_norm_matches_eager_forward_and_backward(cfg_tiny, kind, bias):
+#: ``(kind, bias)``; ids name the implementation as the contract's do (the GPU check ranks by it).
+COMPILE_CASES = [
+    pytest.param(kind, bias, id=f"{kind}-triton-{'bias' if bias else 'no_bias'}")
+    for kind, bias in [
+        ("rms", False),
+        ("layer", False),
+        ("layer", True),
+        ("dyt", False),
+        ("dyt", True),
+    ]
+]
+
+
+@pytest.mark.device
+@pytest.mark.parametrize(("kind", "bias"), COMPILE_CASES)
+def test_triton_norm_under_torch_compile_matches_eager_forward_and_backward(cfg_tiny, kind, bias):
     from torch._inductor.compile_fx import compile_fx
 
     torch.manual_seed(0)
-    net = _Net(_norm(kind, bias))
+    net = _Net(_norm(kind, bias)).to(DEVICE)
     with torch.no_grad():  # parameters off their initial ones / zeros, so each one matters
         for p in net.norm.parameters():
             p.add_(0.1 * torch.randn_like(p))
-    x, dy = torch.randn(2, 8, D), torch.randn(2, 8, 16)
+    x, dy = torch.randn(2, 8, D, device=DEVICE), torch.randn(2, 8, 16, device=DEVICE)
     eager = _run(net, net, x, dy)
 
     graphs: list[torch.fx.GraphModule] = []
@@ -87,11 +102,13 @@ def test_compiled_triton_norm_matches_eager_forward_and_backward(cfg_tiny, kind,
         assert eager["norm.alpha"].abs().item() > 1e-3, "the alpha gradient checked is ~0"
 
 
+@pytest.mark.device
 def test_triton_custom_ops_have_consistent_schemas_fakes_and_autograd():
     """``torch.library.opcheck``: each op's fake gives the real outputs' shapes, dtypes and strides,
     its schema (no mutation, no aliasing) holds, and its autograd is registered for compile."""
-    x, dy, w, b = torch.randn(2, 3, D), torch.randn(2, 3, D), torch.randn(D), torch.randn(D)
-    alpha = torch.full((1,), 0.5)
+    x, dy = torch.randn(2, 3, D, device=DEVICE), torch.randn(2, 3, D, device=DEVICE)
+    w, b = torch.randn(D, device=DEVICE), torch.randn(D, device=DEVICE)
+    alpha = torch.full((1,), 0.5, device=DEVICE)
     _, mean, rstd = tk._norm_fwd_op(x, w, b, 1e-5, False, False)
     xg, ag = x.clone().requires_grad_(), alpha.clone().requires_grad_()
     cases = [

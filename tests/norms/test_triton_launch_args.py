@@ -3,7 +3,8 @@
 ``torch.compile`` may treat every pointer argument of a user kernel as written; two arguments that
 share memory (an input standing in for an unused pointer, one buffer for two results) are then
 cloned apart and one write is lost. Each kernel of ``triton_impl`` is replaced by a recorder that
-notes its tensor arguments by parameter name and then launches the real kernel (interpreted).
+notes its tensor arguments by parameter name and then launches the real kernel (interpreted on a
+CPU; on the GPU check's device, compiled).
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ import pytest
 import torch
 
 pytest.importorskip("triton")
-if os.environ.get("TRITON_INTERPRET") != "1":
+#: Interpreted on a CPU session, compiled under NORMLAB_TEST_DEVICE=cuda (the GPU check).
+DEVICE = torch.device(os.environ.get("NORMLAB_TEST_DEVICE", "cpu"))
+if DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("the Triton interpreter tests need a CPU session", allow_module_level=True)
+if DEVICE.type == "cuda" and not torch.cuda.is_available():
+    pytest.skip("NORMLAB_TEST_DEVICE=cuda without a CUDA device", allow_module_level=True)
 
 import normlab.norms.triton_impl as tk  # noqa: E402
 from normlab.config import NormCast  # noqa: E402
@@ -62,19 +67,21 @@ def _shared(a: torch.Tensor, b: torch.Tensor) -> str | None:
 
 def _cases() -> list:
     """``(class, affine, bias, zero_centered, cast)``: every option branch of the three kinds."""
-    kinds = [(tk.TritonLayerNorm, True), (tk.TritonRMSNorm, False), (tk.TritonDyT, True)]
+    kinds = [("layer", tk.TritonLayerNorm, True), ("rms", tk.TritonRMSNorm, False)]
+    kinds.append(("dyt", tk.TritonDyT, True))
     out = []
-    for (cls, has_bias), affine, bias, zc, cast in itertools.product(
+    for (kind, cls, has_bias), affine, bias, zc, cast in itertools.product(
         kinds, (True, False), (True, False), (False, True), NormCast
     ):
         if (bias and not (has_bias and affine)) or (zc and not affine):
             continue
-        name = f"{cls.__name__}-{'w' if affine else 'no_w'}-{'b' if bias else 'no_b'}"
+        name = f"{kind}-triton-{'w' if affine else 'no_w'}-{'b' if bias else 'no_b'}"
         name += f"{'-zc' if zc else ''}-{cast.name}"
         out.append(pytest.param(cls, affine, bias, zc, cast, id=name))
     return out
 
 
+@pytest.mark.device
 @pytest.mark.parametrize(("cls", "affine", "bias", "zero_centered", "cast"), _cases())
 def test_no_triton_launch_passes_one_tensor_as_two_arguments(
     monkeypatch, cls, affine, bias, zero_centered, cast
@@ -83,7 +90,8 @@ def test_no_triton_launch_passes_one_tensor_as_two_arguments(
     for name in KERNELS:
         monkeypatch.setattr(tk, name, _Recorder(name, getattr(tk, name), launches))
     norm = cls(D, 1e-5, affine=affine, bias=bias, zero_centered=zero_centered, cast=cast)
-    x = torch.randn(3, 5, D, requires_grad=True)
+    norm = norm.to(DEVICE)
+    x = torch.randn(3, 5, D, device=DEVICE, requires_grad=True)
     y = norm(x)
     y.backward(torch.randn_like(y))
 

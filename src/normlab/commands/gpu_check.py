@@ -108,7 +108,13 @@ DRY = Sizes(
     budget_s=math.inf,
     limits=dict.fromkeys(LIMITS_GPU, DRY_LIMIT_S),
 )
-CONTRACT = Path("tests/norms/test_norm_contract.py")  # from the repository root
+#: The contract's files, from the repository root: every implementation against the oracle, and
+#: the Triton norms' launches and their custom ops under torch.compile.
+CONTRACT = (
+    "tests/norms/test_norm_contract.py",
+    "tests/norms/test_triton_launch_args.py",
+    "tests/norms/test_triton_compile.py",
+)
 CONFIGURED_PEAK = 312.0  # train's peak_tflops, pinned: MFU is recomputed against two others
 
 
@@ -146,7 +152,7 @@ def plan(s: Sizes, work: Path) -> list[tuple[str, list[str]]]:
     commands = {
         "versions": f"-c {shlex.quote(VERSIONS)} {q['versions']}",
         "contract": f"-m pytest -q -p no:cacheprovider -n {s.contract_workers} --dist load "
-        f"-m device {CONTRACT}{select}",
+        f"-m device {' '.join(CONTRACT)}{select}",
         "bench": f"bench --device {s.device} {s.bench} --by-group --json {q['bench']}",
         "peak": f"bench peak --device {s.device}{refresh} --json {q['peak']}",
         "train_fused": f"{train} norm.impl={s.fused} "

@@ -41,8 +41,8 @@ MAX_MEMBER_BYTES = 1 * 2**20
 
 def impl_of(case: str) -> str:
     """compiled, triton or other: the implementation a contract case's parameter id names."""
-    params = f"-{case.partition('[')[2]}"
-    return "compiled" if "-compiled-" in params else "triton" if "-triton-" in params else "other"
+    params = case.partition("[")[2].rstrip("]").split("-")
+    return "compiled" if "compiled" in params else "triton" if "triton" in params else "other"
 
 
 def _contract(r: list[dict], _) -> dict:
