@@ -50,15 +50,7 @@ def _contract(r: list[dict], _) -> dict:
     failed = [c["case"] for c in r if c["outcome"] == "failed"]
     passed = sum(c["outcome"] == "passed" for c in r)
     slowest = max(r, key=lambda c: c["seconds"], default=None)
-    by_impl = Counter(
-        "compiled"
-        if "-compiled-" in f"-{c['case']}"
-        else "triton"
-        if "-triton-" in c["case"]
-        else "other"
-        for c in r
-        if c["outcome"] == "passed"
-    )
+    by_impl = Counter(impl_of(c["case"]) for c in r if c["outcome"] == "passed")
     return {
         "cases": len(seen),
         "passed": passed,
@@ -170,9 +162,8 @@ def summarize(steps: list[dict]) -> list[dict]:
     return steps
 
 
-def all_ok(report: dict) -> bool:
-    """Every step ran and is ok once summarized."""
-    steps = summarize(copy.deepcopy(report["steps"]))
+def steps_ok(steps: list[dict]) -> bool:
+    """Every step of ``STEPS`` ran and is ok (``steps`` summarized)."""
     return len(steps) == len(STEPS) and all(s["status"] == "ok" for s in steps)
 
 
@@ -184,7 +175,7 @@ def _header(report: dict, fig: dict) -> list[str]:
     v = fig.get("versions") or {}
     shown = ("python", "torch", "cuda", "triton", "hydra")
     dry = report["dry_run"]
-    ok = all(s["status"] == "ok" for s in report["steps"]) and len(report["steps"]) == len(STEPS)
+    ok = steps_ok(report["steps"])
     cap = v.get("capability")
     return [
         f"# normlab GPU check{' (dry run on CPU)' if dry else ''}",
