@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+import torch
+
 from normlab.commands.gpu_report import impl_of
 
 RANK = {"triton": 0, "other": 1, "compiled": 2}
@@ -52,3 +55,15 @@ def pytest_runtest_logreport(report):
     }
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def triton_device() -> torch.device:
+    """``NORMLAB_TEST_DEVICE`` (default cpu) for a Triton test module, called at its import: the
+    module is skipped where its kernels cannot run (a CPU session without the interpreter, or cuda
+    without a CUDA device); interpreted on a CPU, compiled on the GPU check's device."""
+    device = torch.device(os.environ.get("NORMLAB_TEST_DEVICE", "cpu"))
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton interpreter tests need a CPU session", allow_module_level=True)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        pytest.skip("NORMLAB_TEST_DEVICE=cuda without a CUDA device", allow_module_level=True)
+    return device

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import inspect
 import itertools
-import os
 
 import pytest
 import torch
 
+from .conftest import triton_device
+
 pytest.importorskip("triton")
-#: Interpreted on a CPU session, compiled under NORMLAB_TEST_DEVICE=cuda (the GPU check).
-DEVICE = torch.device(os.environ.get("NORMLAB_TEST_DEVICE", "cpu"))
-if DEVICE.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-    pytest.skip("the Triton interpreter tests need a CPU session", allow_module_level=True)
-if DEVICE.type == "cuda" and not torch.cuda.is_available():
-    pytest.skip("NORMLAB_TEST_DEVICE=cuda without a CUDA device", allow_module_level=True)
+DEVICE = triton_device()
 
 import normlab.norms.triton_impl as tk  # noqa: E402
 from normlab.config import NormCast  # noqa: E402
