@@ -293,12 +293,12 @@ def _archive(work: Path) -> bytes:
             rel = f.relative_to(work)
             if not f.is_file() or f.is_symlink() or LEFT_OUT & set(rel.parts):
                 continue
+            st = f.stat()
             with f.open("rb") as src:
-                size = f.stat().st_size
-                src.seek(max(0, size - MAX_MEMBER_BYTES))
+                src.seek(max(0, st.st_size - MAX_MEMBER_BYTES))
                 data = src.read(MAX_MEMBER_BYTES)
             info = tarfile.TarInfo(rel.as_posix())
-            info.size, info.mtime = len(data), int(f.stat().st_mtime)
+            info.size, info.mtime = len(data), int(st.st_mtime)
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
@@ -323,7 +323,7 @@ def pack(out: Path, work: Path, report: dict) -> dict:
 def rental_problems(out: Path, report: dict) -> list[str]:
     """What would not come back from ``out``: over ``MAX_FILES`` files, deeper than ``MAX_DEPTH``
     levels, a file over ``MAX_FILE_BYTES``, an ok step whose output is not in the archive."""
-    found = [f for f in out.rglob("*")]
+    found = list(out.rglob("*"))
     files = [f for f in found if f.is_file()]
     problems = [f"{len(files)} files in {out}, over {MAX_FILES}"] if len(files) > MAX_FILES else []
     problems += [
